@@ -1,0 +1,36 @@
+# fleetloop — two commands set everything up: `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT := true
+
+.PHONY: setup demo test bench ui clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# torch first, pinned exactly, so pip takes the CPU build already on disk instead of a CUDA download.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/fleetloop demo
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python -m benchmarks.run_all
+
+ui: setup
+	$(BIN)/fleetloop ui
+
+clean:
+	rm -rf $(VENV) .prefect mlruns/mlflow.db mlruns/artifacts artifacts metrics

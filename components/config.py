@@ -1,0 +1,279 @@
+"""One typed settings object for all of fleetloop.
+
+Built from ``params.yaml`` (found at the root, else beside this package) and overridden by
+environment variables: ``FLEETLOOP_ROOT`` for the root, ``FLEETLOOP_<SECTION>__<KEY>`` for any
+field (e.g. ``FLEETLOOP_TRAIN__EPOCHS=3``).
+
+Each section is the config of one component room; components receive *their* section object and
+never read the environment themselves. This module imports nothing from the rest of
+``components`` so every room may depend on it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PARAMS_FILE = "params.yaml"
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors, so a typo in params.yaml is caught."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SimConfig(Section):
+    """The built-in pick-and-place task and its per-robot heterogeneity."""
+
+    name: Literal["pickplace", "metaworld"] = "pickplace"
+    task: str = "pick-place"
+    max_steps: int = Field(default=120, gt=0)
+    control_hz: float = Field(default=10.0, gt=0)
+    # per-robot heterogeneity, drawn once from the robot id (each robot draws within these)
+    gain_spread: float = Field(default=0.15, ge=0, lt=1)  # action gain in 1 +- spread
+    bias_spread: float = Field(default=0.03, ge=0)  # action bias in +- spread (action units)
+    obs_noise_max: float = Field(default=0.01, ge=0)  # position noise std in [0, max]
+    placement_spread: float = Field(default=0.10, ge=0)  # object/goal region offset in +- spread
+    grasp_miss_max: float = Field(default=0.10, ge=0, le=1)  # chance a well-aimed grasp misses
+    slip_rate_max: float = Field(default=0.01, ge=0, le=1)  # per-step slip chance at full speed
+    # exploration of the executed policy (fleet collection only)
+    gripper_flip_prob: float = Field(default=0.03, ge=0, le=1)
+    gripper_sample_gain: float = Field(default=4.0, gt=0)  # p(close) = sigmoid(gain * command)
+
+
+class FleetConfig(Section):
+    """Who is in the fleet and how long each robot collects per round."""
+
+    num_robots: int = 8
+    robot_prefix: str = "robot"
+    heldout_prefix: str = "heldout"
+    num_heldout_robots: int = 16
+    steps_per_robot: int = 1200
+    extra_robots: tuple[str, ...] = ()
+    sample_gripper: bool = True
+
+    def robot_ids(self, count: int | None = None) -> list[str]:
+        n = self.num_robots if count is None else count
+        return [f"{self.robot_prefix}-{i:04d}" for i in range(n)]
+
+    def heldout_ids(self, count: int | None = None) -> list[str]:
+        n = self.num_heldout_robots if count is None else count
+        return [f"{self.heldout_prefix}-{i:04d}" for i in range(n)]
+
+
+class EpisodesConfig(Section):
+    """Episode dataset on disk (LeRobot v3 layout)."""
+
+    chunk_size: int = 1000
+    fps: float = 10.0
+    codebase_version: str = "v3.0"
+
+
+class StoreConfig(Section):
+    """LanceDB segment store of window embeddings (see components/store/README.md)."""
+
+    table: str = "segments"
+    window: int = Field(default=8, ge=1)  # frames per segment
+    stride: int = Field(default=4, ge=1)  # frames between segment starts
+    # IVF_PQ trains on the rows present: below 256 it silently indexes nothing, so never lower.
+    index_min_rows: int = Field(default=50_000, ge=256)
+    index_partitions: int = Field(default=256, ge=1)
+    index_sub_vectors: int = Field(default=16, ge=1)  # must divide the vector dim
+    metric: Literal["l2", "cosine"] = "l2"  # used to build the index AND to query it
+    nprobes: int = Field(default=20, ge=1)  # IVF partitions searched per query
+    refine_factor: int = Field(default=10, ge=0)  # re-rank k*factor PQ hits exactly; 0 = off
+    upsert_batch_rows: int = Field(default=100_000, ge=1)  # segments per merge_insert commit
+
+
+class PolicyConfig(Section):
+    """Which torch policy, and its size."""
+
+    kind: Literal["mlp", "moe_transformer"] = "mlp"
+    hidden: int = 256
+    layers: int = 3
+    # MoE transformer
+    d_model: int = 128
+    heads: int = 4
+    num_experts: int = 8
+    top_k: int = 2
+    context: int = 4
+    aux_loss_weight: float = 0.01
+
+
+class TrainConfig(Section):
+    """Training loop hyper-parameters."""
+
+    method: Literal["bc", "filtered_bc", "fert", "fert_uniform"] = "bc"
+    epochs: int = 30
+    batch_size: int = 256
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    world_size: int = 1
+    threads: int = 0  # 0 = leave torch's default
+    log_every: int = 50
+
+
+class FertConfig(Section):
+    """Failure-guided experience retrieval fine-tuning."""
+
+    percentile: float = 90.0
+    consecutive: int = 3
+    top_k: int = 16
+    max_distance_percentile: float = 95.0
+    alpha: float = 1.0
+    sigma: float = 0.0  # 0 = median retrieved distance
+    mix_demos: float = 0.2
+    mix_successes: float = 0.4
+    mix_retrieved: float = 0.4
+
+
+class EvaluationConfig(Section):
+    """Held-out evaluation."""
+
+    trials_per_robot: int = 8
+    confidence: float = 0.95
+    sample_gripper: bool = False
+
+
+class RegistryConfig(Section):
+    """MLflow tracking and the model registry."""
+
+    experiment: str = "fleetloop"
+    model_name: str = "fleetloop-policy"
+    champion_alias: str = "champion"
+    previous_alias: str = "previous"
+    gate_alpha: float = 0.05
+    tracking_uri: str = ""  # empty = sqlite under <root>/mlruns
+
+
+class DemoConfig(Section):
+    """The bootstrap + closed-loop rounds that `make demo` runs."""
+
+    expert_robots: int = 4
+    expert_episodes_per_robot: int = 30
+    rounds: int = 3
+
+
+class Paths(Section):
+    """Every on-disk location, derived from one root so two roots never share state."""
+
+    root: Path
+
+    @property
+    def datasets(self) -> Path:
+        return self.root / "datasets"
+
+    @property
+    def episodes(self) -> Path:
+        return self.datasets / "episodes"
+
+    @property
+    def incoming(self) -> Path:
+        return self.datasets / "incoming"
+
+    @property
+    def quarantine(self) -> Path:
+        return self.datasets / "quarantine"
+
+    @property
+    def store(self) -> Path:
+        return self.datasets / "segments.lance"
+
+    @property
+    def mlruns(self) -> Path:
+        return self.root / "mlruns"
+
+    @property
+    def prefect_home(self) -> Path:
+        return self.root / ".prefect"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics"
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    """Reads params.yaml from the root (FLEETLOOP_ROOT or the repository)."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = params_path()
+        if not path.exists():
+            return {}
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping of sections at the top level")
+        return data
+
+
+def params_path() -> Path:
+    root = Path(os.environ.get("FLEETLOOP_ROOT", REPO_ROOT))
+    candidate = root / PARAMS_FILE
+    return candidate if candidate.exists() else REPO_ROOT / PARAMS_FILE
+
+
+class Settings(BaseSettings):
+    """The whole configuration. ``Settings()`` reads params.yaml + environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FLEETLOOP_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    root: Path = Field(default=REPO_ROOT)
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    sim: SimConfig = SimConfig()
+    fleet: FleetConfig = FleetConfig()
+    episodes: EpisodesConfig = EpisodesConfig()
+    store: StoreConfig = StoreConfig()
+    policy: PolicyConfig = PolicyConfig()
+    train: TrainConfig = TrainConfig()
+    fert: FertConfig = FertConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
+    registry: RegistryConfig = RegistryConfig()
+    demo: DemoConfig = DemoConfig()
+
+    @field_validator("root")
+    @classmethod
+    def _absolute_root(cls, value: Path) -> Path:
+        return Path(value).expanduser().resolve()
+
+    @property
+    def paths(self) -> Paths:
+        return Paths(root=self.root)
+
+    def known_robots(self) -> set[str]:
+        """Every robot id ingest accepts: the collecting fleet, held-out robots and extras."""
+        max_fleet = max(self.fleet.num_robots, 96)
+        return set(self.fleet.robot_ids(max_fleet)) | set(self.fleet.heldout_ids()) | set(
+            self.fleet.extra_robots
+        )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _YamlSource(settings_cls))
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from params.yaml + env, with keyword overrides taking precedence."""
+    return Settings(**overrides)

@@ -1,0 +1,53 @@
+"""Per-dimension standardization stored inside the model, so a saved policy is self-contained."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# Dimensions with (almost) no spread keep unit scale instead of blowing up.
+MIN_STD = 1e-3
+
+
+class Normalizer(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("std", torch.ones(dim))
+
+    @torch.no_grad()
+    def fit(self, data: torch.Tensor) -> None:
+        self.mean.copy_(data.mean(dim=0))
+        self.std.copy_(data.std(dim=0).clamp_min(MIN_STD))
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+    def denormalize(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.std + self.mean
+
+
+class NormalizedPolicy(nn.Module):
+    """Wraps a core policy that works in normalized units: raw observation in, raw action out.
+
+    Training losses are computed on ``core`` outputs against normalized targets, so every action
+    dimension counts equally whatever its physical scale.
+    """
+
+    def __init__(self, core: nn.Module, obs_dim: int, act_dim: int) -> None:
+        super().__init__()
+        self.core = core
+        self.obs_norm = Normalizer(obs_dim)
+        self.act_norm = Normalizer(act_dim)
+        self.obs_dim = obs_dim
+        self.act_dim = act_dim
+
+    @property
+    def aux_loss(self) -> torch.Tensor:
+        return getattr(self.core, "aux_loss", torch.zeros(()))
+
+    def forward_normalized(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.core(self.obs_norm.normalize(obs))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.act_norm.denormalize(self.forward_normalized(obs))

@@ -1,0 +1,208 @@
+"""The MLflow model registry for ``fleetloop-policy``: log, register, promote, roll back, load.
+
+Alias ``champion`` is what the fleet runs; ``previous`` is the champion it replaced, so
+``rollback`` is one call. Every version carries its evaluation and lineage as version tags.
+Models are logged with ``serialization_format="pickle"`` (a pt2 export cannot be fine-tuned,
+STACK-NOTES) plus a plain ``state_dict`` artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from components.config import RegistryConfig
+from components.policy.normalizer import NormalizedPolicy
+from components.registry.gate import GateDecision, two_proportion_gate
+from components.registry.lineage import Lineage
+from components.registry.tracking import configure_mlflow
+
+PIP_REQUIREMENTS = [f"torch=={torch.__version__.split('+')[0]}", "fleetloop"]
+REPLACED_TAG = "fleetloop.replaced_version"
+
+
+class RegistryError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class PolicyVersion:
+    name: str
+    version: int
+    run_id: str
+    successes: int
+    trials: int
+    tags: dict[str, str]
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.trials if self.trials else float("nan")
+
+    @property
+    def uri(self) -> str:
+        return f"models:/{self.name}/{self.version}"
+
+    @property
+    def lineage(self) -> Lineage:
+        return Lineage.from_tags(self.tags)
+
+
+class PolicyRegistry:
+    def __init__(self, mlruns: Path, cfg: RegistryConfig) -> None:
+        import mlflow
+        from mlflow import MlflowClient
+
+        self.cfg = cfg
+        self.experiment_id = configure_mlflow(mlruns, cfg)
+        self._mlflow = mlflow
+        self.client = MlflowClient()
+
+    # -- logging ---------------------------------------------------------------------------
+    def log_candidate(
+        self,
+        policy: NormalizedPolicy,
+        evaluation: dict,
+        lineage: Lineage,
+        params: dict,
+        metrics: dict[str, float],
+        loss_curve: list[float],
+        run_name: str,
+    ) -> PolicyVersion:
+        """One MLflow run: params, metrics, lineage tags, the model; registered as a new version."""
+        import mlflow.pytorch
+        from mlflow.models import infer_signature
+
+        mlflow = self._mlflow
+        example = np.zeros((1, policy.obs_dim), dtype=np.float32)
+        with torch.no_grad():
+            output = policy.cpu()(torch.as_tensor(example)).numpy()
+        signature = infer_signature(example, output)
+        with mlflow.start_run(experiment_id=self.experiment_id, run_name=run_name) as run:
+            mlflow.log_params(_flatten(params))
+            mlflow.set_tags(lineage.tags())
+            for step, value in enumerate(loss_curve[:: max(1, len(loss_curve) // 500)]):
+                mlflow.log_metric("train_loss", value, step=step)
+            mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
+            mlflow.log_metrics(
+                {"eval_success_rate": evaluation["success_rate"], "eval_ci_low": evaluation["ci_low"], "eval_ci_high": evaluation["ci_high"]}
+            )
+            mlflow.log_dict(evaluation, "evaluation.json")
+            with tempfile.TemporaryDirectory() as tmp:
+                state_path = Path(tmp) / "state_dict.pt"
+                torch.save(policy.state_dict(), state_path)
+                mlflow.log_artifact(str(state_path))
+            mlflow.pytorch.log_model(
+                policy,
+                name="policy",
+                serialization_format="pickle",
+                signature=signature,
+                pip_requirements=PIP_REQUIREMENTS,
+            )
+            run_id = run.info.run_id
+        model_version = mlflow.register_model(f"runs:/{run_id}/policy", self.cfg.model_name)
+        version = int(model_version.version)
+        tags = {
+            **lineage.tags(),
+            "fleetloop.successes": str(evaluation["successes"]),
+            "fleetloop.trials": str(evaluation["trials"]),
+            "fleetloop.success_rate": f"{evaluation['success_rate']:.6f}",
+            "fleetloop.evaluation": json.dumps(evaluation)[:4900],
+        }
+        for key, value in tags.items():
+            self.client.set_model_version_tag(self.cfg.model_name, str(version), key, value)
+        return self.get_version(version)
+
+    # -- reading ---------------------------------------------------------------------------
+    def get_version(self, version: int) -> PolicyVersion:
+        mv = self.client.get_model_version(self.cfg.model_name, str(version))
+        tags = dict(mv.tags)
+        return PolicyVersion(
+            name=self.cfg.model_name,
+            version=int(mv.version),
+            run_id=mv.run_id,
+            successes=int(tags.get("fleetloop.successes", 0)),
+            trials=int(tags.get("fleetloop.trials", 0)),
+            tags=tags,
+        )
+
+    def aliases(self) -> dict[str, int]:
+        try:
+            model = self.client.get_registered_model(self.cfg.model_name)
+        except Exception:  # noqa: BLE001 - MlflowException when the model does not exist yet
+            return {}
+        return {alias: int(version) for alias, version in model.aliases.items()}
+
+    def by_alias(self, alias: str) -> PolicyVersion | None:
+        version = self.aliases().get(alias)
+        return None if version is None else self.get_version(version)
+
+    def champion(self) -> PolicyVersion | None:
+        return self.by_alias(self.cfg.champion_alias)
+
+    def versions(self) -> list[PolicyVersion]:
+        found = self.client.search_model_versions(f"name='{self.cfg.model_name}'")
+        return sorted((self.get_version(int(mv.version)) for mv in found), key=lambda v: v.version)
+
+    def load(self, alias_or_version: str | int) -> NormalizedPolicy:
+        import mlflow.pytorch
+
+        ref = f"@{alias_or_version}" if isinstance(alias_or_version, str) and not alias_or_version.isdigit() else f"/{alias_or_version}"
+        return mlflow.pytorch.load_model(f"models:/{self.cfg.model_name}{ref}", map_location="cpu")
+
+    # -- promotion ---------------------------------------------------------------------------
+    def promote_if_better(
+        self,
+        candidate: PolicyVersion,
+        champion_successes: int | None,
+        champion_trials: int | None,
+    ) -> GateDecision:
+        """Gate the candidate against the champion's evaluation on the same trials; move aliases."""
+        decision = two_proportion_gate(
+            candidate.successes, candidate.trials, champion_successes, champion_trials, self.cfg.gate_alpha
+        )
+        self.client.set_model_version_tag(self.cfg.model_name, str(candidate.version), "fleetloop.gate", decision.reason)
+        if decision.promote:
+            self.set_champion(candidate.version)
+        return decision
+
+    def set_champion(self, version: int) -> None:
+        name = self.cfg.model_name
+        old = self.champion()
+        if old is not None and old.version != version:
+            self.client.set_registered_model_alias(name, self.cfg.previous_alias, str(old.version))
+            self.client.set_model_version_tag(name, str(version), REPLACED_TAG, str(old.version))
+        self.client.set_registered_model_alias(name, self.cfg.champion_alias, str(version))
+
+    def rollback(self) -> PolicyVersion:
+        """Champion <- previous; previous <- whatever that one had replaced (if anything)."""
+        name = self.cfg.model_name
+        current, previous = self.champion(), self.by_alias(self.cfg.previous_alias)
+        if previous is None or current is None:
+            raise RegistryError(
+                f"nothing to roll back to: registered model {name!r} has no '{self.cfg.previous_alias}' alias "
+                "(a rollback needs at least two promotions)"
+            )
+        self.client.set_registered_model_alias(name, self.cfg.champion_alias, str(previous.version))
+        self.client.set_model_version_tag(name, str(current.version), "fleetloop.rolled_back", "true")
+        earlier = previous.tags.get(REPLACED_TAG)
+        if earlier:
+            self.client.set_registered_model_alias(name, self.cfg.previous_alias, earlier)
+        else:
+            self.client.delete_registered_model_alias(name, self.cfg.previous_alias)
+        return previous
+
+
+def _flatten(params: dict, prefix: str = "") -> dict[str, str]:
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = str(value)[:500]
+    return flat
