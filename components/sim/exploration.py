@@ -1,0 +1,51 @@
+"""How a fleet executes a policy's jaw command: thresholded (evaluation) or sampled (collection).
+
+Fleet learning only improves on the policy if exploration covers the fix (see FERT notes): a
+deterministic jaw repeats the policy's own choices forever. ``SampledGripper`` treats the jaw
+command ``g`` as a Bernoulli with ``p(close) = sigmoid(gain * g)`` and then flips it with a
+small probability; both wrappers return the executed command (+1 close / -1 open), which is
+what the robot logs as its action.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from components.config import SimConfig
+from components.sim.pickplace import GRIPPER_ACTION
+
+Policy = Callable[[np.ndarray], np.ndarray]
+EXPLORATION_STREAM = 4  # salt for the exploration generator
+
+
+class ThresholdedGripper:
+    """Jaw command > 0 closes, else opens; motion passes through unchanged."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        actions = np.array(self.policy(obs), dtype=np.float32)
+        actions[:, GRIPPER_ACTION] = np.where(actions[:, GRIPPER_ACTION] > 0.0, 1.0, -1.0)
+        return actions
+
+
+class SampledGripper:
+    """Jaw close with probability sigmoid(gain * g), then flipped with ``flip_prob``."""
+
+    def __init__(self, policy: Policy, cfg: SimConfig, seed: int) -> None:
+        self.policy = policy
+        self.gain = cfg.gripper_sample_gain
+        self.flip_prob = cfg.gripper_flip_prob
+        self.rng = np.random.default_rng([seed, EXPLORATION_STREAM])
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        actions = np.array(self.policy(obs), dtype=np.float32)
+        g = actions[:, GRIPPER_ACTION].astype(np.float64)
+        p_close = 1.0 / (1.0 + np.exp(-self.gain * g))
+        close = self.rng.random(g.shape) < p_close
+        flip = self.rng.random(g.shape) < self.flip_prob
+        actions[:, GRIPPER_ACTION] = np.where(close ^ flip, 1.0, -1.0)
+        return actions
