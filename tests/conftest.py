@@ -1,0 +1,54 @@
+"""Shared fixtures: real embedded services in temporary folders, no mocks."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Prefect's home and result storage must not leak between sessions (STACK-NOTES).
+_PREFECT_TMP = Path(tempfile.mkdtemp(prefix="fleetloop-prefect-"))
+os.environ["PREFECT_HOME"] = str(_PREFECT_TMP)
+os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = str(_PREFECT_TMP / "storage")
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.pop("PREFECT_API_URL", None)
+
+from components.config import (  # noqa: E402
+    DemoConfig,
+    EvaluationConfig,
+    FleetConfig,
+    Settings,
+    TrainConfig,
+)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One Prefect test server for the whole session (~9 s start)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=60):
+        yield
+
+
+def small_settings(root: Path, **overrides) -> Settings:
+    """A fast configuration in a scratch root: a handful of robots, episodes and epochs."""
+    base = dict(
+        root=root,
+        seed=0,
+        device="cpu",
+        demo=DemoConfig(expert_robots=2, expert_episodes_per_robot=6, rounds=1),
+        fleet=FleetConfig(num_robots=2, num_heldout_robots=2, steps_per_robot=300),
+        train=TrainConfig(method="filtered_bc", epochs=3, batch_size=64),
+        evaluation=EvaluationConfig(trials_per_robot=3),
+    )
+    base.update(overrides)
+    return Settings(**base)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return small_settings(tmp_path)
