@@ -1,0 +1,60 @@
+"""`dvc repro` in a fresh git+DVC repo: builds dataset → model → metrics; a second run does nothing."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL_PARAMS = {
+    "demo": {"expert_robots": 2, "expert_episodes_per_robot": 4},
+    "fleet": {"num_heldout_robots": 2},
+    "train": {"epochs": 2, "batch_size": 64, "method": "filtered_bc"},
+    "evaluation": {"trials_per_robot": 2},
+    "device": "cpu",
+}
+
+
+def _run(args: list[str], cwd: Path) -> str:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("FLEETLOOP_ROOT", None)
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout + proc.stderr
+
+
+def _make_repo(dst: Path) -> Path:
+    for name in ("components", "flows"):
+        shutil.copytree(REPO / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
+        shutil.copy(REPO / name, dst / name)
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for section, values in SMALL_PARAMS.items():
+        if isinstance(values, dict):
+            params[section].update(values)
+        else:
+            params[section] = values
+    (dst / "params.yaml").write_text(yaml.safe_dump(params))
+    _run(["git", "init", "-q"], dst)
+    _run([sys.executable, "-m", "dvc", "init", "-q"], dst)
+    _run(["git", "add", "-A"], dst)
+    _run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"], dst)
+    return dst
+
+
+@pytest.mark.slow
+def test_dvc_repro_twice_second_is_noop(tmp_path):
+    repo = _make_repo(tmp_path / "repo")
+    first = _run([sys.executable, "-m", "dvc", "repro"], repo)
+    assert "Running stage 'evaluate'" in first
+    metrics = json.loads((repo / "metrics" / "eval.json").read_text())
+    assert metrics["trials"] == 2 * 2 and 0.0 <= metrics["success_rate"] <= 1.0
+    assert (repo / "dvc.lock").exists()
+    second = _run([sys.executable, "-m", "dvc", "repro"], repo)
+    assert "Data and pipelines are up to date" in second
+    assert "Running stage" not in second
