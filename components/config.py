@@ -71,9 +71,11 @@ class FleetConfig(Section):
 class EpisodesConfig(Section):
     """Episode dataset on disk (LeRobot v3 layout)."""
 
-    chunk_size: int = 1000
-    fps: float = 10.0
+    chunk_size: int = 1000  # data files per chunk-XXX folder (LeRobot `chunks_size`)
+    fps: float = 10.0  # written to info.json when a dataset is created
     codebase_version: str = "v3.0"
+    robot_type: str = "fleetloop"  # info.json `robot_type`
+    compression: Literal["snappy", "zstd", "gzip", "none"] = "snappy"  # Parquet codec
 
 
 class StoreConfig(Section):

@@ -1,0 +1,701 @@
+"""The episode dataset on disk, in the LeRobot v3 layout, plus our episode-level columns.
+
+```
+root/
+  meta/info.json                              features, fps, totals, path templates
+  meta/episodes/chunk-000/file-000.parquet    one row per episode (the commit point)
+  meta/tasks.parquet                          task string <-> task_index
+  meta/stats.json                             per-feature min/max/mean/std/count
+  data/chunk-XXX/file-XXX.parquet             frames; one new file per ingest that adds episodes
+  videos/<key>/chunk-XXX/file-XXX.mp4         carried video files (imports only; never decoded)
+```
+
+Writes are ordered so a crash loses nothing already stored: new data/video files first (new
+names, temp + ``os.replace``), then tasks, info and stats, and last the episodes table, which is
+the single commit point. Files not referenced by the episodes table are invisible and simply
+overwritten by the next ingest; totals and stats are re-derived from the episodes table on open
+if they disagree with it. One writer at a time (an ``flock`` on ``root/.fleetloop.lock``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import re
+import shutil
+from collections import Counter
+from collections.abc import Iterator, Mapping, Set
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from components.config import EpisodesConfig
+from components.episodes.fingerprint import combine_fingerprints, table_fingerprint
+from components.episodes.quarantine import QuarantinedFile, quarantine_bytes, quarantine_file
+from components.episodes.record import Episode
+from components.episodes.schema import (
+    ACTION,
+    EPISODE_ID,
+    FRAME_INDEX,
+    INTERRUPTED,
+    POLICY_VERSION,
+    ROBOT_ID,
+    STATE,
+    SUCCESS,
+    TASK,
+    TIMESTAMP,
+    CONTRACT_COLUMNS,
+    episode_to_table,
+    read_episode_file,
+    table_to_episode,
+)
+from components.episodes.stats import (
+    column_values,
+    feature_stats,
+    parse_stats_column,
+    stats_column,
+    stats_from_episodes_meta,
+)
+from components.episodes.validation import WHOLE_FILE, EpisodeValidationError, validate_episode_table
+
+INFO_PATH = "meta/info.json"
+STATS_PATH = "meta/stats.json"
+TASKS_PATH = "meta/tasks.parquet"
+EPISODES_META_PATH = "meta/episodes/chunk-000/file-000.parquet"
+CHUNK_FILE_PATTERN = "chunk-{chunk_index:03d}/file-{file_index:03d}"
+DATA_PATH = "data/" + CHUNK_FILE_PATTERN + ".parquet"
+VIDEO_PATH = "videos/{video_key}/" + CHUNK_FILE_PATTERN + ".mp4"
+LOCK_NAME = ".fleetloop.lock"
+TMP_SUFFIX = ".tmp"
+# LeRobot's defaults, written to info.json for readers that expect them.
+DATA_FILES_SIZE_IN_MB = 100
+VIDEO_FILES_SIZE_IN_MB = 500
+
+# LeRobot bookkeeping columns of data files: storage positions, reassigned on every store.
+EPISODE_INDEX = "episode_index"
+INDEX = "index"
+TASK_INDEX = "task_index"
+BOOKKEEPING_COLUMNS: tuple[str, ...] = (EPISODE_INDEX, INDEX, TASK_INDEX)
+
+# Episodes-table columns (LeRobot v3) and ours.
+META_TASKS = "tasks"
+META_LENGTH = "length"
+META_DATA_CHUNK = "data/chunk_index"
+META_DATA_FILE = "data/file_index"
+META_FROM = "dataset_from_index"
+META_TO = "dataset_to_index"
+META_META_CHUNK = "meta/episodes/chunk_index"
+META_META_FILE = "meta/episodes/file_index"
+META_CONTENT_HASH = "content_hash"
+OWN_META_COLUMNS: frozenset[str] = frozenset(
+    {
+        EPISODE_INDEX,
+        META_TASKS,
+        META_LENGTH,
+        META_DATA_CHUNK,
+        META_DATA_FILE,
+        META_FROM,
+        META_TO,
+        META_META_CHUNK,
+        META_META_FILE,
+        META_CONTENT_HASH,
+        EPISODE_ID,
+        ROBOT_ID,
+        POLICY_VERSION,
+        SUCCESS,
+        INTERRUPTED,
+    }
+)
+_VIDEO_LOCATION = re.compile(r"^videos/(?P<key>.+)/(?P<what>chunk_index|file_index)$")
+
+_EPISODE_LEVEL_STORED = (EPISODE_ID, ROBOT_ID, POLICY_VERSION, SUCCESS, INTERRUPTED)
+_ARROW_DTYPE_NAMES = {"float": "float32", "double": "float64", "halffloat": "float16"}
+
+
+def video_location_column(key: str, what: str) -> str:
+    """``videos/<key>/chunk_index`` or ``videos/<key>/file_index`` (LeRobot v3 episodes table)."""
+    return f"videos/{key}/{what}"
+
+
+def is_location_column(name: str) -> bool:
+    """Episodes-table columns that say where something is stored, not what it is."""
+    return name in OWN_META_COLUMNS or bool(_VIDEO_LOCATION.match(name))
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    """What one ingest did. Every input is accounted for: added, duplicate or quarantined."""
+
+    added: tuple[str, ...] = ()
+    duplicates: tuple[str, ...] = ()
+    quarantined: tuple[QuarantinedFile, ...] = ()
+    frames_added: int = 0
+    data_file: Path | None = None
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added)
+
+    def summary(self) -> str:
+        return (
+            f"{len(self.added)} added ({self.frames_added} frames), "
+            f"{len(self.duplicates)} duplicates skipped, {len(self.quarantined)} quarantined"
+        )
+
+
+@dataclass(frozen=True)
+class IncomingEpisode:
+    """One episode offered to the dataset, before validation.
+
+    ``origin`` is the file it came from (moved to quarantine if rejected); ``None`` for bytes or
+    in-memory episodes (their table is written to quarantine instead). ``meta_extra`` is one row
+    of carried episode-level meta (e.g. LeRobot ``videos/<key>/from_timestamp``); ``videos`` maps
+    a video key to the source mp4 file holding this episode's frames; ``features`` gives the
+    info.json entries of extra columns and videos.
+    """
+
+    table: pa.Table
+    source: str
+    origin: Path | None = None
+    meta_extra: pa.Table | None = None
+    videos: Mapping[str, Path] = field(default_factory=dict)
+    features: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Staged:
+    incoming: IncomingEpisode
+    episode: Episode
+    table: pa.Table  # canonical: contract columns (fixed-size vectors) + extra frame columns
+    content_hash: str
+
+
+def infer_feature(arrow_type: pa.DataType, sample: Any = None) -> dict[str, Any]:
+    """An info.json feature entry for a column we only know by its Arrow type."""
+    shape = [1]
+    value_type = arrow_type
+    if pa.types.is_fixed_size_list(arrow_type):
+        shape, value_type = [arrow_type.list_size], arrow_type.value_type
+    elif pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        shape = [len(sample)] if isinstance(sample, list) else [1]
+        value_type = arrow_type.value_type
+    dtype = str(value_type)
+    if pa.types.is_string(value_type) or pa.types.is_large_string(value_type):
+        dtype = "string"
+    return {"dtype": _ARROW_DTYPE_NAMES.get(dtype, dtype), "shape": shape, "names": None}
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _atomic_write_parquet(path: Path, table: pa.Table, compression: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    pq.write_table(table, tmp, compression=compression)
+    os.replace(tmp, path)
+
+
+def _atomic_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + TMP_SUFFIX)
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def tasks_table(tasks: list[str]) -> pa.Table:
+    """``meta/tasks.parquet`` as LeRobot writes it: a pandas frame indexed by ``task``."""
+    pandas_meta = {
+        "index_columns": [TASK],
+        "column_indexes": [
+            {"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",
+             "metadata": {"encoding": "UTF-8"}}
+        ],
+        "columns": [
+            {"name": TASK_INDEX, "field_name": TASK_INDEX, "pandas_type": "int64",
+             "numpy_type": "int64", "metadata": None},
+            {"name": TASK, "field_name": TASK, "pandas_type": "unicode", "numpy_type": "object",
+             "metadata": None},
+        ],
+        "creator": {"library": "pyarrow", "version": pa.__version__},
+        "pandas_version": "2.2.0",
+    }
+    schema = pa.schema([(TASK_INDEX, pa.int64()), (TASK, pa.string())]).with_metadata(
+        {b"pandas": json.dumps(pandas_meta).encode()}
+    )
+    return pa.Table.from_arrays(
+        [pa.array(range(len(tasks)), pa.int64()), pa.array(tasks, pa.string())], schema=schema
+    )
+
+
+def read_tasks(path: Path) -> list[str]:
+    """Task strings in task_index order, from a LeRobot ``tasks.parquet`` (index or column)."""
+    table = pq.read_table(path)
+    names = table.column_names
+    text_col = TASK if TASK in names else next((n for n in names if n.startswith("__index_level_")), None)
+    if text_col is None or TASK_INDEX not in names:
+        raise ValueError(f"{path}: expected columns 'task' (or a pandas index) and 'task_index', got {names}")
+    pairs = sorted(zip(table.column(TASK_INDEX).to_pylist(), table.column(text_col).to_pylist()))
+    if [i for i, _ in pairs] != list(range(len(pairs))):
+        raise ValueError(f"{path}: task_index must be 0..{len(pairs) - 1}")
+    return [str(t) for _, t in pairs]
+
+
+class EpisodeDataset:
+    """Episodes stored in the LeRobot v3 layout under ``root``; ingest is validated and idempotent."""
+
+    def __init__(self, root: Path, cfg: EpisodesConfig) -> None:
+        self.root = Path(root)
+        self.cfg = cfg
+        self._meta: pa.Table | None = None
+        self._tasks: list[str] = []
+        self._info: dict[str, Any] | None = None
+        self._load()
+
+    # ---------------------------------------------------------------- reading the layout
+
+    def _load(self) -> None:
+        info_path = self.root / INFO_PATH
+        self._info = json.loads(info_path.read_text()) if info_path.exists() else None
+        meta_path = self.root / EPISODES_META_PATH
+        self._meta = pq.read_table(meta_path) if meta_path.exists() else None
+        tasks_path = self.root / TASKS_PATH
+        self._tasks = read_tasks(tasks_path) if tasks_path.exists() else []
+
+    def _derived_meta_stale(self) -> bool:
+        """True after a crash between the commit point and the info/stats rewrite."""
+        return (
+            self._meta is not None
+            and self._info is not None
+            and (
+                self._info.get("total_episodes") != self._meta.num_rows
+                or self._info.get("total_frames") != self.num_frames
+            )
+        )
+
+    @property
+    def fps(self) -> float:
+        return float(self._info["fps"]) if self._info else self.cfg.fps
+
+    @property
+    def chunk_size(self) -> int:
+        return int(self._info["chunks_size"]) if self._info else self.cfg.chunk_size
+
+    @property
+    def features(self) -> dict[str, dict[str, Any]]:
+        return dict(self._info["features"]) if self._info else {}
+
+    @property
+    def state_dim(self) -> int | None:
+        feature = self.features.get(STATE)
+        return int(feature["shape"][0]) if feature else None
+
+    @property
+    def action_dim(self) -> int | None:
+        feature = self.features.get(ACTION)
+        return int(feature["shape"][0]) if feature else None
+
+    @property
+    def num_episodes(self) -> int:
+        return 0 if self._meta is None else self._meta.num_rows
+
+    @property
+    def num_frames(self) -> int:
+        if self._meta is None or self._meta.num_rows == 0:
+            return 0
+        return int(np.sum(self._meta.column(META_LENGTH).to_numpy()))
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(self._tasks)
+
+    def episode_index(self) -> pa.Table:
+        """One row per episode: LeRobot episodes columns + ours (stats columns left out)."""
+        if self._meta is None:
+            return pa.table({EPISODE_INDEX: pa.array([], pa.int64()), EPISODE_ID: pa.array([], pa.string())})
+        keep = [n for n in self._meta.column_names if parse_stats_column(n) is None]
+        return self._meta.select(keep)
+
+    def robots(self) -> dict[str, int]:
+        """Episodes per robot id."""
+        if self._meta is None:
+            return {}
+        return dict(sorted(Counter(self._meta.column(ROBOT_ID).to_pylist()).items()))
+
+    def content_hash(self) -> str:
+        """A stable hash of everything stored: episode ids and their content hashes, in order."""
+        if self._meta is None:
+            return combine_fingerprints([])
+        ids = self._meta.column(EPISODE_ID).to_pylist()
+        hashes = self._meta.column(META_CONTENT_HASH).to_pylist()
+        return combine_fingerprints([f"{i}:{h}" for i, h in zip(ids, hashes)])
+
+    def data_files(self) -> list[Path]:
+        """The data files the episodes table references, in order."""
+        return [self.root / DATA_PATH.format(chunk_index=c, file_index=f) for c, f in self._file_keys()]
+
+    def _file_keys(self) -> list[tuple[int, int]]:
+        if self._meta is None:
+            return []
+        chunks = self._meta.column(META_DATA_CHUNK).to_pylist()
+        files = self._meta.column(META_DATA_FILE).to_pylist()
+        return sorted(set(zip(chunks, files)))
+
+    def _with_task(self, table: pa.Table) -> pa.Table:
+        task_index = table.column(TASK_INDEX).to_numpy()
+        names = np.asarray(self._tasks, dtype=object)
+        return table.append_column(TASK, pa.array(names[task_index] if len(task_index) else [], pa.string()))
+
+    def frames(self) -> pa.Table:
+        """All stored frames (LeRobot columns, ours, extras) with the ``task`` string joined in."""
+        tables = [pq.read_table(path) for path in self.data_files()]
+        if not tables:
+            return pa.table({})
+        return self._with_task(pa.concat_tables(tables, promote_options="permissive"))
+
+    def episodes(self) -> Iterator[Episode]:
+        """Every stored episode, in episode_index order."""
+        if self._meta is None:
+            return
+        order = np.argsort(self._meta.column(EPISODE_INDEX).to_numpy(), kind="stable")
+        meta = self._meta.take(pa.array(order))
+        keys = list(zip(meta.column(META_DATA_CHUNK).to_pylist(), meta.column(META_DATA_FILE).to_pylist()))
+        starts = meta.column(META_FROM).to_pylist()
+        lengths = meta.column(META_LENGTH).to_pylist()
+        loaded: tuple[tuple[int, int], pa.Table] | None = None
+        for key, start, length in zip(keys, starts, lengths):
+            if loaded is None or loaded[0] != key:
+                table = pq.read_table(self.root / DATA_PATH.format(chunk_index=key[0], file_index=key[1]))
+                loaded = (key, table)
+            data = loaded[1]
+            first_index = data.column(INDEX)[0].as_py()
+            rows = data.slice(start - first_index, length)
+            rows = self._with_task(rows).drop_columns(list(BOOKKEEPING_COLUMNS))
+            yield table_to_episode(rows)
+
+    # ---------------------------------------------------------------- ingest
+
+    @contextmanager
+    def _writer(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / LOCK_NAME, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                self._load()  # another writer may have committed since we last looked
+                if self._derived_meta_stale():
+                    self._write_derived_meta()
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def ingest(
+        self, paths: list[Path], known_robots: Set[str] | None, quarantine_dir: Path
+    ) -> IngestReport:
+        """Validate and store episode files (Parquet or Arrow IPC stream, one episode each).
+
+        Bad files move to ``quarantine_dir`` with a reason file; the good ones of the batch are
+        still stored. Episodes already stored with identical content are skipped.
+        """
+        incoming: list[IncomingEpisode] = []
+        quarantined: list[QuarantinedFile] = []
+        for path in map(Path, paths):
+            try:
+                table = read_episode_file(path)
+            except (ValueError, pa.ArrowInvalid) as exc:
+                error = EpisodeValidationError(
+                    str(path), WHOLE_FILE, f"unreadable ({exc})",
+                    "send one Parquet file or Arrow IPC stream per episode",
+                )
+                quarantined.append(quarantine_file(path, error, quarantine_dir))
+                continue
+            incoming.append(IncomingEpisode(table=table, source=str(path), origin=path))
+        report = self.ingest_tables(incoming, known_robots, quarantine_dir)
+        return dataclasses.replace(report, quarantined=tuple(quarantined) + report.quarantined)
+
+    def add_episodes(
+        self,
+        episodes: list[Episode],
+        known_robots: Set[str] | None = None,
+        quarantine_dir: Path | None = None,
+    ) -> IngestReport:
+        """Store in-memory episodes, validated like files. Without ``quarantine_dir`` a bad
+        episode raises ``EpisodeValidationError`` and nothing is stored."""
+        incoming = []
+        for ep in episodes:
+            source = f"episode {ep.episode_id}"
+            try:
+                table = episode_to_table(ep)
+            except (ValueError, pa.ArrowInvalid) as exc:
+                raise EpisodeValidationError(
+                    source, WHOLE_FILE, str(exc), "give states/actions as (frames, dim) float32 arrays"
+                ) from exc
+            incoming.append(IncomingEpisode(table=table, source=source))
+        return self.ingest_tables(incoming, known_robots, quarantine_dir)
+
+    def ingest_tables(
+        self,
+        incoming: list[IncomingEpisode],
+        known_robots: Set[str] | None,
+        quarantine_dir: Path | None,
+    ) -> IngestReport:
+        """The one ingest path: validate, dedupe by episode_id + content, store in one new file."""
+        with self._writer():
+            staged, quarantined = self._stage(incoming, known_robots, quarantine_dir)
+            stored = self._hashes_by_id()
+            new: list[_Staged] = []
+            duplicates: list[str] = []
+            for item in staged:
+                episode_id = item.episode.episode_id
+                known = stored.get(episode_id)
+                if known is None:
+                    stored[episode_id] = item.content_hash
+                    new.append(item)
+                elif known == item.content_hash:
+                    duplicates.append(episode_id)
+                else:
+                    error = EpisodeValidationError(
+                        item.incoming.source,
+                        EPISODE_ID,
+                        f"episode {episode_id} is already stored with different content",
+                        "give a re-recorded or edited episode a new uuid4 episode_id",
+                    )
+                    quarantined.append(self._reject(item.incoming, error, quarantine_dir))
+            if not new:
+                return IngestReport(duplicates=tuple(duplicates), quarantined=tuple(quarantined))
+            data_file = self._store(new)
+            return IngestReport(
+                added=tuple(s.episode.episode_id for s in new),
+                duplicates=tuple(duplicates),
+                quarantined=tuple(quarantined),
+                frames_added=sum(s.episode.length for s in new),
+                data_file=data_file,
+            )
+
+    def _stage(
+        self, incoming: list[IncomingEpisode], known_robots: Set[str] | None, quarantine_dir: Path | None
+    ) -> tuple[list[_Staged], list[QuarantinedFile]]:
+        state_dim, action_dim = self.state_dim, self.action_dim
+        staged: list[_Staged] = []
+        errors: list[tuple[IncomingEpisode, EpisodeValidationError]] = []
+        for item in incoming:
+            table = item.table.drop_columns([c for c in BOOKKEEPING_COLUMNS if c in item.table.column_names])
+            try:
+                episode = validate_episode_table(table, known_robots, state_dim, action_dim, item.source)
+            except EpisodeValidationError as error:
+                errors.append((item, error))
+                continue
+            state_dim, action_dim = episode.states.shape[1], episode.actions.shape[1]
+            staged.append(_stage_one(item, episode, table))
+        if errors and quarantine_dir is None:
+            raise errors[0][1]
+        return staged, [self._reject(item, error, quarantine_dir) for item, error in errors]
+
+    @staticmethod
+    def _reject(
+        item: IncomingEpisode, error: EpisodeValidationError, quarantine_dir: Path | None
+    ) -> QuarantinedFile:
+        if quarantine_dir is None:
+            raise error
+        if item.origin is not None:
+            return quarantine_file(item.origin, error, quarantine_dir)
+        sink = pa.BufferOutputStream()
+        pq.write_table(item.table, sink)
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", item.source) + ".parquet"
+        return quarantine_bytes(sink.getvalue().to_pybytes(), name, error, quarantine_dir)
+
+    def _hashes_by_id(self) -> dict[str, str]:
+        if self._meta is None:
+            return {}
+        return dict(
+            zip(self._meta.column(EPISODE_ID).to_pylist(), self._meta.column(META_CONTENT_HASH).to_pylist())
+        )
+
+    def _next_file_number(self) -> int:
+        keys = self._file_keys()
+        return max(c * self.chunk_size + f for c, f in keys) + 1 if keys else 0
+
+    def _next_video_numbers(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        if self._meta is None:
+            return out
+        for name in self._meta.column_names:
+            match = _VIDEO_LOCATION.match(name)
+            if not match or match["what"] != "chunk_index":
+                continue
+            key = match["key"]
+            chunks = self._meta.column(name).to_pylist()
+            files = self._meta.column(video_location_column(key, "file_index")).to_pylist()
+            numbers = [c * self.chunk_size + f for c, f in zip(chunks, files) if c is not None and f is not None]
+            out[key] = max(numbers) + 1 if numbers else 0
+        return out
+
+    def _store(self, new: list[_Staged]) -> Path:
+        """Write one data file (+ copied videos), then tasks, info, stats, and commit the meta."""
+        info = self._info or self._new_info()
+        chunk_size = int(info["chunks_size"])
+        data_chunk, data_file = divmod(self._next_file_number(), chunk_size)
+        next_video = self._next_video_numbers()
+        video_slots: dict[tuple[str, Path], tuple[int, int]] = {}
+        tasks = list(self._tasks)
+        task_of = {t: i for i, t in enumerate(tasks)}
+        episode_index, frame_index = self.num_episodes, self.num_frames
+        features = dict(info["features"])
+        data_tables: list[pa.Table] = []
+        meta_rows: list[pa.Table] = []
+        for item in new:
+            ep = item.episode
+            if ep.task not in task_of:
+                task_of[ep.task] = len(tasks)
+                tasks.append(ep.task)
+            data = _data_table(item.table, episode_index, frame_index, task_of[ep.task])
+            for name in data.column_names:
+                if name not in features:
+                    features[name] = dict(
+                        item.incoming.features.get(name)
+                        or infer_feature(data.schema.field(name).type, data.column(name)[0].as_py())
+                    )
+            row: dict[str, pa.Array] = {
+                EPISODE_INDEX: pa.array([episode_index], pa.int64()),
+                META_TASKS: pa.array([[ep.task]], pa.list_(pa.string())),
+                META_LENGTH: pa.array([ep.length], pa.int64()),
+                META_DATA_CHUNK: pa.array([data_chunk], pa.int64()),
+                META_DATA_FILE: pa.array([data_file], pa.int64()),
+                META_FROM: pa.array([frame_index], pa.int64()),
+                META_TO: pa.array([frame_index + ep.length], pa.int64()),
+                META_META_CHUNK: pa.array([0], pa.int64()),
+                META_META_FILE: pa.array([0], pa.int64()),
+                EPISODE_ID: pa.array([ep.episode_id], pa.string()),
+                ROBOT_ID: pa.array([ep.robot_id], pa.string()),
+                POLICY_VERSION: pa.array([ep.policy_version], pa.string()),
+                SUCCESS: pa.array([ep.success], pa.bool_()),
+                INTERRUPTED: pa.array([ep.interrupted], pa.bool_()),
+                META_CONTENT_HASH: pa.array([item.content_hash], pa.string()),
+            }
+            row.update(_stats_columns(data))
+            if item.incoming.meta_extra is not None:
+                for name in item.incoming.meta_extra.column_names:
+                    if name not in row and not is_location_column(name):
+                        row[name] = item.incoming.meta_extra.column(name).combine_chunks()
+            for key, src in sorted(item.incoming.videos.items()):
+                slot = video_slots.get((key, Path(src)))
+                if slot is None:
+                    number = next_video.get(key, 0)
+                    next_video[key] = number + 1
+                    slot = divmod(number, chunk_size)
+                    video_slots[(key, Path(src))] = slot
+                    features.setdefault(key, dict(item.incoming.features.get(key) or {"dtype": "video"}))
+                row[video_location_column(key, "chunk_index")] = pa.array([slot[0]], pa.int64())
+                row[video_location_column(key, "file_index")] = pa.array([slot[1]], pa.int64())
+            meta_rows.append(pa.table(row))
+            data_tables.append(data)
+            episode_index += 1
+            frame_index += ep.length
+
+        path = self.root / DATA_PATH.format(chunk_index=data_chunk, file_index=data_file)
+        _atomic_write_parquet(path, pa.concat_tables(data_tables, promote_options="permissive"), self.cfg.compression)
+        for (key, src), (chunk, number) in sorted(video_slots.items()):
+            _atomic_copy(src, self.root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=number))
+        _atomic_write_parquet(self.root / TASKS_PATH, tasks_table(tasks), self.cfg.compression)
+        previous = [self._meta] if self._meta is not None else []
+        meta = pa.concat_tables(previous + meta_rows, promote_options="permissive")
+        self._info = {**info, "features": features}
+        if video_slots:
+            self._info["video_path"] = VIDEO_PATH
+        self._tasks = tasks
+        self._meta = meta
+        self._write_derived_meta()
+        _atomic_write_parquet(self.root / EPISODES_META_PATH, meta, self.cfg.compression)  # commit point
+        return path
+
+    def _new_info(self) -> dict[str, Any]:
+        fps = self.cfg.fps
+        return {
+            "codebase_version": self.cfg.codebase_version,
+            "robot_type": self.cfg.robot_type,
+            "total_episodes": 0,
+            "total_frames": 0,
+            "total_tasks": 0,
+            "chunks_size": self.cfg.chunk_size,
+            "data_files_size_in_mb": DATA_FILES_SIZE_IN_MB,
+            "video_files_size_in_mb": VIDEO_FILES_SIZE_IN_MB,
+            "fps": int(fps) if float(fps).is_integer() else fps,
+            "splits": {"train": "0:0"},
+            "data_path": DATA_PATH,
+            "video_path": None,
+            "features": {},
+        }
+
+    def _write_derived_meta(self) -> None:
+        """info.json totals and stats.json, both derived from the episodes table."""
+        assert self._info is not None and self._meta is not None
+        total = self._meta.num_rows
+        self._info.update(
+            total_episodes=total,
+            total_frames=self.num_frames,
+            total_tasks=len(self._tasks),
+            splits={"train": f"0:{total}"},
+        )
+        stats = stats_from_episodes_meta(self._meta)
+        _atomic_write_bytes(self.root / STATS_PATH, json.dumps(stats, indent=4).encode())
+        _atomic_write_bytes(self.root / INFO_PATH, json.dumps(self._info, indent=4).encode())
+
+
+def _stage_one(item: IncomingEpisode, episode: Episode, table: pa.Table) -> _Staged:
+    canonical = episode_to_table(dataclasses.replace(episode, extras={}))
+    for name in table.column_names:
+        if name not in CONTRACT_COLUMNS:
+            canonical = canonical.append_column(table.schema.field(name), table.column(name))
+    parts = [table_fingerprint(canonical)]
+    if item.meta_extra is not None:
+        carried = frozenset(n for n in item.meta_extra.column_names if is_location_column(n))
+        parts.append(table_fingerprint(item.meta_extra, exclude=carried))
+    return _Staged(item, episode, canonical, combine_fingerprints(parts))
+
+
+def _data_table(canonical: pa.Table, episode_index: int, first_frame: int, task_index: int) -> pa.Table:
+    """A data-file slice in LeRobot column order: vectors, time, indices, ours, extras."""
+    length = canonical.num_rows
+    columns: dict[str, pa.Array | pa.ChunkedArray] = {
+        STATE: canonical.column(STATE),
+        ACTION: canonical.column(ACTION),
+        TIMESTAMP: canonical.column(TIMESTAMP),
+        FRAME_INDEX: canonical.column(FRAME_INDEX),
+        EPISODE_INDEX: pa.array(np.full(length, episode_index, dtype=np.int64)),
+        INDEX: pa.array(np.arange(first_frame, first_frame + length, dtype=np.int64)),
+        TASK_INDEX: pa.array(np.full(length, task_index, dtype=np.int64)),
+    }
+    for name in _EPISODE_LEVEL_STORED:
+        columns[name] = canonical.column(name)
+    for name in canonical.column_names:
+        if name not in CONTRACT_COLUMNS:
+            columns[name] = canonical.column(name)
+    return pa.table(columns)
+
+
+def _stats_columns(data: pa.Table) -> dict[str, pa.Array]:
+    """Per-episode ``stats/<feature>/<stat>`` columns for every flat numeric frame feature."""
+    out: dict[str, pa.Array] = {}
+    for name in data.column_names:
+        if name in (SUCCESS, INTERRUPTED):
+            continue
+        values = column_values(data.column(name))
+        if values is None or values.size == 0:
+            continue
+        for stat, value in feature_stats(values).items():
+            item = pa.int64() if stat == "count" else pa.float64()
+            out[stats_column(name, stat)] = pa.array([value.tolist()], pa.list_(item))
+    return out
+

@@ -1,0 +1,203 @@
+"""The Arrow form of one episode: LeRobot v3 frame columns plus our episode-level columns.
+
+One row per frame. ``observation.state`` and ``action`` are ``fixed_size_list<float32>``;
+readers also accept variable-size lists (older LeRobot files). Episode-level fields
+(``episode_id``, ``robot_id``, ``task``, ``policy_version``, ``success``, ``interrupted``) are
+constant columns. Any other column is an *extra* feature, carried through untouched.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from components.episodes.record import Episode
+
+EPISODE_ID = "episode_id"
+ROBOT_ID = "robot_id"
+TASK = "task"
+FRAME_INDEX = "frame_index"
+TIMESTAMP = "timestamp"
+STATE = "observation.state"
+ACTION = "action"
+POLICY_VERSION = "policy_version"
+SUCCESS = "success"
+INTERRUPTED = "interrupted"
+
+# Constant per episode: one value repeated on every frame.
+EPISODE_LEVEL_COLUMNS: tuple[str, ...] = (
+    EPISODE_ID,
+    ROBOT_ID,
+    TASK,
+    POLICY_VERSION,
+    SUCCESS,
+    INTERRUPTED,
+)
+FRAME_COLUMNS: tuple[str, ...] = (FRAME_INDEX, TIMESTAMP, STATE, ACTION)
+CONTRACT_COLUMNS: tuple[str, ...] = (
+    EPISODE_ID,
+    ROBOT_ID,
+    TASK,
+    FRAME_INDEX,
+    TIMESTAMP,
+    STATE,
+    ACTION,
+    POLICY_VERSION,
+    SUCCESS,
+    INTERRUPTED,
+)
+VECTOR_COLUMNS: tuple[str, ...] = (STATE, ACTION)
+
+PARQUET_MAGIC = b"PAR1"
+
+
+def episode_schema(state_dim: int, action_dim: int) -> pa.Schema:
+    """The canonical schema of one episode table (contract columns only)."""
+    return pa.schema(
+        [
+            pa.field(EPISODE_ID, pa.string(), nullable=False),
+            pa.field(ROBOT_ID, pa.string(), nullable=False),
+            pa.field(TASK, pa.string(), nullable=False),
+            pa.field(FRAME_INDEX, pa.int64(), nullable=False),
+            pa.field(TIMESTAMP, pa.float32(), nullable=False),
+            pa.field(STATE, pa.list_(pa.float32(), state_dim), nullable=False),
+            pa.field(ACTION, pa.list_(pa.float32(), action_dim), nullable=False),
+            pa.field(POLICY_VERSION, pa.string(), nullable=False),
+            pa.field(SUCCESS, pa.bool_(), nullable=False),
+            pa.field(INTERRUPTED, pa.bool_(), nullable=False),
+        ]
+    )
+
+
+def vectors_to_arrow(values: np.ndarray) -> pa.FixedSizeListArray:
+    """(T, d) float32 → fixed_size_list<float32>[d]."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    if values.ndim != 2:
+        raise ValueError(f"expected a (frames, dim) array, got shape {values.shape}")
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
+
+
+def list_column_to_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A list column of equal-length rows (fixed or variable size) → (T, d) array."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    rows = len(arr)
+    if pa.types.is_fixed_size_list(arr.type):
+        flat = arr.flatten().to_numpy(zero_copy_only=False)
+        return flat.reshape(rows, arr.type.list_size)
+    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+    if rows and (lengths != lengths[0]).any():
+        raise ValueError("list rows have different lengths")
+    flat = arr.flatten().to_numpy(zero_copy_only=False)
+    return flat.reshape(rows, int(lengths[0]) if rows else 0)
+
+
+def _extra_to_arrow(name: str, values: np.ndarray, length: int) -> pa.Array:
+    if values.shape[:1] != (length,):
+        raise ValueError(f"extra column {name!r}: expected {length} rows, got shape {values.shape}")
+    if values.ndim == 1:
+        return pa.array(values)
+    if values.ndim == 2 and values.dtype != object:
+        return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
+    return pa.array(list(values))
+
+
+def episode_to_table(ep: Episode) -> pa.Table:
+    """An in-memory episode → its canonical Arrow table (extras become extra columns)."""
+    length = ep.length
+    states = np.asarray(ep.states, dtype=np.float32)
+    actions = np.asarray(ep.actions, dtype=np.float32)
+    schema = episode_schema(states.shape[1], actions.shape[1])
+    columns = [
+        pa.array([ep.episode_id] * length, pa.string()),
+        pa.array([ep.robot_id] * length, pa.string()),
+        pa.array([ep.task] * length, pa.string()),
+        pa.array(ep.frame_index, pa.int64()),
+        pa.array(np.asarray(ep.timestamps, dtype=np.float32), pa.float32()),
+        vectors_to_arrow(states),
+        vectors_to_arrow(actions),
+        pa.array([ep.policy_version] * length, pa.string()),
+        pa.array(np.full(length, bool(ep.success)), pa.bool_()),
+        pa.array(np.full(length, bool(ep.interrupted)), pa.bool_()),
+    ]
+    table = pa.Table.from_arrays(columns, schema=schema)
+    for name in sorted(ep.extras):
+        table = table.append_column(name, _extra_to_arrow(name, np.asarray(ep.extras[name]), length))
+    return table
+
+
+def _extra_to_numpy(column: pa.ChunkedArray) -> np.ndarray:
+    arr = column.combine_chunks()
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(
+        arr.type
+    ):
+        try:
+            return list_column_to_numpy(arr)
+        except (ValueError, pa.ArrowInvalid):
+            return np.array(arr.to_pylist(), dtype=object)
+    try:
+        return arr.to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, NotImplementedError):
+        return np.array(arr.to_pylist(), dtype=object)
+
+
+def table_to_episode(table: pa.Table) -> Episode:
+    """An episode table (already validated) → Episode; non-contract columns go to ``extras``."""
+    first = {name: table.column(name)[0].as_py() for name in EPISODE_LEVEL_COLUMNS}
+    extras = {
+        name: _extra_to_numpy(table.column(name))
+        for name in table.column_names
+        if name not in CONTRACT_COLUMNS
+    }
+    return Episode(
+        episode_id=str(first[EPISODE_ID]),
+        robot_id=str(first[ROBOT_ID]),
+        task=str(first[TASK]),
+        states=list_column_to_numpy(table.column(STATE)).astype(np.float32, copy=False),
+        actions=list_column_to_numpy(table.column(ACTION)).astype(np.float32, copy=False),
+        timestamps=table.column(TIMESTAMP).to_numpy().astype(np.float32, copy=False),
+        success=bool(first[SUCCESS]),
+        interrupted=bool(first[INTERRUPTED]),
+        policy_version=str(first[POLICY_VERSION]),
+        extras=extras,
+    )
+
+
+def write_episode_file(ep: Episode, path: Path) -> Path:
+    """Write one episode as one Parquet file (one row per frame)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(episode_to_table(ep), path)
+    return path
+
+
+def episode_to_ipc(ep: Episode) -> bytes:
+    """One episode as Arrow IPC stream bytes, the form the ingest service receives."""
+    return table_to_ipc(episode_to_table(ep))
+
+
+def table_to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def read_episode_bytes(data: bytes) -> pa.Table:
+    """Parquet bytes or Arrow IPC stream bytes → table. Raises ``ValueError`` if neither."""
+    if data[:4] == PARQUET_MAGIC:
+        return pq.read_table(io.BytesIO(data))
+    try:
+        return ipc.open_stream(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ValueError(f"not a Parquet file nor an Arrow IPC stream ({exc})") from exc
+
+
+def read_episode_file(path: Path) -> pa.Table:
+    """One incoming episode file (Parquet or Arrow IPC stream) → table."""
+    return read_episode_bytes(Path(path).read_bytes())

@@ -1,0 +1,106 @@
+"""LeRobot-style feature statistics: per episode (episodes meta ``stats/<feature>/<stat>``
+columns) and aggregated over the dataset (``meta/stats.json``).
+
+The aggregate is computed from the per-episode stats alone (count-weighted mean, pooled
+variance), so rewriting ``stats.json`` never needs to reread frames.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from components.episodes.schema import list_column_to_numpy
+
+STATS_PREFIX = "stats/"
+STAT_NAMES: tuple[str, ...] = ("min", "max", "mean", "std", "count")
+
+
+def stats_column(feature: str, stat: str) -> str:
+    return f"{STATS_PREFIX}{feature}/{stat}"
+
+
+def parse_stats_column(name: str) -> tuple[str, str] | None:
+    """``stats/observation.state/mean`` → (``observation.state``, ``mean``); else None."""
+    if not name.startswith(STATS_PREFIX):
+        return None
+    feature, _, stat = name[len(STATS_PREFIX) :].rpartition("/")
+    return (feature, stat) if feature and stat in STAT_NAMES else None
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def is_numeric_type(t: pa.DataType) -> bool:
+    while _is_list(t):
+        t = t.value_type
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def column_values(column: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
+    """Frame values as a (T, d) float64 array, or None if not a flat numeric feature."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if arr.null_count or not is_numeric_type(arr.type):
+        return None
+    try:
+        if _is_list(arr.type):
+            if _is_list(arr.type.value_type) or arr.flatten().null_count:
+                return None  # nested (e.g. image-shaped) or holes: not a flat feature
+            values = list_column_to_numpy(arr)
+        else:
+            values = arr.to_numpy(zero_copy_only=False).reshape(-1, 1)
+    except (ValueError, pa.ArrowInvalid):
+        return None  # variable-length rows of different sizes
+    return values.astype(np.float64)
+
+
+def feature_stats(values: np.ndarray) -> dict[str, np.ndarray]:
+    """min/max/mean/std over frames (axis 0), and the frame count."""
+    return {
+        "min": values.min(axis=0),
+        "max": values.max(axis=0),
+        "mean": values.mean(axis=0),
+        "std": values.std(axis=0),
+        "count": np.array([values.shape[0]], dtype=np.int64),
+    }
+
+
+def aggregate_stats(per_episode: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Combine per-episode stats of one feature: weighted mean, pooled variance, min, max."""
+    counts = np.array([float(s["count"].reshape(-1)[0]) for s in per_episode])
+    total = counts.sum()
+    means = np.stack([np.asarray(s["mean"], dtype=np.float64) for s in per_episode])
+    stds = np.stack([np.asarray(s["std"], dtype=np.float64) for s in per_episode])
+    weights = (counts / total).reshape((-1,) + (1,) * (means.ndim - 1))
+    mean = (weights * means).sum(axis=0)
+    variance = (weights * (stds**2 + (means - mean) ** 2)).sum(axis=0)
+    return {
+        "min": np.min(np.stack([np.asarray(s["min"], dtype=np.float64) for s in per_episode]), axis=0),
+        "max": np.max(np.stack([np.asarray(s["max"], dtype=np.float64) for s in per_episode]), axis=0),
+        "mean": mean,
+        "std": np.sqrt(variance),
+        "count": np.array([int(total)], dtype=np.int64),
+    }
+
+
+def stats_from_episodes_meta(meta: pa.Table) -> dict[str, dict[str, list]]:
+    """``meta/stats.json`` content from the ``stats/*`` columns of the episodes table."""
+    features: dict[str, set[str]] = {}
+    for name in meta.column_names:
+        parsed = parse_stats_column(name)
+        if parsed:
+            features.setdefault(parsed[0], set()).add(parsed[1])
+    out: dict[str, dict[str, list]] = {}
+    for feature in sorted(features):
+        if set(STAT_NAMES) - features[feature]:
+            continue
+        columns = {stat: meta.column(stats_column(feature, stat)).to_pylist() for stat in STAT_NAMES}
+        per_episode = [
+            {stat: np.asarray(columns[stat][row]) for stat in STAT_NAMES}
+            for row in range(meta.num_rows)
+            if all(columns[stat][row] is not None for stat in STAT_NAMES)
+        ]
+        if per_episode:
+            out[feature] = {k: v.tolist() for k, v in aggregate_stats(per_episode).items()}
+    return out

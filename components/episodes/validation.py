@@ -1,0 +1,217 @@
+"""Check one incoming episode table against the contract; reject with a precise reason.
+
+Every rejection names the source, the field, what is wrong and how to fix it, so the operator
+reading a quarantine reason file knows what to change on the robot side.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Set
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from components.episodes.record import Episode
+from components.episodes.schema import (
+    ACTION,
+    CONTRACT_COLUMNS,
+    EPISODE_ID,
+    EPISODE_LEVEL_COLUMNS,
+    FRAME_INDEX,
+    INTERRUPTED,
+    ROBOT_ID,
+    STATE,
+    SUCCESS,
+    TIMESTAMP,
+    list_column_to_numpy,
+    table_to_episode,
+)
+
+# The whole table, not one column (e.g. an empty episode or an unreadable file).
+WHOLE_FILE = "<file>"
+
+
+class EpisodeValidationError(ValueError):
+    """An episode that breaks the contract. ``str()`` is one line: source, field, reason, fix."""
+
+    def __init__(self, source: str, field: str, reason: str, fix: str) -> None:
+        self.source = source
+        self.field = field
+        self.reason = reason
+        self.fix = fix
+        super().__init__(f"{source}: field '{field}': {reason}. Fix: {fix}")
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _is_float32_list(t: pa.DataType) -> bool:
+    is_list = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    return is_list and pa.types.is_float32(t.value_type)
+
+
+_EXPECTED_TYPES: dict[str, tuple[str, object]] = {
+    EPISODE_ID: ("string", _is_string),
+    ROBOT_ID: ("string", _is_string),
+    "task": ("string", _is_string),
+    "policy_version": ("string", _is_string),
+    FRAME_INDEX: ("int64", pa.types.is_int64),
+    TIMESTAMP: ("float32", pa.types.is_float32),
+    STATE: ("fixed_size_list<float32>[n] (or list<float32>)", _is_float32_list),
+    ACTION: ("fixed_size_list<float32>[m] (or list<float32>)", _is_float32_list),
+    SUCCESS: ("bool", pa.types.is_boolean),
+    INTERRUPTED: ("bool", pa.types.is_boolean),
+}
+
+
+def _check_vectors(table: pa.Table, name: str, dim: int | None, source: str) -> np.ndarray:
+    column = table.column(name).combine_chunks()
+    if column.null_count:
+        raise EpisodeValidationError(
+            source, name, f"{column.null_count} frames are null", f"write a {name} vector on every frame"
+        )
+    if pa.types.is_fixed_size_list(column.type):
+        width = column.type.list_size
+        if column.flatten().null_count:
+            raise EpisodeValidationError(
+                source, name, "vector contains null values", f"write finite float32 values in {name}"
+            )
+    else:
+        lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+        if lengths.size and (lengths != lengths[0]).any():
+            bad = int(np.flatnonzero(lengths != lengths[0])[0])
+            raise EpisodeValidationError(
+                source,
+                name,
+                f"inconsistent vector length: frame 0 has {lengths[0]}, frame {bad} has {lengths[bad]}",
+                f"write the same number of values in {name} on every frame",
+            )
+        width = int(lengths[0]) if lengths.size else 0
+        if column.flatten().null_count:
+            raise EpisodeValidationError(
+                source, name, "vector contains null values", f"write finite float32 values in {name}"
+            )
+    if width == 0:
+        raise EpisodeValidationError(source, name, "vectors are empty", f"write at least one value in {name}")
+    if dim is not None and width != dim:
+        raise EpisodeValidationError(
+            source,
+            name,
+            f"shape is [{width}], the dataset expects [{dim}]",
+            f"send {dim} values per frame in {name} (the dimension fixed by the dataset's first ingest)",
+        )
+    values = list_column_to_numpy(column)
+    if not np.isfinite(values).all():
+        frame = int(np.flatnonzero(~np.isfinite(values).all(axis=1))[0])
+        raise EpisodeValidationError(
+            source, name, f"NaN or inf at frame {frame}", f"replace non-finite values in {name}"
+        )
+    return values
+
+
+def validate_episode_table(
+    table: pa.Table,
+    known_robots: Set[str] | None,
+    state_dim: int | None,
+    action_dim: int | None,
+    source: str,
+) -> Episode:
+    """Check ``table`` against the episode contract and return it as an Episode.
+
+    ``known_robots=None`` accepts any robot id; ``state_dim``/``action_dim`` ``None`` accept any
+    width (the first ingest fixes them). Raises ``EpisodeValidationError`` on the first problem.
+    """
+    if table.num_rows == 0:
+        raise EpisodeValidationError(
+            source, WHOLE_FILE, "episode has no frames", "send episodes with at least one frame"
+        )
+    missing = [name for name in CONTRACT_COLUMNS if name not in table.column_names]
+    if missing:
+        raise EpisodeValidationError(
+            source,
+            missing[0],
+            f"missing column(s) {', '.join(missing)}",
+            "write every contract column (see components/episodes/README.md)",
+        )
+    duplicated = sorted({n for n in table.column_names if table.column_names.count(n) > 1})
+    if duplicated:
+        raise EpisodeValidationError(
+            source, duplicated[0], "column appears more than once", "write each column once"
+        )
+    for name, (expected, check) in _EXPECTED_TYPES.items():
+        actual = table.schema.field(name).type
+        if not check(actual):  # type: ignore[operator]
+            raise EpisodeValidationError(
+                source, name, f"dtype is {actual}, expected {expected}", f"cast {name} to {expected}"
+            )
+    for name in (FRAME_INDEX, TIMESTAMP, *EPISODE_LEVEL_COLUMNS):
+        nulls = table.column(name).null_count
+        if nulls:
+            raise EpisodeValidationError(
+                source, name, f"{nulls} frames are null", f"write {name} on every frame"
+            )
+    _check_vectors(table, STATE, state_dim, source)
+    _check_vectors(table, ACTION, action_dim, source)
+
+    frames = table.column(FRAME_INDEX).to_numpy()
+    expected_frames = np.arange(table.num_rows, dtype=np.int64)
+    if not np.array_equal(frames, expected_frames):
+        bad = int(np.flatnonzero(frames != expected_frames)[0])
+        raise EpisodeValidationError(
+            source,
+            FRAME_INDEX,
+            f"frame_index must be 0..{table.num_rows - 1} in order; row {bad} has {frames[bad]}",
+            "number frames 0, 1, 2, ... in row order",
+        )
+    times = table.column(TIMESTAMP).to_numpy()
+    if not np.isfinite(times).all():
+        raise EpisodeValidationError(
+            source, TIMESTAMP, "NaN or inf timestamp", "write finite seconds from episode start"
+        )
+    if times[0] < 0:
+        raise EpisodeValidationError(
+            source, TIMESTAMP, f"first timestamp is negative ({times[0]})", "count seconds from episode start"
+        )
+    steps = np.diff(times)
+    if (steps <= 0).any():
+        bad = int(np.flatnonzero(steps <= 0)[0]) + 1
+        raise EpisodeValidationError(
+            source,
+            TIMESTAMP,
+            f"timestamps not strictly increasing at frame {bad} ({times[bad - 1]} -> {times[bad]})",
+            "write strictly increasing seconds from episode start",
+        )
+    for name in EPISODE_LEVEL_COLUMNS:
+        distinct = pc.count_distinct(table.column(name)).as_py()
+        if distinct != 1:
+            raise EpisodeValidationError(
+                source,
+                name,
+                f"episode-level field has {distinct} different values",
+                f"write one constant {name} on every frame of an episode",
+            )
+
+    episode_id = table.column(EPISODE_ID)[0].as_py()
+    try:
+        parsed = uuid.UUID(episode_id)
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.version != 4 or str(parsed) != episode_id.lower():
+        raise EpisodeValidationError(
+            source,
+            EPISODE_ID,
+            f"{episode_id!r} is not a uuid4",
+            "use str(uuid.uuid4()) (or components.episodes.record.new_episode_id) as episode_id",
+        )
+    robot_id = table.column(ROBOT_ID)[0].as_py()
+    if known_robots is not None and robot_id not in known_robots:
+        raise EpisodeValidationError(
+            source,
+            ROBOT_ID,
+            f"unknown robot {robot_id!r}",
+            "register the robot (fleet.extra_robots in params.yaml) or fix the robot_id",
+        )
+    return table_to_episode(table)
