@@ -92,6 +92,8 @@ class StoreConfig(Section):
     nprobes: int = Field(default=20, ge=1)  # IVF partitions searched per query
     refine_factor: int = Field(default=10, ge=0)  # re-rank k*factor PQ hits exactly; 0 = off
     upsert_batch_rows: int = Field(default=100_000, ge=1)  # segments per merge_insert commit
+    # optimize() deletes versions older than this; versions are lineage, so keep them long.
+    retain_versions_days: int = Field(default=36_500, ge=1)
 
 
 class PolicyConfig(Section):

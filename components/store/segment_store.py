@@ -1,0 +1,577 @@
+"""The segment store: one LanceDB table of window embeddings, one row per segment.
+
+Row contract (DESIGN.md): ``segment_id`` = f"{episode_id}:{start}", ``episode_id``,
+``robot_id``, ``task``, ``start``, ``end`` (exclusive frame), ``success``, ``vector``
+(fixed_size_list<float32>[dim]), ``policy_version``, ``snapshot``.
+
+Writes are idempotent: ``upsert`` dedupes the batch, drops rows whose stored content is already
+identical (so a no-op re-ingest commits nothing and the table version does not move), and
+``merge_insert``s the rest on ``segment_id``. Every commit is atomic, so an upsert that fails
+(bad input, crash) leaves the table at a valid version; rerunning it finishes the job.
+
+LanceDB facts this relies on (checked on 0.40, see STACK-NOTES.md): every write — even a
+merge_insert that changes nothing — makes a new version; duplicate keys inside one
+merge_insert batch are both inserted; IVF_PQ on < 256 rows indexes nothing; querying with a
+metric other than the index's silently scans flat; a handle sees other processes' writes only
+with ``read_consistency_interval=timedelta(0)``; forked children hang, so use ``spawn``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import lancedb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from lancedb.index import IvfPq
+
+from components.config import StoreConfig
+from components.episodes.record import Episode
+from components.store.encoder import WindowEncoder, encoder_fingerprint, encoder_from_state_dict
+from components.store.windows import cut_windows
+
+VECTOR = "vector"
+# Metadata on the vector field: which encoder made the vectors (fingerprint + JSON state).
+ENCODER_FINGERPRINT_KEY = "fleetloop:encoder_fingerprint"
+ENCODER_STATE_KEY = "fleetloop:encoder_state"
+ENCODER_STATE_MAX_BYTES = 1 << 20  # larger encoder states (learned nets) store only the fingerprint
+# IVF_PQ trains k-means on the rows present; below this it silently builds an empty index.
+IVF_PQ_MIN_ROWS = 256
+# Columns compared to decide whether a row changed. ``snapshot`` is left out on purpose: it
+# records the snapshot that last *changed* the row, so re-ingesting under a new snapshot is a no-op.
+CONTENT_COLUMNS = ("episode_id", "robot_id", "task", "start", "end", "success", "policy_version")
+RESULT_COLUMNS = ("segment_id", "episode_id", "robot_id", "start", "end", "success")
+
+ProgressCallback = Callable[[int, int], None]
+
+
+def segment_schema(dim: int) -> pa.Schema:
+    """The Arrow schema of the segment table for vectors of length ``dim``."""
+    return pa.schema(
+        [
+            pa.field("segment_id", pa.string(), nullable=False),
+            pa.field("episode_id", pa.string(), nullable=False),
+            pa.field("robot_id", pa.string(), nullable=False),
+            pa.field("task", pa.string(), nullable=False),
+            pa.field("start", pa.int64(), nullable=False),
+            pa.field("end", pa.int64(), nullable=False),
+            pa.field("success", pa.bool_(), nullable=False),
+            pa.field(VECTOR, pa.list_(pa.float32(), dim), nullable=False),
+            pa.field("policy_version", pa.string(), nullable=False),
+            pa.field("snapshot", pa.string(), nullable=False),
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class UpsertReport:
+    """What one ``upsert`` did. ``version_after == version_before`` when nothing changed."""
+
+    episodes: int  # distinct episodes given
+    duplicate_episodes: int  # repeats of an episode_id in the same call (last one kept)
+    segments: int  # segments cut from the distinct episodes
+    inserted: int
+    updated: int
+    unchanged: int
+    commits: int
+    version_before: int
+    version_after: int
+
+    @property
+    def changed(self) -> bool:
+        return self.inserted + self.updated > 0
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """k nearest segments per query, as (Q, k) arrays; a query with fewer hits is padded.
+
+    Padding: ``segment_ids``/``episode_ids``/``robot_ids`` = "", ``starts``/``ends`` = -1,
+    ``success`` = False, ``distances`` = inf. ``counts[q]`` is the number of real hits and
+    ``valid`` masks them. Distances are in the store's metric (squared L2 for "l2").
+    """
+
+    segment_ids: np.ndarray  # (Q, k) object (str)
+    episode_ids: np.ndarray  # (Q, k) object (str)
+    robot_ids: np.ndarray  # (Q, k) object (str)
+    starts: np.ndarray  # (Q, k) int64
+    ends: np.ndarray  # (Q, k) int64
+    success: np.ndarray  # (Q, k) bool
+    distances: np.ndarray  # (Q, k) float32, ascending per row
+    counts: np.ndarray  # (Q,) int64
+    metric: str
+    version: int  # table version the search read
+
+    @property
+    def valid(self) -> np.ndarray:
+        return np.isfinite(self.distances)
+
+    def __len__(self) -> int:
+        return int(self.distances.shape[0])
+
+
+def _sql_str(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _sql_in(column: str, values: Iterable[str]) -> str:
+    return f"{column} IN ({', '.join(_sql_str(v) for v in values)})"
+
+
+class SegmentStore:
+    """A handle on the segment table. Create with ``SegmentStore.open``; see the module doc."""
+
+    def __init__(
+        self, table: lancedb.table.Table, cfg: StoreConfig, dim: int, uri: Path, read_only: bool
+    ) -> None:
+        self._table = table
+        self.cfg = cfg
+        self.dim = dim
+        self.uri = uri
+        self.read_only = read_only
+
+    # ------------------------------------------------------------------ open / lineage
+
+    @classmethod
+    def open(cls, uri: Path, cfg: StoreConfig, dim: int) -> SegmentStore:
+        """Open (or create) ``cfg.table`` under the LanceDB directory ``uri``.
+
+        The handle re-reads the latest version on every operation, so it sees writes made by
+        other handles and processes.
+        """
+        if dim < 1:
+            raise ValueError(f"segment vector dim must be >= 1, got {dim}")
+        uri = Path(uri)
+        db = lancedb.connect(uri, read_consistency_interval=timedelta(0))
+        try:
+            table = db.open_table(cfg.table)
+        except (FileNotFoundError, ValueError):
+            table = db.create_table(cfg.table, schema=segment_schema(dim), exist_ok=True)
+        store = cls(table, cfg, dim, uri, read_only=False)
+        store._check_schema()
+        return store
+
+    def _check_schema(self) -> None:
+        schema = self._table.schema
+        expected = segment_schema(self.dim)
+        missing = [f.name for f in expected if f.name not in schema.names]
+        if missing:
+            raise ValueError(
+                f"{self.uri}/{self.cfg.table}: not a segment table, missing columns {missing}; "
+                "point store.table at a new name or delete the directory"
+            )
+        stored = schema.field(VECTOR).type
+        if stored != expected.field(VECTOR).type:
+            size = getattr(stored, "list_size", stored)
+            raise ValueError(
+                f"{self.uri}/{self.cfg.table}: column 'vector' has dim {size}, but dim={self.dim} "
+                "was asked for; open with the encoder's dim (encoder.dim) or use a new table"
+            )
+
+    @property
+    def version(self) -> int:
+        """The table version this handle reads (latest, unless checked out). Log it for lineage."""
+        return int(self._table.version)
+
+    def count(self, where: str | None = None) -> int:
+        return int(self._table.count_rows(where))
+
+    def checkout(self, version: int | str) -> SegmentStore:
+        """A read-only view of the table at ``version`` (a number or a tag name)."""
+        db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))
+        table = db.open_table(self.cfg.table)
+        table.checkout(version)
+        return SegmentStore(table, self.cfg, self.dim, self.uri, read_only=True)
+
+    def tag(self, name: str, version: int | None = None) -> int:
+        """Name a version (default: the current one) so it survives cleanup; returns it."""
+        version = self.version if version is None else version
+        self._table.tags.create(name, version)
+        return version
+
+    def tags(self) -> dict[str, int]:
+        return {name: int(info["version"]) for name, info in self._table.tags.list().items()}
+
+    # ------------------------------------------------------------------ encoder bookkeeping
+
+    def encoder_fingerprint(self) -> str | None:
+        """Fingerprint of the encoder that made the stored vectors (None while empty)."""
+        meta = self._table.schema.field(VECTOR).metadata or {}
+        value = meta.get(ENCODER_FINGERPRINT_KEY.encode())
+        return value.decode() if value else None
+
+    def load_encoder(self) -> WindowEncoder | None:
+        """The encoder saved with the store (None if never written or too large to keep)."""
+        meta = self._table.schema.field(VECTOR).metadata or {}
+        blob = meta.get(ENCODER_STATE_KEY.encode())
+        return encoder_from_state_dict(json.loads(blob)) if blob else None
+
+    def _check_encoder(self, encoder: WindowEncoder) -> str:
+        if encoder.dim != self.dim:
+            raise ValueError(
+                f"encoder.dim={encoder.dim} but the store's 'vector' column has dim={self.dim}; "
+                "open the store with dim=encoder.dim (a new table), or use the store's encoder "
+                "(store.load_encoder())"
+            )
+        fingerprint = encoder_fingerprint(encoder)
+        stored = self.encoder_fingerprint()
+        if stored is not None and stored != fingerprint:
+            raise ValueError(
+                f"encoder fingerprint {fingerprint} differs from {stored}, the one that made the "
+                f"vectors in {self.uri}/{self.cfg.table}; mixing them makes distances meaningless. "
+                "Upsert with store.load_encoder(), or re-embed every episode into a new table"
+            )
+        return fingerprint
+
+    def _record_encoder(self, encoder: WindowEncoder, fingerprint: str) -> None:
+        metadata = {ENCODER_FINGERPRINT_KEY: fingerprint}
+        blob = json.dumps(encoder.state_dict(), sort_keys=True)
+        if len(blob) <= ENCODER_STATE_MAX_BYTES:
+            metadata[ENCODER_STATE_KEY] = blob
+        self._table.update_field_metadata({"path": VECTOR, "metadata": metadata})
+
+    # ------------------------------------------------------------------ writes
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise ValueError(
+                f"this SegmentStore is a read-only view at version {self.version}; "
+                "write through the handle returned by SegmentStore.open"
+            )
+
+    def upsert(
+        self,
+        episodes: Sequence[Episode],
+        encoder: WindowEncoder,
+        snapshot: str,
+        on_progress: ProgressCallback | None = None,
+    ) -> UpsertReport:
+        """Cut, encode and merge episodes' segments; idempotent (see the module doc).
+
+        Commits in batches of about ``cfg.upsert_batch_rows`` segments (whole episodes per
+        batch); ``on_progress(done_episodes, total_episodes)`` is called after each batch.
+        Everything that can be checked without encoding is checked before the first commit.
+        """
+        self._writable()
+        version_before = self.version
+        unique = _dedupe_episodes(episodes)
+        _validate_episodes(unique, snapshot)
+        fingerprint = self._check_encoder(encoder)
+
+        total = len(unique)
+        inserted = updated = unchanged = segments = commits = done = 0
+        for batch in _episode_batches(unique, self.cfg):
+            rows = self._segment_rows(batch, encoder, snapshot)
+            segments += rows.num_rows
+            if self.encoder_fingerprint() is None:
+                self._record_encoder(encoder, fingerprint)
+            changed = self._changed_rows(rows, [e.episode_id for e in batch])
+            unchanged += rows.num_rows - changed.num_rows
+            if changed.num_rows:
+                result = (
+                    self._table.merge_insert("segment_id")
+                    .when_matched_update_all()
+                    .when_not_matched_insert_all()
+                    .execute(changed)
+                )
+                inserted += int(result.num_inserted_rows)
+                updated += int(result.num_updated_rows)
+                commits += 1
+            done += len(batch)
+            if on_progress is not None:
+                on_progress(done, total)
+        return UpsertReport(
+            episodes=total,
+            duplicate_episodes=len(episodes) - total,
+            segments=segments,
+            inserted=inserted,
+            updated=updated,
+            unchanged=unchanged,
+            commits=commits,
+            version_before=version_before,
+            version_after=self.version,
+        )
+
+    def _segment_rows(
+        self, episodes: Sequence[Episode], encoder: WindowEncoder, snapshot: str
+    ) -> pa.Table:
+        cut = [cut_windows(e.states, self.cfg.window, self.cfg.stride) for e in episodes]
+        counts = np.array([len(w) for w in cut], dtype=np.int64)
+        windows = np.concatenate([w.windows for w in cut], axis=0)
+        vectors = np.asarray(encoder.encode(windows))
+        if vectors.shape != (windows.shape[0], self.dim):
+            raise ValueError(
+                f"encoder.encode returned shape {vectors.shape}, expected "
+                f"({windows.shape[0]}, {self.dim}) for column 'vector'; fix the encoder's dim"
+            )
+        if not np.isfinite(vectors).all():
+            raise ValueError("encoder.encode produced NaN/inf for column 'vector'; check its fit")
+        starts = np.concatenate([w.starts for w in cut])
+        ends = np.concatenate([w.ends for w in cut])
+        episode_ids = np.repeat(np.array([e.episode_id for e in episodes], dtype=object), counts)
+        segment_ids = [f"{e}:{s}" for e, s in zip(episode_ids, starts.tolist(), strict=True)]
+
+        def per_episode(values: list[object]) -> np.ndarray:
+            return np.repeat(np.array(values, dtype=object), counts)
+
+        flat = pa.array(vectors.astype(np.float32, copy=False).reshape(-1), type=pa.float32())
+        return pa.table(
+            {
+                "segment_id": segment_ids,
+                "episode_id": episode_ids,
+                "robot_id": per_episode([e.robot_id for e in episodes]),
+                "task": per_episode([e.task for e in episodes]),
+                "start": starts,
+                "end": ends,
+                "success": np.repeat(np.array([bool(e.success) for e in episodes]), counts),
+                VECTOR: pa.FixedSizeListArray.from_arrays(flat, self.dim),
+                "policy_version": per_episode([e.policy_version for e in episodes]),
+                "snapshot": pa.array([snapshot] * len(segment_ids), type=pa.string()),
+            },
+            schema=segment_schema(self.dim),
+        )
+
+    def _changed_rows(self, rows: pa.Table, episode_ids: list[str]) -> pa.Table:
+        """The rows that are new or differ from what is stored (ignoring ``snapshot``)."""
+        if self.count() == 0:
+            return rows
+        stored = (
+            self._table.search()
+            .where(_sql_in("episode_id", episode_ids))
+            .select(["segment_id", *CONTENT_COLUMNS, VECTOR])
+            .limit(None)
+            .to_arrow()
+        )
+        if stored.num_rows == 0:
+            return rows
+        position = pc.index_in(rows.column("segment_id"), value_set=stored.column("segment_id"))
+        present = position.is_valid().to_numpy(zero_copy_only=False)
+        same = present.copy()
+        index = position.filter(position.is_valid())
+        old = stored.take(index)
+        new = rows.filter(pa.array(present))
+        equal = np.ones(new.num_rows, dtype=bool)
+        for name in CONTENT_COLUMNS:
+            equal &= pc.equal(new.column(name), old.column(name)).to_numpy(zero_copy_only=False)
+        new_vectors = _vectors(new.column(VECTOR), self.dim)
+        old_vectors = _vectors(old.column(VECTOR), self.dim)
+        equal &= (new_vectors == old_vectors).all(axis=1)
+        same[present] = equal
+        return rows.filter(pa.array(~same))
+
+    # ------------------------------------------------------------------ index
+
+    def has_index(self) -> bool:
+        return any(VECTOR in idx.columns for idx in self._table.list_indices())
+
+    def ensure_index(self) -> bool:
+        """Build the IVF_PQ index (cfg.metric) once the table has ``cfg.index_min_rows`` rows.
+
+        Returns whether an index exists afterwards. Rows added later are searched flat until
+        ``optimize()`` folds them in.
+        """
+        if self.has_index():
+            return True
+        rows = self.count()
+        if rows < max(self.cfg.index_min_rows, IVF_PQ_MIN_ROWS):
+            return False
+        self._writable()
+        if self.dim % self.cfg.index_sub_vectors:
+            raise ValueError(
+                f"store.index_sub_vectors={self.cfg.index_sub_vectors} must divide the vector "
+                f"dim {self.dim}; pick a divisor (e.g. {_divisor_near(self.dim, 16)})"
+            )
+        self._table.create_index(
+            VECTOR,
+            config=IvfPq(
+                distance_type=self.cfg.metric,
+                num_partitions=min(self.cfg.index_partitions, rows // IVF_PQ_MIN_ROWS),
+                num_sub_vectors=self.cfg.index_sub_vectors,
+            ),
+        )
+        return True
+
+    def optimize(self) -> int:
+        """Compact files and fold new rows into the index; returns the new version.
+
+        Deletes versions older than ``cfg.retain_versions_days`` (tag the ones lineage needs).
+        """
+        self._writable()
+        self._table.optimize(cleanup_older_than=timedelta(days=self.cfg.retain_versions_days))
+        return self.version
+
+    # ------------------------------------------------------------------ reads
+
+    def search(
+        self,
+        vectors: np.ndarray,
+        k: int,
+        success: bool | None = None,
+        task: str | None = None,
+        robot_id: str | None = None,
+        exclude_episode_ids: Iterable[str] = (),
+        exact: bool = False,
+    ) -> SearchResult:
+        """k nearest segments for each row of ``vectors`` (Q, D), filtered before ranking.
+
+        All queries go to LanceDB in one call. ``exact=True`` bypasses the index (brute force).
+        """
+        queries = np.asarray(vectors, dtype=np.float32)
+        if queries.ndim == 1:
+            queries = queries[None]
+        if queries.ndim != 2 or queries.shape[1] != self.dim:
+            raise ValueError(
+                f"search vectors must be (Q, {self.dim}) to match column 'vector', got "
+                f"{np.shape(vectors)}; encode windows with the store's encoder"
+            )
+        if k < 1:
+            raise ValueError(f"search k must be >= 1, got {k}")
+        if not np.isfinite(queries).all():
+            raise ValueError("search vectors contain NaN/inf")
+        n_queries = queries.shape[0]
+        version = self.version
+        if n_queries == 0 or self.count() == 0:
+            return _empty_result(n_queries, k, self.cfg.metric, version)
+
+        filters = []
+        if success is not None:
+            filters.append(f"success = {'true' if success else 'false'}")
+        if task is not None:
+            filters.append(f"task = {_sql_str(task)}")
+        if robot_id is not None:
+            filters.append(f"robot_id = {_sql_str(robot_id)}")
+        excluded = sorted(set(exclude_episode_ids))
+        if excluded:
+            filters.append(f"NOT ({_sql_in('episode_id', excluded)})")
+
+        query = (
+            self._table.search(
+                list(queries) if n_queries > 1 else queries[0], vector_column_name=VECTOR
+            )
+            .distance_type(self.cfg.metric)
+            .select([*RESULT_COLUMNS, "_distance"])
+            .limit(k)
+        )
+        if filters:
+            query = query.where(" AND ".join(filters), prefilter=True)
+        if exact:
+            query = query.bypass_vector_index()
+        else:
+            query = query.nprobes(self.cfg.nprobes)
+            if self.cfg.refine_factor:
+                query = query.refine_factor(self.cfg.refine_factor)
+        return _to_result(query.to_arrow(), n_queries, k, self.cfg.metric, version)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _dedupe_episodes(episodes: Sequence[Episode]) -> list[Episode]:
+    """One episode per episode_id, the last occurrence winning, in first-seen order."""
+    last: dict[str, Episode] = {}
+    for episode in episodes:
+        last[episode.episode_id] = episode
+    return list(last.values())
+
+
+def _validate_episodes(episodes: Sequence[Episode], snapshot: str) -> None:
+    if not isinstance(snapshot, str):
+        raise ValueError(f"snapshot must be a string (the DVC snapshot hash), got {type(snapshot)}")
+    state_dims: set[int] = set()
+    for episode in episodes:
+        where = f"episode {episode.episode_id!r}"
+        if not isinstance(episode.episode_id, str) or not episode.episode_id:
+            raise ValueError(f"{where}: episode_id must be a non-empty string")
+        for name in ("robot_id", "task", "policy_version"):
+            if not isinstance(getattr(episode, name), str):
+                raise ValueError(f"{where}: {name} must be a string")
+        states = np.asarray(episode.states)
+        if states.ndim != 2 or states.shape[0] < 1:
+            raise ValueError(f"{where}: observation.state must be (T >= 1, n), got {states.shape}")
+        if not np.issubdtype(states.dtype, np.number) or not np.isfinite(states).all():
+            raise ValueError(f"{where}: observation.state must be finite numbers; validate ingest")
+        state_dims.add(int(states.shape[1]))
+    if len(state_dims) > 1:
+        raise ValueError(
+            f"episodes mix observation.state dims {sorted(state_dims)}; one store holds one "
+            "robot state layout — upsert them into separate tables"
+        )
+
+
+def _episode_batches(episodes: Sequence[Episode], cfg: StoreConfig) -> Iterator[list[Episode]]:
+    batch: list[Episode] = []
+    rows = 0
+    for episode in episodes:
+        batch.append(episode)
+        rows += _window_count(episode.length, cfg.window, cfg.stride)
+        if rows >= cfg.upsert_batch_rows:
+            yield batch
+            batch, rows = [], 0
+    if batch:
+        yield batch
+
+
+def _window_count(length: int, window: int, stride: int) -> int:
+    if length <= window:
+        return 1
+    last = length - window
+    return last // stride + 1 + (1 if last % stride else 0)
+
+
+def _vectors(column: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return array.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
+
+
+def _divisor_near(n: int, target: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - target))
+
+
+def _empty_result(n_queries: int, k: int, metric: str, version: int) -> SearchResult:
+    return SearchResult(
+        segment_ids=np.full((n_queries, k), "", dtype=object),
+        episode_ids=np.full((n_queries, k), "", dtype=object),
+        robot_ids=np.full((n_queries, k), "", dtype=object),
+        starts=np.full((n_queries, k), -1, dtype=np.int64),
+        ends=np.full((n_queries, k), -1, dtype=np.int64),
+        success=np.zeros((n_queries, k), dtype=bool),
+        distances=np.full((n_queries, k), np.inf, dtype=np.float32),
+        counts=np.zeros(n_queries, dtype=np.int64),
+        metric=metric,
+        version=version,
+    )
+
+
+def _to_result(hits: pa.Table, n_queries: int, k: int, metric: str, version: int) -> SearchResult:
+    result = _empty_result(n_queries, k, metric, version)
+    if hits.num_rows == 0:
+        return result
+    if "query_index" in hits.column_names:
+        query = hits.column("query_index").to_numpy().astype(np.int64)
+    else:
+        query = np.zeros(hits.num_rows, dtype=np.int64)
+    distance = hits.column("_distance").to_numpy().astype(np.float32)
+    order = np.lexsort((distance, query))
+    query, distance = query[order], distance[order]
+    counts = np.bincount(query, minlength=n_queries)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank = np.arange(len(query)) - first[query]
+    keep = rank < k
+    q, r, o = query[keep], rank[keep], order[keep]
+    result.distances[q, r] = distance[keep]
+    for name, target in (
+        ("segment_id", result.segment_ids),
+        ("episode_id", result.episode_ids),
+        ("robot_id", result.robot_ids),
+    ):
+        target[q, r] = np.asarray(hits.column(name).to_pylist(), dtype=object)[o]
+    result.starts[q, r] = hits.column("start").to_numpy()[o]
+    result.ends[q, r] = hits.column("end").to_numpy()[o]
+    result.success[q, r] = hits.column("success").to_numpy(zero_copy_only=False)[o]
+    result.counts[:] = np.minimum(counts, k)
+    return result

@@ -1,0 +1,349 @@
+"""Segment store: windows, encoder, idempotent upsert, filtered kNN, index threshold, versions.
+
+Real LanceDB directories in tmp_path; no mocks.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from components.config import StoreConfig
+from components.episodes.record import Episode, new_episode_id
+from components.store import (
+    NormalizedStateEncoder,
+    SegmentStore,
+    cut_windows,
+    encoder_fingerprint,
+    episode_windows,
+    encoder_from_state_dict,
+    window_starts,
+)
+
+STATE_DIM = 4
+CFG = StoreConfig(window=8, stride=4, index_min_rows=256, index_sub_vectors=8, upsert_batch_rows=60)
+
+
+def make_episode(rng: np.random.Generator, length: int = 30, success: bool = True,
+                 robot_id: str = "robot-0000", task: str = "pick-place") -> Episode:
+    states = np.cumsum(rng.standard_normal((length, STATE_DIM)), axis=0).astype(np.float32)
+    return Episode(
+        episode_id=new_episode_id(rng),
+        robot_id=robot_id,
+        task=task,
+        states=states,
+        actions=np.zeros((length, 2), dtype=np.float32),
+        timestamps=np.arange(length, dtype=np.float32) / 10,
+        success=success,
+    )
+
+
+def make_fleet(seed: int = 0, count: int = 24) -> list[Episode]:
+    rng = np.random.default_rng(seed)
+    return [
+        make_episode(
+            rng,
+            length=int(rng.integers(20, 40)),
+            success=i % 3 != 0,
+            robot_id=f"robot-{i % 4:04d}",
+            task="pick-place" if i % 2 else "push",
+        )
+        for i in range(count)
+    ]
+
+
+def fit_encoder(episodes: list[Episode], cfg: StoreConfig = CFG) -> NormalizedStateEncoder:
+    windows = np.concatenate([episode_windows(e, cfg.window, cfg.stride)[1] for e in episodes])
+    return NormalizedStateEncoder(cfg.window).fit(windows)
+
+
+def sorted_rows(store: SegmentStore) -> pa.Table:
+    return store._table.to_arrow().sort_by("segment_id")
+
+
+# ---------------------------------------------------------------------- windows
+
+
+def test_windows_cover_episode_with_end_aligned_last_window() -> None:
+    states = np.arange(30 * 2, dtype=np.float32).reshape(30, 2)
+    cut = cut_windows(states, window=8, stride=4)
+    assert cut.starts.tolist() == [0, 4, 8, 12, 16, 20, 22]
+    assert cut.windows.shape == (7, 8, 2) and cut.windows.dtype == np.float32
+    assert (cut.ends - cut.starts == 8).all() and cut.ends[-1] == 30
+    for start, window in zip(cut.starts, cut.windows, strict=True):
+        np.testing.assert_array_equal(window, states[start : start + 8])
+    # already aligned: no extra window
+    assert window_starts(28, 8, 4).tolist() == [0, 4, 8, 12, 16, 20]
+    assert window_starts(8, 8, 4).tolist() == [0]
+    episode = Episode("e", "robot-0000", "pick-place", states, np.zeros((30, 1), np.float32),
+                      np.arange(30, dtype=np.float32), True)
+    starts, windows = episode_windows(episode, 8, 4)
+    np.testing.assert_array_equal(starts, cut.starts)
+    np.testing.assert_array_equal(windows, cut.windows)
+
+
+def test_short_episode_is_front_padded_with_first_frame() -> None:
+    states = np.arange(5 * 3, dtype=np.float32).reshape(5, 3) + 1
+    cut = cut_windows(states, window=8, stride=4)
+    assert cut.starts.tolist() == [0] and cut.ends.tolist() == [5]
+    assert cut.windows.shape == (1, 8, 3)
+    np.testing.assert_array_equal(cut.windows[0, :3], np.repeat(states[:1], 3, axis=0))
+    np.testing.assert_array_equal(cut.windows[0, 3:], states)
+
+
+def test_windows_reject_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="observation.state"):
+        cut_windows(np.zeros(10, dtype=np.float32), 8, 4)
+    with pytest.raises(ValueError, match=">= 1 frame"):
+        cut_windows(np.zeros((0, 3), dtype=np.float32), 8, 4)
+
+
+# ---------------------------------------------------------------------- encoder
+
+
+def test_encoder_is_deterministic_and_round_trips_through_json() -> None:
+    episodes = make_fleet()
+    windows = np.concatenate([cut_windows(e.states, 8, 4).windows for e in episodes])
+    a, b = fit_encoder(episodes), fit_encoder(episodes)
+    encoded = a.encode(windows)
+    assert encoded.shape == (len(windows), 8 * STATE_DIM) and encoded.dtype == np.float32
+    assert a.dim == 8 * STATE_DIM
+    np.testing.assert_array_equal(encoded, b.encode(windows))
+    # z-scored: per state dimension, mean ~0 and std ~1 over the fitted frames
+    z = encoded.reshape(-1, STATE_DIM)
+    np.testing.assert_allclose(z.mean(axis=0), 0, atol=1e-4)
+    np.testing.assert_allclose(z.std(axis=0), 1, atol=1e-4)
+
+    restored = encoder_from_state_dict(json.loads(json.dumps(a.state_dict())))
+    np.testing.assert_array_equal(restored.encode(windows), encoded)
+    assert encoder_fingerprint(restored) == encoder_fingerprint(a)
+    other = NormalizedStateEncoder(8).fit(windows[: len(windows) // 2])
+    assert encoder_fingerprint(other) != encoder_fingerprint(a)
+
+
+def test_encoder_guards_constant_dims_and_misuse() -> None:
+    windows = np.ones((10, 8, 2), dtype=np.float32)
+    windows[:, :, 1] = np.arange(10, dtype=np.float32)[:, None]
+    encoder = NormalizedStateEncoder(8).fit(windows)
+    assert np.isfinite(encoder.encode(windows)).all()  # constant dim 0: std floored, no inf
+    with pytest.raises(ValueError, match="before fit"):
+        NormalizedStateEncoder(8).encode(windows)
+    with pytest.raises(ValueError, match="state dim 3"):
+        encoder.encode(np.zeros((2, 8, 3), dtype=np.float32))
+    with pytest.raises(ValueError, match="store.window=8"):
+        encoder.encode(np.zeros((2, 4, 2), dtype=np.float32))
+
+
+# ---------------------------------------------------------------------- upsert
+
+
+def test_upsert_is_idempotent_and_no_op_keeps_the_version(tmp_path: Path) -> None:
+    episodes = make_fleet()
+    encoder = fit_encoder(episodes)
+    store = SegmentStore.open(tmp_path / "segments", CFG, encoder.dim)
+    progress: list[tuple[int, int]] = []
+    first = store.upsert(
+        episodes, encoder, snapshot="snap-a", on_progress=lambda d, t: progress.append((d, t))
+    )
+    expected = sum(len(cut_windows(e.states, 8, 4)) for e in episodes)
+    assert first.inserted == first.segments == expected == store.count()
+    assert first.commits > 1, "upsert_batch_rows=60 must split this into several commits"
+    assert progress[-1] == (len(episodes), len(episodes))
+    assert [d for d, _ in progress] == sorted(d for d, _ in progress)
+    assert store.version > first.version_before
+    rows = sorted_rows(store)
+    assert rows.column("segment_id").to_pylist()[0].count(":") == 1
+    assert set(rows.column("snapshot").to_pylist()) == {"snap-a"}
+
+    # same episodes again (even under a new snapshot, with duplicates in the batch): no-op
+    again = store.upsert(episodes + episodes[:5], encoder, snapshot="snap-b")
+    assert again.duplicate_episodes == 5 and again.episodes == len(episodes)
+    assert again.inserted == again.updated == again.commits == 0
+    assert again.unchanged == expected and not again.changed
+    assert again.version_after == again.version_before == store.version
+    assert sorted_rows(store).equals(rows)
+
+
+def test_changed_label_updates_rows_and_moves_the_version(tmp_path: Path) -> None:
+    episodes = make_fleet()
+    encoder = fit_encoder(episodes)
+    store = SegmentStore.open(tmp_path / "segments", CFG, encoder.dim)
+    store.upsert(episodes, encoder, snapshot="snap-a")
+    before = store.version
+    relabelled = Episode(**{**episodes[0].__dict__, "success": not episodes[0].success})
+    report = store.upsert([relabelled, *episodes[1:3]], encoder, snapshot="snap-b")
+    n = len(cut_windows(relabelled.states, 8, 4))
+    assert report.updated == n and report.inserted == 0 and report.unchanged > 0
+    assert store.version > before
+    changed = store._table.search().where(f"episode_id = '{relabelled.episode_id}'").to_arrow()
+    assert set(changed.column("success").to_pylist()) == {relabelled.success}
+    assert set(changed.column("snapshot").to_pylist()) == {"snap-b"}
+    assert store.count() == sum(len(cut_windows(e.states, 8, 4)) for e in episodes)
+
+
+def test_bad_input_raises_clearly_and_writes_nothing(tmp_path: Path) -> None:
+    episodes = make_fleet()
+    encoder = fit_encoder(episodes)
+    store = SegmentStore.open(tmp_path / "segments", CFG, encoder.dim)
+    store.upsert(episodes[:10], encoder, snapshot="snap-a")
+    version, rows = store.version, sorted_rows(store)
+
+    wrong_dim = NormalizedStateEncoder(4).fit(np.zeros((3, 4, STATE_DIM), dtype=np.float32))
+    with pytest.raises(ValueError, match=r"encoder.dim=16 .*'vector'.*dim=32"):
+        store.upsert(episodes, wrong_dim, snapshot="snap-b")
+    refit = fit_encoder(episodes[:5])
+    with pytest.raises(ValueError, match="fingerprint .*load_encoder"):
+        store.upsert(episodes, refit, snapshot="snap-b")
+    nan_states = episodes[12].states.copy()
+    nan_states[3, 1] = np.nan
+    bad = Episode(**{**episodes[12].__dict__, "states": nan_states})
+    with pytest.raises(ValueError, match=f"{bad.episode_id}.*finite"):
+        store.upsert([*episodes[10:12], bad], encoder, snapshot="snap-b")
+    wide_states = np.zeros((30, STATE_DIM + 1), np.float32)
+    wide = Episode(**{**episodes[13].__dict__, "states": wide_states})
+    with pytest.raises(ValueError, match="mix observation.state dims"):
+        store.upsert([episodes[11], wide], encoder, snapshot="snap-b")
+    with pytest.raises(ValueError, match=r"\(Q, 32\)"):
+        store.search(np.zeros((2, 31), dtype=np.float32), k=3)
+    with pytest.raises(ValueError, match="has dim 32, but dim=16 was asked"):
+        SegmentStore.open(tmp_path / "segments", CFG, 16)
+
+    assert store.version == version
+    assert sorted_rows(store).equals(rows)
+    # the store remembers its encoder, so the fix the message names works
+    assert encoder_fingerprint(store.load_encoder()) == store.encoder_fingerprint()
+
+
+class FailingEncoder(NormalizedStateEncoder):
+    """Fails on its second encode call, like a crash half-way through a large upsert."""
+
+    calls = 0
+
+    def encode(self, windows: np.ndarray) -> np.ndarray:
+        FailingEncoder.calls += 1
+        if FailingEncoder.calls == 2:
+            raise RuntimeError("encoder crashed")
+        return super().encode(windows)
+
+
+def test_failed_upsert_leaves_a_valid_table_and_rerun_completes(tmp_path: Path) -> None:
+    episodes = make_fleet()
+    encoder = fit_encoder(episodes)
+    failing = FailingEncoder.from_state_dict(encoder.state_dict())
+    store = SegmentStore.open(tmp_path / "segments", CFG, encoder.dim)
+    with pytest.raises(RuntimeError, match="crashed"):
+        store.upsert(episodes, failing, snapshot="snap-a")
+    partial = store.count()
+    assert 0 < partial < sum(len(cut_windows(e.states, 8, 4)) for e in episodes)
+    report = store.upsert(episodes, encoder, snapshot="snap-a")
+    assert report.unchanged == partial
+    clean = SegmentStore.open(tmp_path / "clean", CFG, encoder.dim)
+    clean.upsert(episodes, encoder, snapshot="snap-a")
+    assert sorted_rows(store).equals(sorted_rows(clean))
+
+
+# ---------------------------------------------------------------------- search
+
+
+def test_search_filters_and_exclusions(tmp_path: Path) -> None:
+    episodes = make_fleet(count=30)
+    encoder = fit_encoder(episodes)
+    store = SegmentStore.open(tmp_path / "segments", CFG, encoder.dim)
+    store.upsert(episodes, encoder, snapshot="snap-a")
+    failed = [e for e in episodes if not e.success]
+    queries = encoder.encode(np.concatenate([episode_windows(e, 8, 4)[1] for e in failed[:3]]))
+
+    exact = store.search(queries, k=5)
+    assert exact.distances.shape == (len(queries), 5)
+    np.testing.assert_allclose(exact.distances[:, 0], 0, atol=1e-4)  # each query finds itself
+    assert (np.diff(exact.distances, axis=1) >= 0).all()
+
+    ok = store.search(queries, k=10, success=True)
+    assert ok.counts.tolist() == [10] * len(queries) and ok.success.all()
+    failed_ids = {e.episode_id for e in failed}
+    assert not failed_ids & set(ok.episode_ids.ravel())
+
+    push = store.search(queries, k=10, task="push", robot_id="robot-0002")
+    allowed = {e.episode_id for e in episodes if e.task == "push" and e.robot_id == "robot-0002"}
+    assert set(push.episode_ids[push.valid]) <= allowed and push.valid.any()
+    assert set(push.robot_ids[push.valid]) == {"robot-0002"}
+
+    excluded = [e.episode_id for e in episodes[:20]]
+    rest = store.search(queries, k=500, exclude_episode_ids=excluded)
+    kept = sum(len(cut_windows(e.states, 8, 4)) for e in episodes[20:])
+    assert rest.counts.tolist() == [kept] * len(queries)  # fewer than k: padded
+    assert not set(excluded) & set(rest.episode_ids[rest.valid])
+    assert (rest.starts[~rest.valid] == -1).all() and np.isinf(rest.distances[~rest.valid]).all()
+
+    nothing = store.search(queries[:2], k=3, task="no-such-task")
+    assert nothing.counts.tolist() == [0, 0]
+
+
+def test_index_needs_enough_rows_and_keeps_filters(tmp_path: Path) -> None:
+    episodes = make_fleet(count=60)
+    encoder = fit_encoder(episodes)
+    small = SegmentStore.open(tmp_path / "small", CFG, encoder.dim)
+    small.upsert(episodes[:10], encoder, snapshot="snap-a")
+    assert small.count() < CFG.index_min_rows
+    assert small.ensure_index() is False and not small.has_index()
+
+    store = SegmentStore.open(tmp_path / "segments", CFG, encoder.dim)
+    store.upsert(episodes, encoder, snapshot="snap-a")
+    assert store.count() >= CFG.index_min_rows
+    assert store.ensure_index() is True and store.has_index()
+    queries = encoder.encode(cut_windows(episodes[0].states, 8, 4).windows)
+    indexed = store.search(queries, k=5, success=True)
+    assert indexed.success.all() and indexed.counts.tolist() == [5] * len(queries)
+    brute = store.search(queries, k=5, success=True, exact=True)
+    # refine_factor re-ranks with exact distances, so the top hit agrees with brute force here
+    np.testing.assert_allclose(indexed.distances[:, 0], brute.distances[:, 0], rtol=1e-5)
+    # new rows are searchable before optimize (flat over the unindexed part) and after it
+    extra = make_fleet(seed=1, count=2)
+    store.upsert(extra, encoder, snapshot="snap-b")
+    probe = encoder.encode(cut_windows(extra[0].states, 8, 4).windows[:1])
+    assert store.search(probe, k=1).episode_ids[0, 0] == extra[0].episode_id
+    store.optimize()
+    assert store.search(probe, k=1).episode_ids[0, 0] == extra[0].episode_id
+
+
+# ---------------------------------------------------------------------- handles & versions
+
+
+def _upsert_in_child(uri: str, seed: int) -> None:
+    episodes = make_fleet(seed=seed, count=3)
+    store = SegmentStore.open(Path(uri), CFG, 8 * STATE_DIM)
+    store.upsert(episodes, store.load_encoder(), snapshot="child")
+
+
+def test_handles_see_other_writers_and_checkout_time_travels(tmp_path: Path) -> None:
+    episodes = make_fleet()
+    encoder = fit_encoder(episodes)
+    uri = tmp_path / "segments"
+    writer = SegmentStore.open(uri, CFG, encoder.dim)
+    reader = SegmentStore.open(uri, CFG, encoder.dim)
+    writer.upsert(episodes[:5], encoder, snapshot="snap-a")
+    assert reader.count() == writer.count() > 0 and reader.version == writer.version
+    tagged = writer.tag("round-1")
+    count_before = writer.count()
+
+    # another process (spawn: never fork after using LanceDB)
+    spawn = multiprocessing.get_context("spawn")
+    child = spawn.Process(target=_upsert_in_child, args=(str(uri), 7))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    child_ids = {e.episode_id for e in make_fleet(seed=7, count=3)}
+    assert reader.count() == writer.count() > count_before and reader.version > tagged
+    assert child_ids <= set(reader._table.to_arrow().column("episode_id").to_pylist())
+
+    past = writer.checkout("round-1")
+    assert past.version == tagged and past.read_only
+    assert past.count() == sum(len(cut_windows(e.states, 8, 4)) for e in episodes[:5])
+    assert writer.tags() == {"round-1": tagged}
+    with pytest.raises(ValueError, match="read-only view"):
+        past.upsert(episodes, encoder, snapshot="snap-b")
