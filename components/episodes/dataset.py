@@ -322,6 +322,21 @@ class EpisodeDataset:
     def tasks(self) -> list[str]:
         return list(self._tasks)
 
+    def info(self) -> dict[str, Any]:
+        """``meta/info.json`` content, totals derived from the episodes table."""
+        info = json.loads(json.dumps(self._info or self._new_info()))
+        info.update(
+            total_episodes=self.num_episodes,
+            total_frames=self.num_frames,
+            total_tasks=len(self._tasks),
+            splits={"train": f"0:{self.num_episodes}"},
+        )
+        return info
+
+    def episodes_meta(self) -> pa.Table | None:
+        """The full episodes table as stored (with per-episode ``stats/*`` columns)."""
+        return self._meta
+
     def episode_index(self) -> pa.Table:
         """One row per episode: LeRobot episodes columns + ours (stats columns left out)."""
         if self._meta is None:
@@ -641,13 +656,7 @@ class EpisodeDataset:
     def _write_derived_meta(self) -> None:
         """info.json totals and stats.json, both derived from the episodes table."""
         assert self._info is not None and self._meta is not None
-        total = self._meta.num_rows
-        self._info.update(
-            total_episodes=total,
-            total_frames=self.num_frames,
-            total_tasks=len(self._tasks),
-            splits={"train": f"0:{total}"},
-        )
+        self._info = self.info()
         stats = stats_from_episodes_meta(self._meta)
         _atomic_write_bytes(self.root / STATS_PATH, json.dumps(stats, indent=4).encode())
         _atomic_write_bytes(self.root / INFO_PATH, json.dumps(self._info, indent=4).encode())

@@ -141,6 +141,11 @@ def validate_episode_table(
         raise EpisodeValidationError(
             source, duplicated[0], "column appears more than once", "write each column once"
         )
+    slashed = [n for n in table.column_names if "/" in n]
+    if slashed:
+        raise EpisodeValidationError(
+            source, slashed[0], "column names may not contain '/' (LeRobot reserves it)", "rename the column"
+        )
     for name, (expected, check) in _EXPECTED_TYPES.items():
         actual = table.schema.field(name).type
         if not check(actual):  # type: ignore[operator]
@@ -181,7 +186,7 @@ def validate_episode_table(
         raise EpisodeValidationError(
             source,
             TIMESTAMP,
-            f"timestamps not strictly increasing at frame {bad} ({times[bad - 1]} -> {times[bad]})",
+            f"timestamps not strictly increasing at frame {bad} ({times[bad - 1]:.6g} -> {times[bad]:.6g})",
             "write strictly increasing seconds from episode start",
         )
     for name in EPISODE_LEVEL_COLUMNS:

@@ -1,0 +1,398 @@
+"""Episode data plane: schema, validation, quarantine and the LeRobot v3 dataset on disk."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from components.config import EpisodesConfig
+from components.episodes.dataset import EPISODES_META_PATH, INFO_PATH, STATS_PATH, EpisodeDataset
+from components.episodes.quarantine import quarantine_file, read_reason
+from components.episodes.record import Episode, new_episode_id
+from components.episodes.schema import (
+    episode_schema,
+    episode_to_ipc,
+    episode_to_table,
+    read_episode_bytes,
+    table_to_episode,
+    write_episode_file,
+)
+from components.episodes.validation import EpisodeValidationError, validate_episode_table
+
+STATE_DIM, ACTION_DIM = 4, 3
+KNOWN = {"robot-0000", "robot-0001"}
+
+
+def make_episode(rng: np.random.Generator, robot: str = "robot-0000", frames: int = 6, **kw) -> Episode:
+    return Episode(
+        episode_id=new_episode_id(rng),
+        robot_id=robot,
+        task="pick-place",
+        states=rng.normal(size=(frames, STATE_DIM)).astype(np.float32),
+        actions=rng.normal(size=(frames, ACTION_DIM)).astype(np.float32),
+        timestamps=np.arange(frames, dtype=np.float32) / 10,
+        success=bool(rng.integers(2)),
+        **kw,
+    )
+
+
+def dataset_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(7)
+
+
+@pytest.fixture
+def ds(tmp_path: Path) -> EpisodeDataset:
+    return EpisodeDataset(tmp_path / "episodes", EpisodesConfig())
+
+
+# ----------------------------------------------------------------------------- schema
+
+
+def test_episode_table_round_trip_keeps_values_and_extras(rng):
+    ep = make_episode(rng, extras={"next.reward": np.arange(6, dtype=np.float32)})
+    table = episode_to_table(ep)
+    assert table.schema.field("observation.state").type == pa.list_(pa.float32(), STATE_DIM)
+    assert table.select(episode_schema(STATE_DIM, ACTION_DIM).names).schema.equals(
+        episode_schema(STATE_DIM, ACTION_DIM)
+    )
+    back = table_to_episode(table)
+    assert back.episode_id == ep.episode_id and back.success == ep.success
+    np.testing.assert_array_equal(back.states, ep.states)
+    np.testing.assert_array_equal(back.actions, ep.actions)
+    np.testing.assert_array_equal(back.extras["next.reward"], ep.extras["next.reward"])
+
+
+def test_ipc_bytes_round_trip(rng):
+    ep = make_episode(rng)
+    table = read_episode_bytes(episode_to_ipc(ep))
+    np.testing.assert_array_equal(table_to_episode(table).states, ep.states)
+    with pytest.raises(ValueError, match="neither|nor"):
+        read_episode_bytes(b"definitely not arrow")
+
+
+def test_validation_error_is_one_clear_line(rng):
+    table = episode_to_table(make_episode(rng)).drop_columns(["action"])
+    with pytest.raises(EpisodeValidationError) as info:
+        validate_episode_table(table, KNOWN, None, None, source="in/ep.parquet")
+    err = info.value
+    assert (err.source, err.field) == ("in/ep.parquet", "action")
+    assert "\n" not in str(err) and "in/ep.parquet" in str(err) and "Fix:" in str(err)
+
+
+# ----------------------------------------------------------------------------- bad inputs
+
+
+def _replace(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    return table.set_column(table.column_names.index(name), name, values)
+
+
+def _vectors(values: np.ndarray, fixed: bool = True) -> pa.Array:
+    if fixed:
+        return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1), pa.float32()), values.shape[1])
+    return pa.array([list(row) for row in values], pa.list_(pa.float32()))
+
+
+def _nan_in_action(t: pa.Table) -> pa.Table:
+    a = np.stack(t.column("action").to_pylist()).astype(np.float32)
+    a[2, 1] = np.nan
+    return _replace(t, "action", _vectors(a))
+
+
+def _inf_in_state(t: pa.Table) -> pa.Table:
+    s = np.stack(t.column("observation.state").to_pylist()).astype(np.float32)
+    s[4, 0] = np.inf
+    return _replace(t, "observation.state", _vectors(s))
+
+
+def _ragged_state(t: pa.Table) -> pa.Table:
+    rows = [list(r) for r in t.column("observation.state").to_pylist()]
+    rows[3] = rows[3][:-1]
+    return _replace(t, "observation.state", pa.array(rows, pa.list_(pa.float32())))
+
+
+def _wrong_state_width(t: pa.Table) -> pa.Table:
+    s = np.zeros((t.num_rows, STATE_DIM + 1), np.float32)
+    return _replace(t, "observation.state", _vectors(s))
+
+
+def _state_float64(t: pa.Table) -> pa.Table:
+    s = np.zeros((t.num_rows, STATE_DIM), np.float64)
+    return _replace(t, "observation.state", pa.FixedSizeListArray.from_arrays(pa.array(s.reshape(-1)), STATE_DIM))
+
+
+def _time_backwards(t: pa.Table) -> pa.Table:
+    ts = t.column("timestamp").to_numpy().copy()
+    ts[3] = ts[1]
+    return _replace(t, "timestamp", pa.array(ts, pa.float32()))
+
+
+def _frames_skip(t: pa.Table) -> pa.Table:
+    fi = np.arange(t.num_rows, dtype=np.int64)
+    fi[2:] += 1
+    return _replace(t, "frame_index", pa.array(fi))
+
+
+def _success_varies(t: pa.Table) -> pa.Table:
+    return _replace(t, "success", pa.array([i % 2 == 0 for i in range(t.num_rows)]))
+
+
+def _robot_varies(t: pa.Table) -> pa.Table:
+    return _replace(t, "robot_id", pa.array(["robot-0000"] * (t.num_rows - 1) + ["robot-0001"]))
+
+
+BAD_CASES: dict[str, tuple[Callable[[pa.Table], pa.Table], str]] = {
+    "missing_column": (lambda t: t.drop_columns(["action"]), "action"),
+    "timestamp_float64": (lambda t: _replace(t, "timestamp", t.column("timestamp").cast(pa.float64())), "timestamp"),
+    "state_float64": (_state_float64, "observation.state"),
+    "frame_index_int32": (lambda t: _replace(t, "frame_index", t.column("frame_index").cast(pa.int32())), "frame_index"),
+    "state_width_differs_from_dataset": (_wrong_state_width, "observation.state"),
+    "inconsistent_state_lengths": (_ragged_state, "observation.state"),
+    "nan_in_action": (_nan_in_action, "action"),
+    "inf_in_state": (_inf_in_state, "observation.state"),
+    "timestamps_not_increasing": (_time_backwards, "timestamp"),
+    "frame_index_not_0_to_T": (_frames_skip, "frame_index"),
+    "success_not_constant": (_success_varies, "success"),
+    "robot_id_not_constant": (_robot_varies, "robot_id"),
+    "episode_id_not_uuid4": (lambda t: _replace(t, "episode_id", pa.array(["episode-7"] * t.num_rows)), "episode_id"),
+    "unknown_robot": (lambda t: _replace(t, "robot_id", pa.array(["intruder-9"] * t.num_rows)), "robot_id"),
+    "empty_episode": (lambda t: t.slice(0, 0), "<file>"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_bad_file_is_quarantined_and_good_files_still_ingested(case, ds, rng, tmp_path):
+    mutate, field = BAD_CASES[case]
+    inbox, quarantine = tmp_path / "incoming", tmp_path / "quarantine"
+    ds.ingest([write_episode_file(make_episode(rng), inbox / "first.parquet")], KNOWN, quarantine)  # fixes dims
+    good = [write_episode_file(make_episode(rng, "robot-0001"), inbox / f"good{i}.parquet") for i in range(2)]
+    bad = inbox / "bad.parquet"
+    pq.write_table(mutate(episode_to_table(make_episode(rng))), bad)
+
+    report = ds.ingest([good[0], bad, good[1]], KNOWN, quarantine)
+
+    assert len(report.added) == 2 and ds.num_episodes == 3
+    assert not bad.exists() and (quarantine / "bad.parquet").exists()
+    reason = read_reason(quarantine / "bad.parquet")
+    assert reason["field"] == field and reason["fix"] and reason["source"] == str(bad)
+    assert [q.field for q in report.quarantined] == [field]
+
+
+def test_unreadable_file_is_quarantined(ds, rng, tmp_path):
+    bad = tmp_path / "incoming" / "garbage.parquet"
+    bad.parent.mkdir()
+    bad.write_bytes(b"PAR1 but not really")
+    good = write_episode_file(make_episode(rng), tmp_path / "incoming" / "good.parquet")
+    report = ds.ingest([bad, good], KNOWN, tmp_path / "quarantine")
+    assert len(report.added) == 1
+    assert read_reason(tmp_path / "quarantine" / "garbage.parquet")["field"] == "<file>"
+
+
+def test_quarantine_never_overwrites_an_earlier_file(tmp_path):
+    err = EpisodeValidationError("x", "action", "NaN", "fix it")
+    targets = []
+    for i in range(3):
+        src = tmp_path / f"in{i}" / "ep.parquet"
+        src.parent.mkdir()
+        src.write_bytes(f"payload {i}".encode())
+        targets.append(quarantine_file(src, err, tmp_path / "q").path)
+    assert [p.name for p in targets] == ["ep.parquet", "ep-1.parquet", "ep-2.parquet"]
+    assert [p.read_bytes() for p in targets] == [b"payload 0", b"payload 1", b"payload 2"]
+    assert all(read_reason(p)["field"] == "action" for p in targets)
+
+
+# ----------------------------------------------------------------------------- idempotence, duplicates
+
+
+def test_reingesting_same_files_changes_nothing(ds, rng, tmp_path):
+    files = [write_episode_file(make_episode(rng), tmp_path / "in" / f"{i}.parquet") for i in range(4)]
+    first = ds.ingest(files, KNOWN, tmp_path / "q")
+    assert len(first.added) == 4 and first.frames_added == 24
+    before_hash, before_files = ds.content_hash(), dataset_files(ds.root)
+
+    second = ds.ingest(files, KNOWN, tmp_path / "q")
+
+    assert second.added == () and sorted(second.duplicates) == sorted(first.added)
+    assert second.data_file is None and not second.quarantined
+    assert ds.content_hash() == before_hash
+    assert dataset_files(ds.root) == before_files  # no new data file, meta byte-identical
+    assert EpisodeDataset(ds.root, EpisodesConfig()).content_hash() == before_hash
+
+
+def test_same_episode_id_with_different_content_is_rejected(ds, rng, tmp_path):
+    ep = make_episode(rng)
+    ds.ingest([write_episode_file(ep, tmp_path / "in" / "a.parquet")], KNOWN, tmp_path / "q")
+    before = ds.content_hash()
+    edited = Episode(**{**ep.__dict__, "success": not ep.success})
+    path = write_episode_file(edited, tmp_path / "in" / "a2.parquet")
+
+    report = ds.ingest([path], KNOWN, tmp_path / "q")
+
+    assert report.added == () and [q.field for q in report.quarantined] == ["episode_id"]
+    assert "different content" in read_reason(tmp_path / "q" / "a2.parquet")["reason"]
+    assert ds.content_hash() == before and ds.num_episodes == 1
+
+
+def test_same_id_twice_in_one_batch(ds, rng, tmp_path):
+    ep = make_episode(rng)
+    other = Episode(**{**ep.__dict__, "task": "stack"})
+    files = [
+        write_episode_file(ep, tmp_path / "in" / "a.parquet"),
+        write_episode_file(ep, tmp_path / "in" / "a_copy.parquet"),
+        write_episode_file(other, tmp_path / "in" / "a_edit.parquet"),
+    ]
+    report = ds.ingest(files, KNOWN, tmp_path / "q")
+    assert report.added == (ep.episode_id,) and report.duplicates == (ep.episode_id,)
+    assert [q.path.name for q in report.quarantined] == ["a_edit.parquet"]
+
+
+# ----------------------------------------------------------------------------- accepted forms
+
+
+def test_variable_size_lists_are_accepted_and_stored_fixed(ds, rng, tmp_path):
+    ep = make_episode(rng)
+    table = episode_to_table(ep)
+    table = _replace(table, "observation.state", _vectors(ep.states, fixed=False))
+    table = _replace(table, "action", _vectors(ep.actions, fixed=False))
+    path = tmp_path / "in" / "var.parquet"
+    path.parent.mkdir()
+    pq.write_table(table, path)
+
+    assert ds.ingest([path], KNOWN, tmp_path / "q").added == (ep.episode_id,)
+    assert ds.frames().schema.field("observation.state").type == pa.list_(pa.float32(), STATE_DIM)
+    np.testing.assert_array_equal(next(ds.episodes()).states, ep.states)
+    # the same content written with fixed-size lists is the same episode: a duplicate
+    again = ds.ingest([write_episode_file(ep, tmp_path / "in" / "fixed.parquet")], KNOWN, tmp_path / "q")
+    assert again.duplicates == (ep.episode_id,)
+
+
+def test_arrow_ipc_stream_files_are_accepted(ds, rng, tmp_path):
+    ep = make_episode(rng)
+    path = tmp_path / "in" / "upload.arrows"
+    path.parent.mkdir()
+    path.write_bytes(episode_to_ipc(ep))
+    assert ds.ingest([path], KNOWN, tmp_path / "q").added == (ep.episode_id,)
+    np.testing.assert_array_equal(next(ds.episodes()).actions, ep.actions)
+
+
+def test_add_episodes_in_memory(ds, rng, tmp_path):
+    eps = [make_episode(rng, r) for r in ("robot-0000", "robot-0001", "robot-0001")]
+    report = ds.add_episodes(eps)
+    assert report.added == tuple(e.episode_id for e in eps)
+    assert ds.robots() == {"robot-0000": 1, "robot-0001": 2}
+
+    bad = make_episode(rng)
+    bad.states[0, 0] = np.nan
+    with pytest.raises(EpisodeValidationError, match="observation.state"):
+        ds.add_episodes([make_episode(rng), bad])
+    assert ds.num_episodes == 3  # nothing of the failed batch stored
+
+    report = ds.add_episodes([make_episode(rng), bad], quarantine_dir=tmp_path / "q")
+    assert len(report.added) == 1 and report.quarantined[0].field == "observation.state"
+    assert report.quarantined[0].path.exists()
+
+
+# ----------------------------------------------------------------------------- layout and readers
+
+
+def test_lerobot_v3_layout_and_readers(ds, rng, tmp_path):
+    eps = [make_episode(rng, "robot-0000"), make_episode(rng, "robot-0001", frames=9)]
+    ds.add_episodes(eps[:1])
+    ds.add_episodes(eps[1:])
+    root = ds.root
+    info = json.loads((root / INFO_PATH).read_text())
+    assert info["codebase_version"] == "v3.0" and info["fps"] == 10 and info["chunks_size"] == 1000
+    assert (info["total_episodes"], info["total_frames"], info["total_tasks"]) == (2, 15, 1)
+    assert info["data_path"] == "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+    assert info["features"]["observation.state"] == {"dtype": "float32", "shape": [STATE_DIM], "names": None}
+    assert info["features"]["success"]["dtype"] == "bool"
+    assert (root / "data/chunk-000/file-000.parquet").exists() and (root / "data/chunk-000/file-001.parquet").exists()
+
+    meta = pq.read_table(root / EPISODES_META_PATH)
+    for column in ("episode_index", "tasks", "length", "data/chunk_index", "data/file_index",
+                   "dataset_from_index", "dataset_to_index", "episode_id", "success"):
+        assert column in meta.column_names
+    assert meta.column("dataset_from_index").to_pylist() == [0, 6]
+    assert meta.column("dataset_to_index").to_pylist() == [6, 15]
+    assert meta.column("data/file_index").to_pylist() == [0, 1]
+
+    import pandas as pd  # LeRobot reads tasks.parquet with pandas: the task string is the index
+
+    tasks = pd.read_parquet(root / "meta/tasks.parquet")
+    assert list(tasks.index) == ["pick-place"] and list(tasks["task_index"]) == [0]
+
+    states = np.concatenate([e.states for e in eps]).astype(np.float64)
+    stats = json.loads((root / STATS_PATH).read_text())["observation.state"]
+    np.testing.assert_allclose(stats["mean"], states.mean(0), rtol=1e-9)
+    np.testing.assert_allclose(stats["std"], states.std(0), rtol=1e-9)
+    np.testing.assert_allclose(stats["min"], states.min(0))
+    assert stats["count"] == [15]
+
+    frames = ds.frames()
+    assert frames.num_rows == ds.num_frames == 15
+    assert frames.column("index").to_pylist() == list(range(15))
+    assert set(frames.column("task").to_pylist()) == {"pick-place"}
+    back = list(ds.episodes())
+    assert [e.episode_id for e in back] == [e.episode_id for e in eps]
+    for got, want in zip(back, eps):
+        np.testing.assert_array_equal(got.states, want.states)
+        np.testing.assert_array_equal(got.actions, want.actions)
+        assert (got.robot_id, got.success, got.task) == (want.robot_id, want.success, want.task)
+    assert ds.episode_index().column("episode_id").to_pylist() == [e.episode_id for e in eps]
+
+
+def test_data_files_are_chunked(tmp_path, rng):
+    ds = EpisodeDataset(tmp_path / "episodes", EpisodesConfig(chunk_size=2))
+    for _ in range(3):
+        ds.add_episodes([make_episode(rng)])
+    files = sorted(str(p.relative_to(ds.root)) for p in ds.root.glob("data/*/*.parquet"))
+    assert files == ["data/chunk-000/file-000.parquet", "data/chunk-000/file-001.parquet",
+                     "data/chunk-001/file-000.parquet"]
+    assert len(list(ds.episodes())) == 3
+
+
+def test_crash_before_commit_loses_nothing(ds, rng, tmp_path):
+    """A crash after the new data file and info/stats were written, before the episodes table."""
+    first, second = make_episode(rng), make_episode(rng)
+    ds.add_episodes([first])
+    committed = (ds.root / EPISODES_META_PATH).read_bytes()
+    hash_after_first = ds.content_hash()
+    ds.add_episodes([second])
+    (ds.root / EPISODES_META_PATH).write_bytes(committed)  # the commit never happened
+
+    reopened = EpisodeDataset(ds.root, EpisodesConfig())
+    assert reopened.num_episodes == 1 and reopened.content_hash() == hash_after_first
+    assert [e.episode_id for e in reopened.episodes()] == [first.episode_id]
+
+    report = reopened.add_episodes([second])  # retry: the orphan data file is simply replaced
+    assert report.added == (second.episode_id,)
+    info = json.loads((ds.root / INFO_PATH).read_text())
+    assert info["total_episodes"] == 2 and len(list(ds.root.glob("data/*/*.parquet"))) == 2
+    assert [e.episode_id for e in EpisodeDataset(ds.root, EpisodesConfig()).episodes()] == [
+        first.episode_id, second.episode_id
+    ]
+
+
+def test_stale_info_is_repaired_on_next_write(ds, rng):
+    ds.add_episodes([make_episode(rng)])
+    info_path = ds.root / INFO_PATH
+    info = json.loads(info_path.read_text())
+    info_path.write_text(json.dumps({**info, "total_episodes": 99}))
+    reopened = EpisodeDataset(ds.root, EpisodesConfig())
+    assert reopened.info()["total_episodes"] == 1
+    reopened.add_episodes([make_episode(rng)])
+    assert json.loads(info_path.read_text())["total_episodes"] == 2
+    shutil.rmtree(ds.root / "data")  # sanity: readers really read the data files
+    with pytest.raises(FileNotFoundError):
+        list(EpisodeDataset(ds.root, EpisodesConfig()).episodes())
