@@ -41,7 +41,7 @@ class SimConfig(Section):
     bias_spread: float = Field(default=0.03, ge=0)  # action bias in +- spread (action units)
     obs_noise_max: float = Field(default=0.01, ge=0)  # position noise std in [0, max]
     placement_spread: float = Field(default=0.10, ge=0)  # object/goal region offset in +- spread
-    grasp_miss_max: float = Field(default=0.10, ge=0, le=1)  # chance a well-aimed grasp misses
+    grasp_miss_max: float = Field(default=0.06, ge=0, le=1)  # chance a well-aimed grasp misses
     slip_rate_max: float = Field(default=0.01, ge=0, le=1)  # per-step slip chance at full speed
     # exploration of the executed policy (fleet collection only)
     gripper_flip_prob: float = Field(default=0.03, ge=0, le=1)

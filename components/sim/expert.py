@@ -17,8 +17,8 @@ import numpy as np
 from components.sim.pickplace import ACT_DIM, MAX_DELTA, OBJECT_WIDTH, OBS_FIELDS
 
 HOLD_TOLERANCE = 0.05  # |opening - OBJECT_WIDTH| below this reads as holding
-CLOSE_WITHIN = 0.02  # start closing when the sensed object is this close...
-KEEP_CLOSING_WITHIN = 0.035  # ...and, once the jaw is moving, keep closing within this
+CLOSE_WITHIN = 0.05  # start closing (the jaw takes two steps) when the object is this close...
+KEEP_CLOSING_WITHIN = 0.06  # ...and, once the jaw is moving, keep closing within this
 RELEASE_WITHIN = 0.02  # open when the sensed object is this close to the goal
 STEER_GAIN = 1.0  # fraction of the sensed error corrected per step
 

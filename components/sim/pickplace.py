@@ -46,11 +46,13 @@ OBJECT_WIDTH = 0.4  # jaw opening when holding the object
 CLOSE_RATE = 0.3  # jaw closes this much per step...
 OPEN_RATE = 0.5  # ...and opens this much
 GRASP_SURE = 0.02  # within this distance a grasp only misses by the robot's grasp_miss
-GRASP_REACH = 0.05  # beyond this distance a grasp always misses (also the "grasp" stage radius)
+GRASP_REACH = 0.06  # beyond this distance a grasp always misses (also the "grasp" stage radius)
 GRASP_SPEED_PENALTY = 0.5  # distance added per unit of motion during the closing step
 GOAL_RADIUS = 0.05  # the object must rest within this distance of the goal
 DROP_SCATTER = 0.02  # std of where a slipped object lands around the jaw
 PLACEMENT_HALF_WIDTH = 0.12  # object/goal uniform in a square of this half-width around centre
+PLACE_LOW, PLACE_HIGH = 0.05, 0.95  # objects and goals stay inside this square
+MIN_SEPARATION = 0.2  # the goal starts at least this far from the object
 START_LOW, START_HIGH = 0.1, 0.9  # gripper start, uniform in this square
 WORKSPACE_LOW, WORKSPACE_HIGH = 0.0, 1.0
 OBS_LIMIT = 2.0  # observation bound (positions plus noise never reach it)
@@ -134,8 +136,13 @@ class PickPlaceVecEnv(VectorEnv):
             self.gripper[i] = START_LOW + (START_HIGH - START_LOW) * u[0:2]
             self.object[i] = self._obj_center[i] + PLACEMENT_HALF_WIDTH * (2.0 * u[2:4] - 1.0)
             self.goal[i] = self._goal_center[i] + PLACEMENT_HALF_WIDTH * (2.0 * u[4:6] - 1.0)
-        np.clip(self.object, WORKSPACE_LOW, WORKSPACE_HIGH, out=self.object)
-        np.clip(self.goal, WORKSPACE_LOW, WORKSPACE_HIGH, out=self.goal)
+        # a goal too close to the object is pushed away along the object->goal line
+        gap = self.goal[mask] - self.object[mask]
+        norm = np.maximum(np.linalg.norm(gap, axis=1, keepdims=True), 1e-9)
+        pushed = self.object[mask] + gap / norm * MIN_SEPARATION
+        self.goal[mask] = np.where(norm < MIN_SEPARATION, pushed, self.goal[mask])
+        np.clip(self.object, PLACE_LOW, PLACE_HIGH, out=self.object)
+        np.clip(self.goal, PLACE_LOW, PLACE_HIGH, out=self.goal)
         self.opening[mask] = 1.0
         self.holding[mask] = False
         self.elapsed[mask] = 0
@@ -218,10 +225,14 @@ class PickPlaceVecEnv(VectorEnv):
 
     # ----------------------------------------------------------------------------- state views
     def stage(self) -> np.ndarray:
-        """Current stage index per env (see ``STAGES``), from the true state."""
+        """Current stage index per env (see ``STAGES``), from the true state.
+
+        reach: object out of the jaw's reach; grasp: within reach, not held; carry: held, off the
+        goal; place: on the goal (held, or resting there after release)."""
         near = np.linalg.norm(self.object - self.gripper, axis=1) <= GRASP_REACH
         at_goal = np.linalg.norm(self.object - self.goal, axis=1) <= GOAL_RADIUS
-        return np.where(self.holding, np.where(at_goal, PLACE, CARRY), np.where(near, GRASP, REACH))
+        # an object resting on the goal (released or dropped there) is still in the place stage
+        return np.where(at_goal, PLACE, np.where(self.holding, CARRY, np.where(near, GRASP, REACH)))
 
     def _success(self) -> np.ndarray:
         at_goal = np.linalg.norm(self.object - self.goal, axis=1) <= GOAL_RADIUS
