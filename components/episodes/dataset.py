@@ -668,9 +668,10 @@ def _stage_one(item: IncomingEpisode, episode: Episode, table: pa.Table) -> _Sta
         if name not in CONTRACT_COLUMNS:
             canonical = canonical.append_column(table.schema.field(name), table.column(name))
     parts = [table_fingerprint(canonical)]
-    if item.meta_extra is not None:
-        carried = frozenset(n for n in item.meta_extra.column_names if is_location_column(n))
-        parts.append(table_fingerprint(item.meta_extra, exclude=carried))
+    meta = item.meta_extra
+    if meta is not None and any(not is_location_column(n) for n in meta.column_names):
+        locations = frozenset(n for n in meta.column_names if is_location_column(n))
+        parts.append(table_fingerprint(meta, exclude=locations))
     return _Staged(item, episode, canonical, combine_fingerprints(parts))
 
 
