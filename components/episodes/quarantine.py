@@ -36,6 +36,9 @@ class QuarantinedFile:
     def describe(self) -> str:
         return f"{self.source}: field '{self.field}': {self.reason}. Fix: {self.fix}"
 
+    def __str__(self) -> str:
+        return f"{self.path} ({self.describe()})"
+
 
 def _claim_name(quarantine_dir: Path, name: str) -> Path:
     """Create an empty file with a free name (O_EXCL, so concurrent claims never collide)."""
