@@ -396,3 +396,14 @@ def test_stale_info_is_repaired_on_next_write(ds, rng):
     shutil.rmtree(ds.root / "data")  # sanity: readers really read the data files
     with pytest.raises(FileNotFoundError):
         list(EpisodeDataset(ds.root, EpisodesConfig()).episodes())
+
+
+def test_two_handles_share_one_dataset(ds, rng):
+    other = EpisodeDataset(ds.root, EpisodesConfig())
+    ds.add_episodes([make_episode(rng)])
+    assert other.num_episodes == 0  # a snapshot view until refreshed
+    other.refresh()
+    assert other.num_episodes == 1 and other.content_hash() == ds.content_hash()
+    other.add_episodes([make_episode(rng)])  # a writer always reloads under the lock first
+    ds.refresh()
+    assert ds.num_episodes == 2 and len(list(ds.episodes())) == 2

@@ -275,6 +275,10 @@ class EpisodeDataset:
         tasks_path = self.root / TASKS_PATH
         self._tasks = read_tasks(tasks_path) if tasks_path.exists() else []
 
+    def refresh(self) -> None:
+        """Re-read the layout: a long-lived handle sees what other writers committed since."""
+        self._load()
+
     def _derived_meta_stale(self) -> bool:
         """True after a crash between the commit point and the info/stats rewrite."""
         return (
