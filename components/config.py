@@ -157,6 +157,30 @@ class RegistryConfig(Section):
     tracking_uri: str = ""  # empty = sqlite under <root>/mlruns
 
 
+class SchedulerConfig(Section):
+    """Rose + M2Flow scheduler: executor, profiler, planner, graph optimizer, quotas."""
+
+    # executor
+    channel_capacity: int = 256  # items waiting in one worker's inbox before put() blocks
+    channel_timeout_s: float = 120.0  # a put/get waiting longer fails the run (deadlocked plan)
+    devices: int = 0  # CPU devices (cores) the plan may use; 0 = all cores
+    memory_budget_mb: float = 0.0  # per device; 0 = unlimited
+    # profiler
+    sample_interval_ms: float = 5.0
+    gpu_telemetry: bool = True
+    # M2Flow planner
+    pipeline_stages: tuple[int, ...] = (1, 2, 4)  # candidate env-group counts m
+    cost_curves: tuple[str, ...] = ("power", "exponential", "log", "quadratic")
+    # Rose graph optimizer + quotas
+    validate_iterations: int = 3  # measured iterations per accept/rollback decision
+    accept_margin: float = 0.02  # a change is kept only if measured faster by this fraction
+    activity_threshold: float = 0.75  # busy fraction of devices below which a window is low-activity
+    min_window_ms: float = 2.0
+    quota_max_steps: int = 4
+    # which schedule the training workloads use by default
+    plan: Literal["sequential", "coarse", "planner", "rose"] = "planner"
+
+
 class DemoConfig(Section):
     """The bootstrap + closed-loop rounds that `make demo` runs."""
 
@@ -249,6 +273,7 @@ class Settings(BaseSettings):
     evaluation: EvaluationConfig = EvaluationConfig()
     registry: RegistryConfig = RegistryConfig()
     demo: DemoConfig = DemoConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
 
     @field_validator("root")
     @classmethod

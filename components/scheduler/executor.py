@@ -1,0 +1,440 @@
+"""The executor: runs a workflow's unrolled graph under a plan, with workers, channels and locks.
+
+Each worker (a thread, or a proxy thread driving a spawned process) has a *program*: its op
+instances in sequential order, except hoisted ops, which move to the tail of the previous
+iteration. Before an op runs, the worker waits for its semantic predecessors (and, unless the op
+is hoisted, for the previous iteration's barrier), takes its inputs from its local store or its
+inbox channel, takes the device lock if the component is exclusive, sets its thread quota, runs,
+and routes each output to the inboxes of the other workers that read it.
+
+In-place states are guarded at run time: every read checks that its buffer slot still holds the
+version the sequential schedule would read (``LegalityError`` otherwise), so an illegal plan fails
+instead of silently computing something else.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.config import SchedulerConfig
+from components.scheduler.channels import Channel, ChannelStats
+from components.scheduler.devices import DeviceRegistry, LockEvent, MemoryBudgetError, SwitchStats
+from components.scheduler.graph import Graph, LegalityError, VersionKey, build_graph, slot_of
+from components.scheduler.plan import Plan, WorkerSpec
+from components.scheduler.profiler import ActivitySampler, GpuTelemetry, Span, Timeline
+from components.scheduler.quotas import apply_blas_limit, mps_environment, set_worker_threads
+from components.scheduler.workflow import BuildContext, Workflow
+
+GROUP_LOOP = "group"
+
+
+class ExecutionError(RuntimeError):
+    """An op raised inside a worker; the message names the op instance."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one run produced and how it ran."""
+
+    plan: Plan
+    graph_size: int
+    records: dict[VersionKey, Any]
+    final: dict[str, Any]
+    timeline: Timeline
+    iteration_s: list[float]
+    wall_s: float
+    lock_events: list[LockEvent]
+    switch: SwitchStats
+    channels: dict[str, ChannelStats]
+    completion_order: list[int] = field(default_factory=list)
+
+
+def plan_workflow(workflow: Workflow, plan: Plan) -> Workflow:
+    """The workflow with the plan's env-group count applied (if it has a group loop)."""
+    if plan.groups and GROUP_LOOP in workflow.loops and workflow.loops[GROUP_LOOP] != plan.groups:
+        return workflow.replace_loops(**{GROUP_LOOP: plan.groups})
+    return workflow
+
+
+def programs(graph: Graph, plan: Plan) -> dict[str, list[int]]:
+    """Each worker's op order: sequential order, hoisted ops moved to the previous iteration's tail."""
+    first = graph.iterations.start
+    out: dict[str, list[tuple[float, int]]] = {w.name: [] for w in plan.workers}
+    for inst in graph.instances:
+        w = plan.worker_of(inst.component).name
+        it = inst.iteration
+        key = it - 0.5 if (inst.name in plan.hoist and it > first) else float(it)
+        out[w].append((key, inst.uid))
+    return {w: [u for _, u in sorted(v)] for w, v in out.items()}
+
+
+def check_schedule(graph: Graph, plan: Plan) -> None:
+    """Raise ``LegalityError`` if the plan's program order + barriers contradict the version edges.
+
+    Semantic edges are always enforced, so a legal plan can only wait, never read a wrong
+    version; an illegal one would deadlock (a cycle) — this check refuses it up front.
+    """
+    names = {c.name for c in graph.workflow.components}
+    placed = [c for w in plan.workers for c in w.components]
+    if sorted(placed) != sorted(names):
+        raise LegalityError(f"plan {plan.name!r} must place every component exactly once: {placed} vs {sorted(names)}")
+    unknown = set(plan.hoist) - {op.name for op, _ in graph.workflow.ops_with_scope()}
+    if unknown:
+        raise LegalityError(f"plan {plan.name!r} hoists unknown ops {sorted(unknown)}")
+    n = len(graph)
+    its = list(graph.iterations)
+    bidx = {it: n + k for k, it in enumerate(its)}  # barrier node of iteration it
+    succ: list[list[int]] = [list(s) for s in graph.succs] + [[] for _ in its]
+    for inst in graph.instances:
+        succ[inst.uid].append(bidx[inst.iteration])
+        if plan.barrier:
+            lag = 2 if inst.name in plan.hoist else 1
+            prev = inst.iteration - lag
+            if prev in bidx:
+                succ[bidx[prev]].append(inst.uid)
+    for prog in programs(graph, plan).values():
+        for a, b in zip(prog, prog[1:]):
+            succ[a].append(b)
+    indeg = [0] * len(succ)
+    for s in succ:
+        for d in s:
+            indeg[d] += 1
+    ready = [u for u in range(len(succ)) if indeg[u] == 0]
+    seen = 0
+    while ready:
+        u = ready.pop()
+        seen += 1
+        for d in succ[u]:
+            indeg[d] -= 1
+            if indeg[d] == 0:
+                ready.append(d)
+    if seen != len(succ):
+        stuck = [graph.instances[u].label() for u in range(n) if indeg[u] > 0][:3]
+        raise LegalityError(
+            f"plan {plan.name!r}: its program order and barriers contradict the version dependencies "
+            f"(would deadlock around {stuck}); un-hoist those ops or add the buffers they need"
+        )
+
+
+# ----------------------------------------------------------------------------------------- process
+def _process_main(conn: Any, workflow: Workflow, components: tuple[str, ...], ctx: BuildContext,
+                  threads: int | None, cores: tuple[int, ...] | None) -> None:
+    """Body of a process worker: build the hosted components, then run ops on request."""
+    if cores is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(cores))
+    if threads is not None:
+        set_worker_threads(threads)
+    states = {c: workflow.component(c).factory(ctx) for c in components}
+    ops = {op.name: op for op, _ in workflow.ops_with_scope()}
+    conn.send(("ready", None))
+    while True:
+        msg = conn.recv()
+        if msg[0] == "stop":
+            return
+        _, name, idx, inputs = msg
+        op = ops[name]
+        try:
+            conn.send(("ok", op.fn(states[op.component], idx, inputs)))
+        except Exception as exc:  # forwarded to the parent, which raises ExecutionError
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class _ProcessHost:
+    """Parent-side handle of a spawned worker process (spawn: safe after LanceDB/torch threads)."""
+
+    def __init__(self, spec: WorkerSpec, workflow: Workflow, ctx: BuildContext, threads: int | None,
+                 env: dict[str, str]) -> None:
+        mpctx = mp.get_context("spawn")
+        self.conn, child = mpctx.Pipe()
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)  # MPS quota etc. must be in the child's environment at launch
+        try:
+            self.proc = mpctx.Process(target=_process_main, args=(child, workflow, spec.components, ctx, threads,
+                                                                 spec.cores), daemon=True, name=f"worker-{spec.name}")
+            self.proc.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        kind, _ = self.conn.recv()
+        if kind != "ready":  # pragma: no cover
+            raise ExecutionError(f"process worker {spec.name} failed to start")
+
+    def call(self, name: str, idx: dict[str, int], inputs: dict[str, Any]) -> dict[str, Any]:
+        self.conn.send(("run", name, idx, inputs))
+        kind, payload = self.conn.recv()
+        if kind == "error":
+            raise ExecutionError(payload)
+        return payload
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(("stop",))
+        except (BrokenPipeError, OSError):  # pragma: no cover
+            pass
+        self.proc.join(timeout=10)
+
+
+# ----------------------------------------------------------------------------------------- executor
+def _lookup_input(inputs: Mapping[str, Any], key: VersionKey) -> Any:
+    if str(key) in inputs:
+        return inputs[str(key)]
+    if key.state not in inputs:
+        return None
+    value = inputs[key.state]
+    if key.part is not None and isinstance(value, dict) and key.part in value:
+        return value[key.part]
+    return value
+
+
+def execute(
+    workflow: Workflow,
+    plan: Plan,
+    cfg: SchedulerConfig,
+    payload: Any,
+    iterations: range,
+    inputs: Mapping[str, Any] | None = None,
+    record: tuple[str, ...] = (),
+    components: dict[str, Any] | None = None,
+    gpu: GpuTelemetry | None = None,
+) -> RunResult:
+    """Run ``iterations`` of ``workflow`` under ``plan``.
+
+    ``payload`` goes to component factories; ``components`` may pass already-built component
+    states (thread workers only) so a caller can keep them across calls. ``record`` names states
+    whose every version is returned in ``RunResult.records``; ``final`` always holds the latest
+    version of every immutable state.
+    """
+    wf = plan_workflow(workflow, plan)
+    graph = build_graph(wf, iterations, plan.buffers)
+    check_schedule(graph, plan)
+    inputs = dict(inputs or {})
+    ctx = BuildContext(payload, dict(wf.loops))
+    progs = programs(graph, plan)
+    worker_of = {c: w.name for w in plan.workers for c in w.components}
+    inst_worker = [worker_of[i.component] for i in graph.instances]
+
+    # routing: which other workers need each produced version; local reader counts for eviction
+    route: list[list[tuple[VersionKey, list[str]]]] = [[] for _ in graph.instances]
+    local_readers: dict[tuple[str, VersionKey], int] = defaultdict(int)
+    for inst in graph.instances:
+        for key in inst.writes:
+            dests = sorted({inst_worker[r] for r in graph.readers.get(key, [])} - {inst_worker[inst.uid]})
+            route[inst.uid].append((key, dests))
+        for key in inst.reads:
+            local_readers[(inst_worker[inst.uid], key)] += 1
+
+    devices = tuple(f"cpu{k}" for k in range(cfg.devices or (os.cpu_count() or 1)))
+    if any(d.startswith("gpu") for v in plan.placement.values() for d in v):
+        devices = devices + tuple(sorted({d for v in plan.placement.values() for d in v if d.startswith("gpu")}))
+    budget = {d: (cfg.memory_budget_mb or float("inf")) for d in devices}
+    for comp, devs in plan.placement.items():
+        need = wf.component(comp).memory_mb
+        for d in devs:
+            if d not in budget:
+                raise LegalityError(f"plan {plan.name!r} places {comp!r} on unknown device {d!r}; devices: {devices}")
+            if need > budget[d]:
+                raise MemoryBudgetError(
+                    f"plan {plan.name!r}: component {comp!r} needs {need:.0f} MB but device {d} has a budget of "
+                    f"{budget[d]:.0f} MB (scheduler.memory_budget_mb); place it on a larger device"
+                )
+    registry = DeviceRegistry(devices, budget)
+    channels = {w.name: Channel(f"inbox:{w.name}", cfg.channel_capacity, cfg.channel_timeout_s) for w in plan.workers}
+    done = [threading.Event() for _ in graph.instances]
+    per_iter_total: dict[int, int] = defaultdict(int)
+    for inst in graph.instances:
+        per_iter_total[inst.iteration] += 1
+    per_iter_done: dict[int, int] = defaultdict(int)
+    barrier = {it: threading.Event() for it in iterations}
+    meta = threading.Lock()
+    records: dict[VersionKey, Any] = {}
+    final: dict[str, tuple[tuple[int, ...], Any]] = {}
+    slots: dict[tuple[str, int | None, int], VersionKey] = {}
+    for key in sorted(graph.inputs, key=lambda v: v.version):
+        k = graph.buffers[key.state]
+        if k is not None:
+            slots[(key.state, key.part, slot_of(key, k))] = key
+    spans: list[Span] = []
+    completion: list[int] = []
+    errors: list[BaseException] = []
+    origin = time.perf_counter()
+
+    prebuilt = components or {}
+    states: dict[str, Any] = {}
+    hosts: dict[str, _ProcessHost] = {}
+    for w in plan.workers:
+        if w.kind == "process":
+            env = mps_environment({c: plan.gpu_percent[c] for c in w.components if c in plan.gpu_percent})
+            threads = min((plan.threads.get(c, plan.default_threads or 0) or 0 for c in w.components), default=0) or None
+            bad = [c for c in w.components if not wf.component(c).process_ok]
+            if bad:
+                raise LegalityError(f"plan {plan.name!r}: components {bad} cannot run in a process worker")
+            hosts[w.name] = _ProcessHost(w, wf, ctx, threads, env)
+        else:
+            for c in w.components:
+                states[c] = prebuilt[c] if c in prebuilt else wf.component(c).factory(ctx)
+
+    def fail(exc: BaseException) -> None:
+        with meta:
+            errors.append(exc)
+        for ch in channels.values():
+            ch.close()
+        for e in done:
+            e.set()
+        for e in barrier.values():
+            e.set()
+
+    def run_worker(spec: WorkerSpec) -> None:
+        try:
+            if spec.cores is not None and hasattr(os, "sched_setaffinity"):
+                os.sched_setaffinity(threading.get_native_id(), set(spec.cores))
+            local: dict[VersionKey, Any] = {}
+            inbox = channels[spec.name]
+            current_threads: int | None = None
+            host = hosts.get(spec.name)
+            for uid in progs[spec.name]:
+                if errors:
+                    return
+                inst = graph.instances[uid]
+                lag = 2 if inst.name in plan.hoist else 1
+                if plan.barrier and inst.iteration - lag in barrier:
+                    barrier[inst.iteration - lag].wait()
+                for p in graph.preds[uid]:
+                    done[p].wait()
+                if errors:
+                    return
+                args: dict[str, Any] = {}
+                values: dict[VersionKey, Any] = {}
+                for key in inst.reads:
+                    k = graph.buffers[key.state]
+                    if k is not None:
+                        with meta:
+                            held = slots.get((key.state, key.part, slot_of(key, k)))
+                        if held != key:
+                            raise LegalityError(
+                                f"{inst.label()} reads {key} but its buffer holds {held}: plan {plan.name!r} "
+                                "reordered an in-place state without enough buffers"
+                            )
+                    if key in local:
+                        value = local[key]
+                    elif key in graph.inputs:
+                        value = _lookup_input(inputs, key)
+                    else:
+                        value = inbox.get(key)
+                        local[key] = value
+                    values[key] = value
+                    lk = (spec.name, key)
+                    local_readers[lk] -= 1
+                    if local_readers[lk] == 0:
+                        local.pop(key, None)
+                for name, keys, multi in inst.read_groups:
+                    args[name] = [values[k] for k in keys] if multi else values[keys[0]]
+                comp = wf.component(inst.component)
+                quota = plan.threads.get(comp.name, plan.default_threads)
+                if host is None and quota is not None and quota != current_threads:
+                    set_worker_threads(quota)
+                    current_threads = quota
+                devs = plan.placement.get(comp.name, ()) if comp.exclusive else ()
+                t_lock = 0.0
+                if devs:
+                    st = states.get(comp.name)
+                    on = (lambda s=st, h=comp.onload: h(s)) if comp.onload and host is None else None
+                    off = (lambda s=st, h=comp.offload: h(s)) if comp.offload and host is None else None
+                    t_lock = registry.acquire(devs, comp.name, comp.memory_mb, on, off)
+                t0 = time.perf_counter()
+                try:
+                    if host is not None:
+                        out = host.call(inst.name, inst.indices, args)
+                    else:
+                        out = inst.op.fn(states[comp.name], inst.indices, args)
+                finally:
+                    t1 = time.perf_counter()
+                    if devs:
+                        registry.release(devs, comp.name, t_lock)
+                out = out or {}
+                with meta:
+                    for key in inst.writes:
+                        k = graph.buffers[key.state]
+                        if k is not None:
+                            slots[(key.state, key.part, slot_of(key, k))] = key
+                        elif key.state not in out:
+                            raise ExecutionError(f"{inst.label()} did not return state {key.state!r} it declares")
+                        if key.state in record:
+                            records[key] = out.get(key.state)
+                        if k is None and (key.state not in final or final[key.state][0] <= key.version):
+                            final[key.state] = (key.version, out[key.state])
+                    spans.append(Span(inst.name, inst.label(), comp.name, spec.name, inst.iteration,
+                                      t0 - origin, t1 - origin, current_threads or 0))
+                for key, dests in route[uid]:
+                    value = out.get(key.state)
+                    if local_readers.get((spec.name, key), 0) > 0:
+                        local[key] = value
+                    for d in dests:
+                        channels[d].put(key, value)
+                with meta:
+                    completion.append(uid)
+                    per_iter_done[inst.iteration] += 1
+                    if per_iter_done[inst.iteration] == per_iter_total[inst.iteration]:
+                        barrier[inst.iteration].set()
+                done[uid].set()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            fail(exc)
+
+    iter_marks: list[tuple[float, float]] = []
+    t_start = time.perf_counter()
+    with apply_blas_limit(plan.blas_threads), ActivitySampler(cfg.sample_interval_ms / 1e3, origin, gpu) as sampler:
+        threads_ = [threading.Thread(target=run_worker, args=(w,), name=f"worker-{w.name}", daemon=True)
+                    for w in plan.workers]
+        for t in threads_:
+            t.start()
+        for t in threads_:
+            t.join()
+    wall = time.perf_counter() - t_start
+    for h in hosts.values():
+        h.stop()
+    if errors:
+        exc = errors[0]
+        if isinstance(exc, (LegalityError, ExecutionError)):
+            raise exc
+        raise ExecutionError(f"plan {plan.name!r}: {type(exc).__name__}: {exc}") from exc
+    for it in iterations:
+        its = [s for s in spans if s.iteration == it]
+        iter_marks.append((min(s.start for s in its), max(s.end for s in its)))
+    # iteration time = distance between consecutive iteration ends (hoisted work counts where it ran)
+    ends = [e for _, e in iter_marks]
+    starts = [t_start - origin, *ends[:-1]]
+    iteration_s = [e - s for s, e in zip(starts, ends)]
+    timeline = Timeline(sorted(spans, key=lambda s: s.start), sampler.samples, iter_marks,
+                        "" if gpu is None or gpu.available else (gpu.reason if gpu else ""))
+    return RunResult(
+        plan=plan,
+        graph_size=len(graph),
+        records=records,
+        final={k: v for k, (_, v) in final.items()},
+        timeline=timeline,
+        iteration_s=iteration_s,
+        wall_s=wall,
+        lock_events=list(registry.events),
+        switch=registry.stats(),
+        channels={k: c.stats() for k, c in channels.items()},
+        completion_order=completion,
+    )
+
+
+def build_states(workflow: Workflow, plan: Plan, payload: Any) -> dict[str, Any]:
+    """Build every component's state once (to reuse across ``execute`` calls on thread workers)."""
+    wf = plan_workflow(workflow, plan)
+    ctx = BuildContext(payload, dict(wf.loops))
+    return {c.name: c.factory(ctx) for c in wf.components}
+
+
+Callback = Callable[[RunResult], None]

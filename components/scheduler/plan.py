@@ -1,0 +1,97 @@
+"""A plan: how one logical workflow is executed (workers, placement, stages, quotas, transformations).
+
+The same ``Workflow`` runs under any ``Plan``; results never depend on the plan (tests check it
+bit for bit). ``sequential_plan`` is the reference: one worker, body order, iteration barriers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from components.scheduler.workflow import Workflow
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker: a thread (or a spawned process) hosting some components, pinned to cores."""
+
+    name: str
+    components: tuple[str, ...]
+    kind: Literal["thread", "process"] = "thread"
+    cores: tuple[int, ...] | None = None  # CPU affinity; None = leave as is
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a plan decides. Fields not set keep the sequential behaviour.
+
+    * ``groups`` — env-group count (pipeline stage count ``m``) for the workflow's group loop.
+    * ``placement`` — devices per *exclusive* component (device lock, memory budget).
+    * ``threads`` — per-component compute quota: intra-op threads on CPU (quota_invariant ops
+      only may differ from the reference); ``gpu_percent`` — MPS SM share for process workers.
+    * ``blas_threads`` — process-wide BLAS thread limit (``None``: library default).
+    * ``hoist`` — ops exempt from the iteration barrier: they run in the previous iteration's tail.
+    * ``buffers`` — buffer-depth overrides (double-buffering).
+    * ``barrier`` — whether iteration ``i+1`` waits for all of iteration ``i``.
+    """
+
+    name: str
+    workers: tuple[WorkerSpec, ...]
+    groups: int | None = None
+    placement: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    threads: dict[str, int] = field(default_factory=dict)
+    gpu_percent: dict[str, int] = field(default_factory=dict)
+    blas_threads: int | None = None
+    default_threads: int | None = None
+    hoist: frozenset[str] = frozenset()
+    buffers: dict[str, int] = field(default_factory=dict)
+    barrier: bool = True
+    predicted_s: float | None = None
+    notes: tuple[str, ...] = ()
+
+    def worker_of(self, component: str) -> WorkerSpec:
+        for w in self.workers:
+            if component in w.components:
+                return w
+        raise KeyError(f"plan {self.name!r} places no worker for component {component!r}")
+
+    def with_(self, **changes: object) -> Plan:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def describe(self) -> str:
+        lines = [f"plan {self.name}:"]
+        for w in self.workers:
+            cores = "any" if w.cores is None else ",".join(map(str, w.cores))
+            lines.append(f"  worker {w.name:<10} {w.kind:<7} cores={cores:<5} hosts {', '.join(w.components)}")
+        if self.groups:
+            lines.append(f"  env groups (pipeline stages m) = {self.groups}")
+        if self.threads:
+            lines.append("  thread quotas: " + ", ".join(f"{k}={v}" for k, v in sorted(self.threads.items())))
+        if self.gpu_percent:
+            lines.append("  MPS SM %: " + ", ".join(f"{k}={v}" for k, v in sorted(self.gpu_percent.items())))
+        if self.blas_threads is not None:
+            lines.append(f"  BLAS threads = {self.blas_threads}")
+        if self.placement:
+            lines.append("  devices: " + ", ".join(f"{k}->{'+'.join(v)}" for k, v in sorted(self.placement.items())))
+        if self.hoist:
+            lines.append("  hoisted across the iteration barrier: " + ", ".join(sorted(self.hoist)))
+        if self.buffers:
+            lines.append("  buffers: " + ", ".join(f"{k}={v}" for k, v in sorted(self.buffers.items())))
+        if self.predicted_s is not None:
+            lines.append(f"  predicted iteration time: {self.predicted_s * 1e3:.1f} ms")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def sequential_plan(workflow: Workflow, threads: int | None = None, blas_threads: int | None = None,
+                    groups: int | None = None, name: str = "sequential") -> Plan:
+    """The reference schedule: every component on one worker thread, body order, barriers."""
+    comps = tuple(c.name for c in workflow.components)
+    return Plan(
+        name=name,
+        workers=(WorkerSpec("main", comps),),
+        groups=groups,
+        default_threads=threads,
+        blas_threads=blas_threads,
+    )

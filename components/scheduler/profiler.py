@@ -1,0 +1,240 @@
+"""Profiling: per-op spans, a device-activity timeline, and GPU telemetry that degrades cleanly.
+
+* ``Span`` — one op execution (worker, component, start/end seconds from the run start).
+* ``ActivitySampler`` — a background thread sampling CPU utilization: this process's busy cores
+  (from ``/proc/self/stat``) and the whole machine's (``/proc/stat``, so other users' load shows).
+* ``GpuTelemetry`` — NVML utilization (``nvmlDeviceGetUtilizationRates().gpu``: % of time any
+  kernel ran) and, on Hopper, GPM SM activity (metric 2) and occupancy (metric 3). Without a GPU
+  ``nvmlInit`` raises ``NVMLError_LibraryNotFound``: telemetry reports ``available=False`` and why.
+* ``OpTimer`` — CUDA events around an op when CUDA is present, else ``perf_counter``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+GPM_SM_UTIL = 2  # NVML_GPM_METRIC_SM_UTIL
+GPM_SM_OCCUPANCY = 3  # NVML_GPM_METRIC_SM_OCCUPANCY
+
+
+@dataclass(frozen=True)
+class Span:
+    """One op execution."""
+
+    op: str
+    label: str
+    component: str
+    worker: str
+    iteration: int
+    start: float
+    end: float
+    threads: int
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class ActivitySample:
+    """Busy cores at time ``t`` (seconds from run start): ours, and the whole machine's."""
+
+    t: float
+    process_cores: float
+    machine_cores: float
+    gpu_util: float | None = None
+    sm_activity: float | None = None
+
+
+@dataclass
+class Timeline:
+    """Spans and activity samples of one run."""
+
+    spans: list[Span] = field(default_factory=list)
+    activity: list[ActivitySample] = field(default_factory=list)
+    iteration_bounds: list[tuple[float, float]] = field(default_factory=list)
+    telemetry_note: str = ""
+
+    def op_durations(self) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = defaultdict(list)
+        for s in self.spans:
+            out[s.op].append(s.duration)
+        return dict(out)
+
+    def median_op(self) -> dict[str, float]:
+        return {k: statistics.median(v) for k, v in self.op_durations().items()}
+
+    def busy_by_worker(self) -> dict[str, float]:
+        out: dict[str, float] = defaultdict(float)
+        for s in self.spans:
+            out[s.worker] += s.duration
+        return dict(out)
+
+    def mean_process_cores(self, t0: float = 0.0, t1: float = float("inf")) -> float:
+        xs = [a.process_cores for a in self.activity if t0 <= a.t <= t1]
+        return statistics.fmean(xs) if xs else 0.0
+
+    def mean_machine_cores(self) -> float:
+        xs = [a.machine_cores for a in self.activity]
+        return statistics.fmean(xs) if xs else 0.0
+
+
+def _process_cpu_s() -> float:
+    try:
+        with open("/proc/self/stat") as f:
+            parts = f.read().rsplit(")", 1)[1].split()
+        return (int(parts[11]) + int(parts[12])) / _CLK_TCK
+    except OSError:
+        return time.process_time()
+
+
+def _machine_busy_s() -> float:
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return (sum(fields[:8]) - idle) / _CLK_TCK
+    except OSError:
+        return 0.0
+
+
+class ActivitySampler:
+    """Samples busy cores every ``interval_s`` on a daemon thread, until stopped."""
+
+    def __init__(self, interval_s: float, origin: float, gpu: GpuTelemetry | None = None) -> None:
+        self.interval_s = interval_s
+        self.origin = origin
+        self.gpu = gpu
+        self.samples: list[ActivitySample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="activity-sampler", daemon=True)
+
+    def __enter__(self) -> ActivitySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        last_t, last_p, last_m = time.perf_counter(), _process_cpu_s(), _machine_busy_s()
+        while not self._stop.wait(self.interval_s):
+            t, p, m = time.perf_counter(), _process_cpu_s(), _machine_busy_s()
+            dt = max(t - last_t, 1e-9)
+            g = self.gpu.sample() if self.gpu is not None and self.gpu.available else None
+            self.samples.append(ActivitySample(
+                t - self.origin, (p - last_p) / dt, (m - last_m) / dt,
+                None if g is None else g.gpu_util, None if g is None else g.sm_activity,
+            ))
+            last_t, last_p, last_m = t, p, m
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    gpu_util: float
+    sm_activity: float | None
+    sm_occupancy: float | None
+
+
+class GpuTelemetry:
+    """NVML + GPM sampling of one GPU; ``available`` is False (with ``reason``) where there is none."""
+
+    def __init__(self, index: int = 0, use_gpm: bool = True) -> None:
+        self.available = False
+        self.gpm = False
+        self.reason = ""
+        self._nvml: Any = None
+        self._handle: Any = None
+        self._last_gpm: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self.available = True
+        except Exception as exc:  # NVMLError_LibraryNotFound without a GPU; ImportError without pynvml
+            self.reason = f"{type(exc).__name__}: {exc}"
+            return
+        if use_gpm:
+            try:
+                support = self._nvml.nvmlGpmQueryDeviceSupport(self._handle)
+                self.gpm = bool(getattr(support, "isSupportedDevice", 0))
+                if self.gpm:
+                    self._last_gpm = self._gpm_sample()
+            except Exception as exc:  # pre-Hopper or old driver
+                self.reason = f"GPM unavailable: {type(exc).__name__}: {exc}"
+                self.gpm = False
+
+    def _gpm_sample(self) -> Any:
+        s = self._nvml.nvmlGpmSampleAlloc()
+        self._nvml.nvmlGpmSampleGet(self._handle, s)
+        return s
+
+    def sample(self) -> GpuSample | None:
+        if not self.available:
+            return None
+        util = float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+        sm = occ = None
+        if self.gpm:
+            now = self._gpm_sample()
+            try:
+                m = self._nvml.c_nvmlGpmMetricsGet_t()
+                m.version = self._nvml.NVML_GPM_METRICS_GET_VERSION
+                m.numMetrics = 2
+                m.sample1, m.sample2 = self._last_gpm, now
+                m.metrics[0].metricId = GPM_SM_UTIL
+                m.metrics[1].metricId = GPM_SM_OCCUPANCY
+                self._nvml.nvmlGpmMetricsGet(m)
+                sm, occ = float(m.metrics[0].value), float(m.metrics[1].value)
+            finally:
+                self._nvml.nvmlGpmSampleFree(self._last_gpm)
+                self._last_gpm = now
+        return GpuSample(util, sm, occ)
+
+    def close(self) -> None:
+        if self.available:
+            if self._last_gpm is not None:
+                self._nvml.nvmlGpmSampleFree(self._last_gpm)
+                self._last_gpm = None
+            self._nvml.nvmlShutdown()
+            self.available = False
+
+
+class OpTimer:
+    """Times a block: CUDA events on the current stream when CUDA is present, else perf_counter."""
+
+    def __init__(self) -> None:
+        try:
+            import torch
+
+            self.cuda = bool(torch.cuda.is_available())
+        except ImportError:  # pragma: no cover - torch is a dependency
+            self.cuda = False
+        self.backend = "cuda-events" if self.cuda else "perf_counter"
+
+    @contextmanager
+    def time(self, sink: Callable[[float], None]) -> Iterator[None]:
+        if self.cuda:
+            import torch
+
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            end.synchronize()
+            sink(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            yield
+            sink(time.perf_counter() - t0)
