@@ -147,7 +147,10 @@ def test_robot_quirks_show_in_the_env_and_do_not_depend_on_the_batch():
 
     # placement distributions differ per robot
     eps = run_episodes(ScriptedExpert(), ["robot-0000", "robot-0001"], CFG, 20, 0, "expert")
-    starts = {r: np.stack([e.states[0, 3:5] for e in eps if e.robot_id == r]).mean(0) for r in ("robot-0000", "robot-0001")}
+    starts = {
+        r: np.stack([e.states[0, 3:5] for e in eps if e.robot_id == r]).mean(0)
+        for r in ("robot-0000", "robot-0001")
+    }
     c0, c1 = (RobotProfile.from_id(r, CFG).object_center for r in ("robot-0000", "robot-0001"))
     assert np.linalg.norm(starts["robot-0000"] - c0) < np.linalg.norm(starts["robot-0000"] - c1)
 
@@ -248,5 +251,6 @@ def test_gripper_execution_wrappers():
     assert abs(np.mean(sampled[:, 2] > 0) - p_close) < 0.02
     again = SampledGripper(raw, cfg, seed=0)(big)
     assert np.array_equal(sampled, again)
-    flips = SampledGripper(lambda o: np.tile([[0, 0, 100.0]], (o.shape[0], 1)), SimConfig(gripper_flip_prob=0.1), 0)(big)
+    always_close = lambda o: np.tile([[0, 0, 100.0]], (o.shape[0], 1))  # noqa: E731
+    flips = SampledGripper(always_close, SimConfig(gripper_flip_prob=0.1), 0)(big)
     assert abs(np.mean(flips[:, 2] < 0) - 0.1) < 0.02

@@ -116,7 +116,9 @@ def collect(
         for i in np.flatnonzero(terminated | truncated):
             episodes.append(recorder.finish(i, info["success"][i], info["stage_reached"][i]))
     env.close()
-    return FleetCollection(episodes=episodes, env_steps=steps_per_robot * len(robot_ids), robot_ids=tuple(robot_ids))
+    return FleetCollection(
+        episodes=episodes, env_steps=steps_per_robot * len(robot_ids), robot_ids=tuple(robot_ids)
+    )
 
 
 def run_episodes(

@@ -123,8 +123,9 @@ class PickPlaceVecEnv(VectorEnv):
 
     def _step_draws(self) -> tuple[np.ndarray, np.ndarray]:
         if self._block_pos == _STEP_BLOCK:
-            self._normals = np.stack([g.standard_normal((_STEP_BLOCK, _STEP_NORMALS)) for g in self._step_rngs], 1)
-            self._uniforms = np.stack([g.random((_STEP_BLOCK, _STEP_UNIFORMS)) for g in self._step_rngs], 1)
+            shape_n, shape_u = (_STEP_BLOCK, _STEP_NORMALS), (_STEP_BLOCK, _STEP_UNIFORMS)
+            self._normals = np.stack([g.standard_normal(shape_n) for g in self._step_rngs], 1)
+            self._uniforms = np.stack([g.random(shape_u) for g in self._step_rngs], 1)
             self._block_pos = 0
         k = self._block_pos
         self._block_pos += 1
