@@ -296,6 +296,11 @@ def test_index_needs_enough_rows_and_keeps_filters(tmp_path: Path) -> None:
     store.upsert(episodes, encoder, snapshot="snap-a")
     assert store.count() >= CFG.index_min_rows
     assert store.ensure_index() is True and store.has_index()
+    indexed = {idx.columns[0]: idx.index_type for idx in store._table.list_indices()}
+    assert indexed["vector"] == "IvfPq" and indexed["episode_id"] == "BTree"
+    assert indexed["success"] == "Bitmap"
+    version = store.version
+    assert store.ensure_index() is True and store.version == version  # already there: no write
     queries = encoder.encode(cut_windows(episodes[0].states, 8, 4).windows)
     indexed = store.search(queries, k=5, success=True)
     assert indexed.success.all() and indexed.counts.tolist() == [5] * len(queries)
@@ -309,6 +314,10 @@ def test_index_needs_enough_rows_and_keeps_filters(tmp_path: Path) -> None:
     assert store.search(probe, k=1).episode_ids[0, 0] == extra[0].episode_id
     store.optimize()
     assert store.search(probe, k=1).episode_ids[0, 0] == extra[0].episode_id
+    # an index built with another metric would make queries silently scan flat: refuse
+    cosine = SegmentStore.open(tmp_path / "segments", CFG.model_copy(update={"metric": "cosine"}), 32)
+    with pytest.raises(ValueError, match="uses metric 'l2' but store.metric is 'cosine'"):
+        cosine.ensure_index()
 
 
 # ---------------------------------------------------------------------- handles & versions

@@ -28,7 +28,7 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from lancedb.index import IvfPq
+from lancedb.index import Bitmap, BTree, IvfPq
 
 from components.config import StoreConfig
 from components.episodes.record import Episode
@@ -46,6 +46,9 @@ IVF_PQ_MIN_ROWS = 256
 # records the snapshot that last *changed* the row, so re-ingesting under a new snapshot is a no-op.
 CONTENT_COLUMNS = ("episode_id", "robot_id", "task", "start", "end", "success", "policy_version")
 RESULT_COLUMNS = ("segment_id", "episode_id", "robot_id", "start", "end", "success")
+# Scalar indexes built with the vector index: they make prefilters and the idempotency check
+# look rows up instead of scanning (measured at 290k rows: exclude-episode query 35 -> 9 ms).
+SCALAR_INDEXES = (("episode_id", BTree), ("success", Bitmap), ("task", Bitmap), ("robot_id", Bitmap))
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -366,20 +369,46 @@ class SegmentStore:
 
     # ------------------------------------------------------------------ index
 
+    def _indexed_columns(self) -> dict[str, str]:
+        return {idx.columns[0]: idx.name for idx in self._table.list_indices()}
+
     def has_index(self) -> bool:
-        return any(VECTOR in idx.columns for idx in self._table.list_indices())
+        return VECTOR in self._indexed_columns()
 
     def ensure_index(self) -> bool:
-        """Build the IVF_PQ index (cfg.metric) once the table has ``cfg.index_min_rows`` rows.
+        """Build the IVF_PQ index (cfg.metric) once the table has ``cfg.index_min_rows`` rows,
+        plus scalar indexes on the filter columns.
 
-        Returns whether an index exists afterwards. Rows added later are searched flat until
-        ``optimize()`` folds them in.
+        Returns whether a vector index exists afterwards. Rows added later are searched flat
+        until ``optimize()`` folds them in. An existing index built with another metric raises
+        (queries would silently scan flat).
         """
-        if self.has_index():
+        indexed = self._indexed_columns()
+        if VECTOR in indexed:
+            stats = self._table.index_stats(indexed[VECTOR])
+            if stats is not None and stats.distance_type != self.cfg.metric:
+                raise ValueError(
+                    f"the vector index of {self.uri}/{self.cfg.table} uses metric "
+                    f"{stats.distance_type!r} but store.metric is {self.cfg.metric!r}; set "
+                    f"store.metric back, or call store.rebuild_index()"
+                )
+            self._ensure_scalar_indexes(indexed)
             return True
         rows = self.count()
         if rows < max(self.cfg.index_min_rows, IVF_PQ_MIN_ROWS):
             return False
+        self._build_vector_index(rows)
+        self._ensure_scalar_indexes(self._indexed_columns())
+        return True
+
+    def rebuild_index(self) -> None:
+        """Rebuild the vector index from scratch (after changing store.metric or its sizes)."""
+        rows = self.count()
+        if rows < IVF_PQ_MIN_ROWS:
+            raise ValueError(f"IVF_PQ needs >= {IVF_PQ_MIN_ROWS} rows, the table has {rows}")
+        self._build_vector_index(rows)
+
+    def _build_vector_index(self, rows: int) -> None:
         self._writable()
         if self.dim % self.cfg.index_sub_vectors:
             raise ValueError(
@@ -390,11 +419,17 @@ class SegmentStore:
             VECTOR,
             config=IvfPq(
                 distance_type=self.cfg.metric,
-                num_partitions=min(self.cfg.index_partitions, rows // IVF_PQ_MIN_ROWS),
+                num_partitions=max(1, min(self.cfg.index_partitions, rows // IVF_PQ_MIN_ROWS)),
                 num_sub_vectors=self.cfg.index_sub_vectors,
             ),
+            replace=True,
         )
-        return True
+
+    def _ensure_scalar_indexes(self, indexed: dict[str, str]) -> None:
+        for column, kind in SCALAR_INDEXES:
+            if column not in indexed:
+                self._writable()
+                self._table.create_index(column, config=kind())
 
     def optimize(self) -> int:
         """Compact files and fold new rows into the index; returns the new version.
