@@ -13,6 +13,10 @@ from pathlib import Path
 import yaml
 
 
+# The dataset's writer lock is not data.
+DVCIGNORE = ".fleetloop.lock\n"
+
+
 @dataclass(frozen=True)
 class Snapshot:
     hash: str  # DVC md5 of the directory ("...dir")
@@ -43,10 +47,14 @@ def snapshot_dataset(root: Path, folder: Path) -> Snapshot:
         raise ValueError(f"dataset folder {folder} must live inside the root {root} to be snapshotted by DVC")
     if not (root / ".dvc").exists():
         Repo.init(str(root), no_scm=not (root / ".git").exists())
+        ignore = root / ".dvcignore"
+        if not ignore.exists():
+            ignore.write_text(DVCIGNORE)
     before = read_snapshot(folder)
     with Repo(str(root)) as repo:
-        repo.add(str(folder.relative_to(root)))
+        repo.add(str(folder))
     after = read_snapshot(folder)
-    assert after is not None  # dvc add always writes the .dvc file
+    if after is None:
+        raise RuntimeError(f"dvc add {folder} wrote no {_dvc_file(folder).name}; check the DVC repo at {root}")
     changed = before is None or before.hash != after.hash
     return Snapshot(after.hash, after.dvc_file, after.nfiles, changed)

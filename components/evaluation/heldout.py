@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from components.config import EvaluationConfig, SimConfig
 from components.episodes.record import Episode
 from components.evaluation.intervals import Proportion, wilson_interval
-from components.sim.factory import stage_names
-from components.sim.fleet import PolicyFn, run_episodes
+from components.sim.collect import Policy, run_episodes
+from components.sim.pickplace import STAGES
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class EvaluationReport:
 
 def summarize(episodes: list[Episode], sim_cfg: SimConfig, confidence: float, policy_version: str) -> EvaluationReport:
     """Aggregate finished episodes into a report (also used for fleet-collected episodes)."""
-    stages = stage_names(sim_cfg)
+    stages = STAGES
     robots = sorted({ep.robot_id for ep in episodes})
     by_robot = {}
     for robot in robots:
@@ -58,7 +58,7 @@ def summarize(episodes: list[Episode], sim_cfg: SimConfig, confidence: float, po
 
 
 def evaluate_heldout(
-    policy: PolicyFn,
+    policy: Policy,
     robot_ids: list[str],
     sim_cfg: SimConfig,
     eval_cfg: EvaluationConfig,

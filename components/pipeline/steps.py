@@ -20,16 +20,16 @@ from components.episodes.schema import write_episode_file
 from components.episodes.snapshot import Snapshot, read_snapshot, snapshot_dataset
 from components.evaluation.heldout import EvaluationReport, evaluate_heldout
 from components.pipeline.workspace import Workspace
-from components.policy.actor import GripperExploration, PolicyActor
+from components.policy.actor import PolicyActor
 from components.policy.normalizer import NormalizedPolicy
 from components.registry.gate import GateDecision
 from components.registry.lineage import Lineage, git_commit, params_hash
 from components.registry.model_registry import PolicyVersion
 from components.sim.expert import ScriptedExpert
-from components.sim.factory import gripper_index
-from components.sim.fleet import collect, run_episodes
+from components.sim.collect import Policy, collect, run_episodes
+from components.sim.exploration import SampledGripper, ThresholdedGripper
 from components.store.encoder import NormalizedStateEncoder
-from components.store.windows import episode_windows
+from components.store.windows import cut_windows
 from components.training.imitation import ProgressFn, TrainingSet, TrainResult, train_imitation
 
 EXPERT_VERSION = "expert"
@@ -66,7 +66,7 @@ def collect_expert_demos(settings: Settings, out_dir: Path) -> CollectResult:
     start = time.perf_counter()
     robots = settings.fleet.robot_ids(settings.demo.expert_robots)
     episodes = run_episodes(
-        ScriptedExpert(settings.sim), robots, settings.sim, settings.demo.expert_episodes_per_robot,
+        ScriptedExpert(), robots, settings.sim, settings.demo.expert_episodes_per_robot,
         seed=settings.seed, policy_version=EXPERT_VERSION,
     )
     files = _write_episodes(episodes, out_dir)
@@ -74,12 +74,12 @@ def collect_expert_demos(settings: Settings, out_dir: Path) -> CollectResult:
     return CollectResult(files, len(episodes), sum(ep.success for ep in episodes), steps, time.perf_counter() - start, EXPERT_VERSION)
 
 
-def fleet_actor(settings: Settings, policy: NormalizedPolicy, seed: int, explore: bool) -> PolicyActor:
-    exploration = GripperExploration(
-        sample=explore and settings.fleet.sample_gripper,
-        flip_prob=settings.sim.gripper_flip_prob if explore else 0.0,
-    )
-    return PolicyActor(policy, gripper_index(settings.sim), exploration, seed=seed)
+def fleet_actor(settings: Settings, policy: NormalizedPolicy, seed: int, explore: bool) -> Policy:
+    """The policy as the fleet executes it: gripper sampled when exploring, thresholded otherwise."""
+    actor = PolicyActor(policy)
+    if explore and settings.fleet.sample_gripper:
+        return SampledGripper(actor, settings.sim, seed)
+    return ThresholdedGripper(actor)
 
 
 def collect_fleet(
@@ -108,28 +108,31 @@ class IngestResult:
 
 
 def ingest_files(settings: Settings, files: list[Path], progress: Progress | None = None, snapshot: bool = True) -> IngestResult:
-    """Validate + store episode files, embed their windows into the segment store, snapshot with DVC."""
+    """Validate + store episode files, snapshot the dataset with DVC, embed new windows into LanceDB.
+
+    The window encoder is fitted once, on the first ingest, and kept with the store: every
+    later vector is made by the same encoder, so distances stay comparable.
+    """
     ws = Workspace(settings)
     report = ws.dataset.ingest(files, settings.known_robots(), settings.paths.quarantine)
-    added = set(report.added)
-    new_episodes = [ep for ep in ws.dataset.episodes() if ep.episode_id in added]
-    encoder = ws.load_encoder()
-    if encoder is None:
-        all_windows = [episode_windows(ep, settings.store.window, settings.store.stride)[1] for ep in ws.dataset.episodes()]
-        if not all_windows:
-            raise RuntimeError(f"nothing to ingest: no valid episodes among {len(files)} files (see {settings.paths.quarantine})")
-        encoder = NormalizedStateEncoder(window=settings.store.window, state_dim=ws.obs_dim)
-        encoder.fit(np.concatenate(all_windows))
-        ws.save_encoder(encoder)
-        new_episodes = list(ws.dataset.episodes())  # first ingest: embed everything
-    store = ws.store(encoder.dim)
     snap = read_snapshot(settings.paths.episodes)
-    if snapshot and (report.added or snap is None):
+    if snapshot and (report.added or snap is None) and ws.dataset.num_episodes:
         snap = snapshot_dataset(settings.root, settings.paths.episodes)
+    store = ws.store
+    encoder = store.load_encoder()
+    if encoder is None:
+        new_episodes = list(ws.dataset.episodes())  # first ingest: fit on and embed everything
+        if not new_episodes:
+            return IngestResult(report, snap, store.version, 0)
+        windows = np.concatenate([cut_windows(ep.states, settings.store.window, settings.store.stride).windows for ep in new_episodes])
+        encoder = NormalizedStateEncoder(window=settings.store.window, state_dim=ws.obs_dim).fit(windows)
+    else:
+        added = set(report.added)
+        new_episodes = [ep for ep in ws.dataset.episodes() if ep.episode_id in added]
     upserted = 0
     if new_episodes:
         upsert = store.upsert(new_episodes, encoder, snapshot=snap.hash if snap else "", on_progress=progress)
-        upserted = upsert.upserted
+        upserted = upsert.inserted + upsert.updated
         store.ensure_index()
     return IngestResult(report, snap, store.version, upserted)
 
@@ -164,12 +167,10 @@ class TrainOutcome:
 
 def current_lineage(settings: Settings, ws: Workspace, frames: int) -> Lineage:
     snapshot = read_snapshot(settings.paths.episodes)
-    encoder = ws.load_encoder()
-    store_version = ws.store(encoder.dim).version if encoder is not None else -1
     return Lineage(
         git_commit=git_commit(Path(__file__).parent),
         snapshot_hash=snapshot.hash if snapshot else "none",
-        lancedb_version=store_version,
+        lancedb_version=ws.store.version,
         params_hash=params_hash(settings.model_dump(mode="json", exclude={"root"})),
         episodes=ws.dataset.num_episodes,
         frames=frames,

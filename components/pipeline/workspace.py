@@ -8,18 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
-
-import torch
-
 from components.config import Paths, Settings
 from components.episodes.dataset import EpisodeDataset
 from components.registry.model_registry import PolicyRegistry
 from components.sim.factory import action_dim, observation_dim
-from components.store.encoder import NormalizedStateEncoder
 from components.store.segment_store import SegmentStore
-
-ENCODER_FILE = "segments.encoder.pt"
 
 
 @dataclass
@@ -47,19 +40,11 @@ class Workspace:
         return PolicyRegistry(self.paths.mlruns, self.settings.registry)
 
     @property
-    def encoder_path(self) -> Path:
-        return self.paths.datasets / ENCODER_FILE
+    def embedding_dim(self) -> int:
+        """The default encoder's dim: a flattened window of normalized states."""
+        return self.settings.store.window * self.obs_dim
 
-    def load_encoder(self) -> NormalizedStateEncoder | None:
-        if not self.encoder_path.exists():
-            return None
-        return NormalizedStateEncoder.from_state_dict(torch.load(self.encoder_path, weights_only=False))
-
-    def save_encoder(self, encoder: NormalizedStateEncoder) -> None:
-        self.encoder_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.encoder_path.with_suffix(".tmp")
-        torch.save(encoder.state_dict(), tmp)
-        tmp.replace(self.encoder_path)
-
-    def store(self, dim: int) -> SegmentStore:
-        return SegmentStore.open(self.paths.store, self.settings.store, dim)
+    @cached_property
+    def store(self) -> SegmentStore:
+        """The segment store; it keeps the encoder that made its vectors (``store.load_encoder()``)."""
+        return SegmentStore.open(self.paths.store, self.settings.store, self.embedding_dim)
