@@ -36,12 +36,15 @@ def demo() -> None:
     from flows.demo import demo as demo_flow
 
     rows = demo_flow(settings)
-    table = Table(title="fleetloop demo: closed-loop rounds (held-out success, Wilson 95% CI)")
-    for col in ("round", "robots", "episodes", "fleet success", "held-out success", "promoted", "champion"):
-        table.add_column(col)
+    table = Table(title=f"fleetloop demo: closed-loop rounds (held-out success, Wilson {100 * settings.evaluation.confidence:.0f}% CI)")
+    for col in ("round", "robots", "episodes", "fleet success", "held-out success [CI]", "trials", "promoted", "champion"):
+        table.add_column(col, no_wrap=True)
     for r in rows:
-        table.add_row(r.round, str(r.robots), str(r.episodes), f"{100 * r.collected_success:.1f}%", r.heldout, "yes" if r.promoted else "no", f"v{r.champion}")
-    console.print(table)
+        table.add_row(
+            r.round, str(r.robots), str(r.episodes), f"{100 * r.collected_success:.1f}%", r.heldout, str(r.trials),
+            "yes" if r.promoted else "no", f"v{r.champion}",
+        )
+    Console(width=max(console.width, 120)).print(table)
 
 
 @app.command()

@@ -19,6 +19,7 @@ class RoundRow:
     episodes: int
     collected_success: float
     heldout: str
+    trials: int
     promoted: bool
     champion: int | None
 
@@ -27,15 +28,20 @@ def _row(label: str, robots: int, collected: steps.CollectResult, promotion: ste
     cand = promotion.candidate
     return RoundRow(
         label, robots, collected.episodes, collected.success_rate,
-        str(wilson_interval(cand.successes, cand.trials, confidence)), promotion.decision.promote, promotion.champion_after,
+        _rate_with_ci(cand.successes, cand.trials, confidence), cand.trials, promotion.decision.promote, promotion.champion_after,
     )
+
+
+def _rate_with_ci(successes: int, trials: int, confidence: float) -> str:
+    p = wilson_interval(successes, trials, confidence)
+    return f"{100 * p.rate:.1f}% [{100 * p.low:.1f}, {100 * p.high:.1f}]"
 
 
 @flow(name="demo")
 def demo(settings: Settings) -> list[RoundRow]:
     confidence = settings.evaluation.confidence
     demos, promotion = bootstrap(settings)
-    rows = [_row("bootstrap (expert)", settings.demo.expert_robots, demos, promotion, confidence)]
+    rows = [_row("bootstrap", settings.demo.expert_robots, demos, promotion, confidence)]
     for round_index in range(1, settings.demo.rounds + 1):
         collected, promotion = fleet_round(settings, round_index)
         rows.append(_row(f"round {round_index}", settings.fleet.num_robots, collected, promotion, confidence))

@@ -9,6 +9,7 @@ STACK-NOTES) plus a plain ``state_dict`` artifact.
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,8 @@ class PolicyRegistry:
         with torch.no_grad():
             output = policy.cpu()(torch.as_tensor(example)).numpy()
         signature = infer_signature(example, output)
+        # We log pickle on purpose (a pt2 export cannot be fine-tuned); silence MLflow's generic caution.
+        logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)
         with mlflow.start_run(experiment_id=self.experiment_id, run_name=run_name) as run:
             mlflow.log_params(_flatten(params))
             mlflow.set_tags(lineage.tags())
@@ -96,7 +99,7 @@ class PolicyRegistry:
                 state_path = Path(tmp) / "state_dict.pt"
                 torch.save(policy.state_dict(), state_path)
                 mlflow.log_artifact(str(state_path))
-            mlflow.pytorch.log_model(
+            info = mlflow.pytorch.log_model(
                 policy,
                 name="policy",
                 serialization_format="pickle",
@@ -104,7 +107,7 @@ class PolicyRegistry:
                 pip_requirements=PIP_REQUIREMENTS,
             )
             run_id = run.info.run_id
-        model_version = mlflow.register_model(f"runs:/{run_id}/policy", self.cfg.model_name)
+        model_version = mlflow.register_model(info.model_uri, self.cfg.model_name)
         version = int(model_version.version)
         tags = {
             **lineage.tags(),
