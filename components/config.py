@@ -165,6 +165,7 @@ class SchedulerConfig(Section):
     channel_timeout_s: float = 120.0  # a put/get waiting longer fails the run (deadlocked plan)
     devices: int = 0  # CPU devices (cores) the plan may use; 0 = all cores
     memory_budget_mb: float = 0.0  # per device; 0 = unlimited
+    gil_switch_interval_us: float = 200.0  # while >1 worker thread runs (Python default 5000); 0 = leave
     # profiler
     sample_interval_ms: float = 5.0
     gpu_telemetry: bool = True

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -248,7 +249,19 @@ def execute(
                     f"{budget[d]:.0f} MB (scheduler.memory_budget_mb); place it on a larger device"
                 )
     registry = DeviceRegistry(devices, budget)
-    channels = {w.name: Channel(f"inbox:{w.name}", cfg.channel_capacity, cfg.channel_timeout_s) for w in plan.workers}
+    # an inbox holds at least two iterations of its worker's remote inputs: a legal plan (whose
+    # consumers may gather a whole rollout at once) never deadlocks on backpressure, while a
+    # producer still cannot run more than about two iterations ahead of its consumer
+    remote_in: dict[str, int] = defaultdict(int)
+    for uid in range(len(graph)):
+        for _, dests in route[uid]:
+            for d in dests:
+                remote_in[d] += 1
+    per_iter = {w: -(-n // max(len(iterations), 1)) for w, n in remote_in.items()}
+    channels = {
+        w.name: Channel(f"inbox:{w.name}", max(cfg.channel_capacity, 2 * per_iter.get(w.name, 0)), cfg.channel_timeout_s)
+        for w in plan.workers
+    }
     done = [threading.Event() for _ in graph.instances]
     per_iter_total: dict[int, int] = defaultdict(int)
     for inst in graph.instances:
@@ -340,6 +353,8 @@ def execute(
                     args[name] = [values[k] for k in keys] if multi else values[keys[0]]
                 comp = wf.component(inst.component)
                 quota = plan.threads.get(comp.name, plan.default_threads)
+                if not inst.op.quota_invariant and comp.name in plan.pinned_threads:
+                    quota = plan.pinned_threads[comp.name]
                 if host is None and quota is not None and quota != current_threads:
                     set_worker_threads(quota)
                     current_threads = quota
@@ -391,6 +406,9 @@ def execute(
 
     iter_marks: list[tuple[float, float]] = []
     t_start = time.perf_counter()
+    switch_interval = sys.getswitchinterval()
+    if cfg.gil_switch_interval_us > 0 and len(plan.workers) > 1:
+        sys.setswitchinterval(cfg.gil_switch_interval_us / 1e6)
     with apply_blas_limit(plan.blas_threads), ActivitySampler(cfg.sample_interval_ms / 1e3, origin, gpu) as sampler:
         threads_ = [threading.Thread(target=run_worker, args=(w,), name=f"worker-{w.name}", daemon=True)
                     for w in plan.workers]
@@ -399,6 +417,7 @@ def execute(
         for t in threads_:
             t.join()
     wall = time.perf_counter() - t_start
+    sys.setswitchinterval(switch_interval)
     for h in hosts.values():
         h.stop()
     if errors:

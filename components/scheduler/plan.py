@@ -30,6 +30,8 @@ class Plan:
     * ``placement`` — devices per *exclusive* component (device lock, memory budget).
     * ``threads`` — per-component compute quota: intra-op threads on CPU (quota_invariant ops
       only may differ from the reference); ``gpu_percent`` — MPS SM share for process workers.
+    * ``pinned_threads`` — thread counts that ops declared not ``quota_invariant`` always run
+      with (part of the numerics, identical in every plan and in the reference).
     * ``blas_threads`` — process-wide BLAS thread limit (``None``: library default).
     * ``hoist`` — ops exempt from the iteration barrier: they run in the previous iteration's tail.
     * ``buffers`` — buffer-depth overrides (double-buffering).
@@ -44,6 +46,7 @@ class Plan:
     gpu_percent: dict[str, int] = field(default_factory=dict)
     blas_threads: int | None = None
     default_threads: int | None = None
+    pinned_threads: dict[str, int] = field(default_factory=dict)
     hoist: frozenset[str] = frozenset()
     buffers: dict[str, int] = field(default_factory=dict)
     barrier: bool = True

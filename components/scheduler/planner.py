@@ -1,0 +1,335 @@
+"""M2Flow planner: profile → cost curves → memoized recursive cut search → a plan with its predicted time.
+
+The main component chain (e.g. sim → policy → learner) is cut recursively. For a segment on
+``d`` devices and each cut point:
+
+* **collocated** — both halves share the ``d`` devices and take turns:
+  ``T = T_src + T_sink + switches · switch_cost`` (plus offload/onload when both do not fit in the
+  memory budget together);
+* **disaggregated** — the halves get ``d1`` and ``d − d1`` devices. Across a streaming edge they
+  pipeline over ``m`` micro-batches (env groups): ``(c_s + c_t) + (m − 1) · max(c_s, c_t)`` for a
+  one-way stream. The env ↔ policy edge is a *cycle* (actions go back to the env), so per rollout
+  step a group's round trip ``c_s + c_t`` also bounds it: over ``T`` steps
+  ``T · max(m · max(c_s, c_t), c_s + c_t) + min(c_s, c_t)`` (RLinf's form degenerates here: it
+  charges the fill once per micro-batch instead of once per rollout).
+
+Compared with RLinf's auto placement, this adds the switch cost, a memory budget, and searches the
+stage count ``m`` (RLinf sets it by hand). Per-op costs come from curves fitted to profiled
+(size, seconds) points at each thread count (``costmodel.fit_curve``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from components.config import SchedulerConfig
+from components.scheduler.costmodel import CostCurve, fit_curve
+from components.scheduler.executor import GROUP_LOOP, RunResult, execute
+from components.scheduler.plan import Plan, WorkerSpec, sequential_plan
+from components.scheduler.workflow import Workflow
+
+STEP_LOOP = "step"
+
+
+@dataclass(frozen=True)
+class ChainSpec:
+    """The main chain the planner cuts, and which adjacent edges stream per rollout step."""
+
+    chain: tuple[str, ...]
+    streaming: dict[tuple[str, str], str] = field(default_factory=dict)  # pair -> "cyclic" | "oneway"
+    envs: int = 1
+    offload_gb_per_s: float = 10.0  # host<->device bandwidth for offload/onload cost
+
+
+@dataclass
+class Profile:
+    """Profiled (size, seconds) samples per (op, threads), and the measured per-switch cost."""
+
+    samples: dict[tuple[str, int], list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
+    switch_s: float = 0.0
+    forms: tuple[str, ...] = ("power", "exponential", "log", "quadratic")
+
+    def curve(self, op: str, threads: int) -> CostCurve:
+        return _curve(self, op, threads)
+
+    def threads_for(self, op: str) -> list[int]:
+        return sorted(t for (o, t) in self.samples if o == op)
+
+
+_curve_cache: dict[tuple[int, str, int], CostCurve] = {}
+
+
+def _curve(profile: Profile, op: str, threads: int) -> CostCurve:
+    key = (id(profile), op, threads)
+    if key not in _curve_cache:
+        options = profile.threads_for(op)
+        if not options:
+            raise KeyError(f"no profile for op {op!r}; profile the workflow first")
+        t = min(options, key=lambda x: (abs(x - threads), -x))
+        pts = profile.samples[(op, t)]
+        _curve_cache[key] = fit_curve([p[0] for p in pts], [p[1] for p in pts], profile.forms)
+    return _curve_cache[key]
+
+
+def op_size(workflow: Workflow, op: str, envs: int) -> float:
+    scope = dict(workflow.ops_with_scope())
+    for o, sc in workflow.ops_with_scope():
+        if o.name == op:
+            scope_ = sc
+            break
+    else:
+        raise KeyError(op)
+    del scope
+    groups = workflow.loops.get(GROUP_LOOP, 1)
+    return envs / groups if GROUP_LOOP in scope_ else float(envs)
+
+
+def profile_workflow(workflow_at: Callable[[int], Workflow], cfg: SchedulerConfig, payload: Any, envs: int,
+                     stages: Sequence[int], threads: Sequence[int], inputs: dict[str, Any],
+                     iterations: int = 2, blas_threads: int | None = 1) -> Profile:
+    """Run the sequential schedule at each (m, threads) and collect per-op (size, seconds).
+
+    As RLinf profiles: every component collocated on all its devices; the first iteration is
+    warm-up and dropped.
+    """
+    prof = Profile(forms=tuple(cfg.cost_curves))
+    switches = 0
+    switch_s = 0.0
+    for m in stages:
+        wf = workflow_at(m)
+        for t in threads:
+            plan = sequential_plan(wf, threads=t, blas_threads=blas_threads, groups=m)
+            plan = plan.with_(placement={c.name: tuple(f"cpu{k}" for k in range(t)) for c in wf.components
+                                         if c.exclusive})
+            res = execute(wf, plan, cfg, payload, range(iterations), inputs=inputs)
+            for s in res.timeline.spans:
+                if s.iteration == 0 and iterations > 1:
+                    continue
+                prof.samples[(s.op, t)].append((op_size(wf, s.op, envs), s.duration))
+            switches += res.switch.switches
+            switch_s += res.switch.switch_s
+    prof.switch_s = switch_s / switches if switches else 0.0
+    return prof
+
+
+# ------------------------------------------------------------------------------------- the search
+@dataclass(frozen=True)
+class Node:
+    """A placement subtree: ``single`` component, or a ``colloc``/``disagg`` cut of two subtrees."""
+
+    kind: str
+    comps: tuple[str, ...]
+    devices: tuple[int, ...]
+    left: Node | None = None
+    right: Node | None = None
+
+    def describe(self) -> str:
+        d = ",".join(map(str, self.devices))
+        if self.kind == "single":
+            return f"{self.comps[0]}@[{d}]"
+        sep = " | " if self.kind == "disagg" else " + "
+        assert self.left and self.right
+        return f"({self.left.describe()}{sep}{self.right.describe()})"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One plan alternative with its predicted iteration time."""
+
+    stages: int
+    tree: Node
+    predicted_s: float
+    plan: Plan
+
+
+@dataclass(frozen=True)
+class PlannerResult:
+    best: Candidate
+    candidates: tuple[Candidate, ...]
+
+    def table(self) -> str:
+        rows = [f"{'m':>2}  {'predicted ms':>12}  placement"]
+        for c in sorted(self.candidates, key=lambda c: c.predicted_s):
+            mark = "  <- chosen" if c is self.best else ""
+            rows.append(f"{c.stages:>2}  {c.predicted_s * 1e3:>12.1f}  {c.tree.describe()}{mark}")
+        return "\n".join(rows)
+
+
+class M2FlowPlanner:
+    """Chooses placement, device split and stage count for a workflow from its profile."""
+
+    def __init__(self, workflow_at: Callable[[int], Workflow], spec: ChainSpec, profile: Profile,
+                 cfg: SchedulerConfig, devices: int, blas_threads: int | None = 1) -> None:
+        self.workflow_at = workflow_at
+        self.spec = spec
+        self.profile = profile
+        self.cfg = cfg
+        self.devices = devices
+        self.blas_threads = blas_threads
+        self.budget = cfg.memory_budget_mb or float("inf")
+
+    # ---- per-component costs
+    def _ops(self, wf: Workflow, comp: str) -> list[tuple[str, tuple[str, ...]]]:
+        return [(o.name, sc) for o, sc in wf.ops_with_scope() if o.component == comp]
+
+    def _calls(self, wf: Workflow, scope: tuple[str, ...]) -> int:
+        n = 1
+        for loop in scope[1:]:
+            n *= wf.loops[loop]
+        return n
+
+    def step_cost(self, wf: Workflow, comps: Sequence[str], threads: int) -> float:
+        """Per micro-batch (one group, one step) cost of the step-loop ops of ``comps``."""
+        total = 0.0
+        for c in comps:
+            for op, scope in self._ops(wf, c):
+                if STEP_LOOP in scope:
+                    total += self.profile.curve(op, threads)(op_size(wf, op, self.spec.envs))
+        return total
+
+    def iter_cost(self, wf: Workflow, comps: Sequence[str], threads: int) -> float:
+        """Per-iteration cost of the ops of ``comps`` outside the step loop."""
+        total = 0.0
+        for c in comps:
+            for op, scope in self._ops(wf, c):
+                if STEP_LOOP not in scope:
+                    total += self._calls(wf, scope) * self.profile.curve(op, threads)(op_size(wf, op, self.spec.envs))
+        return total
+
+    def _memory(self, wf: Workflow, comps: Sequence[str]) -> float:
+        return sum(wf.component(c).memory_mb for c in comps if wf.component(c).exclusive)
+
+    def _edge(self, a: str, b: str) -> str | None:
+        return self.spec.streaming.get((a, b)) or self.spec.streaming.get((b, a))
+
+    # ---- the recursion
+    def search(self, m: int) -> list[tuple[float, Node]]:
+        """Every placement of the chain for stage count ``m`` with its predicted time (memoized)."""
+        wf = self.workflow_at(m)
+        chain = self.spec.chain
+        steps = wf.loops.get(STEP_LOOP, 1)
+
+        @lru_cache(maxsize=None)
+        def seg(a: int, b: int, devs: tuple[int, ...]) -> tuple[tuple[float, Node], ...]:
+            comps = chain[a: b + 1]
+            d = len(devs)
+            if a == b and self._memory(wf, comps) > self.budget:
+                return ()
+            if a == b:
+                t = steps * m * self.step_cost(wf, comps, d) + self.iter_cost(wf, comps, d)
+                return ((t, Node("single", comps, devs)),)
+            out: list[tuple[float, Node]] = []
+            for k in range(a, b):
+                edge = self._edge(chain[k], chain[k + 1])
+                lefts, rights = seg(a, k, devs), seg(k + 1, b, devs)
+                # collocated: take turns on all devices
+                mem_l, mem_r = self._memory(wf, chain[a:k + 1]), self._memory(wf, chain[k + 1:b + 1])
+                if max(mem_l, mem_r) <= self.budget:
+                    switches = 2 * steps * m if edge else 2
+                    per_switch = self.profile.switch_s
+                    if mem_l + mem_r > self.budget:
+                        per_switch += (min(mem_l, mem_r) / 1024) / self.spec.offload_gb_per_s * 2
+                    for tl, nl in lefts:
+                        for tr, nr in rights:
+                            out.append((tl + tr + switches * per_switch, Node("colloc", comps, devs, nl, nr)))
+                # disaggregated: split the devices
+                for d1 in range(1, d):
+                    dl, dr = devs[:d1], devs[d1:]
+                    if mem_l > self.budget or mem_r > self.budget:
+                        continue
+                    for tl, nl in seg(a, k, dl):
+                        for tr, nr in seg(k + 1, b, dr):
+                            if edge:
+                                cs = self.step_cost(wf, chain[a:k + 1], d1)
+                                ct = self.step_cost(wf, chain[k + 1:b + 1], d - d1)
+                                rest = self.iter_cost(wf, chain[a:k + 1], d1) + self.iter_cost(wf, chain[k + 1:b + 1], d - d1)
+                                if edge == "cyclic":
+                                    pipe = steps * max(m * max(cs, ct), cs + ct) + min(cs, ct)
+                                else:
+                                    n = steps * m
+                                    pipe = (cs + ct) + (n - 1) * max(cs, ct)
+                                t = pipe + rest
+                            else:
+                                t = tl + tr
+                            out.append((t, Node("disagg", comps, devs, nl, nr)))
+            return tuple(out)
+
+        return list(seg(0, len(chain) - 1, tuple(range(self.devices))))
+
+    def side_cost(self, wf: Workflow) -> float:
+        side = [c.name for c in wf.components if c.name not in self.spec.chain]
+        return self.iter_cost(wf, side, self.devices) + self.step_cost(wf, side, self.devices)
+
+    def plan(self, stages: Sequence[int] | None = None) -> PlannerResult:
+        """The best plan over placements × device splits × stage counts, and every alternative."""
+        cands: list[Candidate] = []
+        for m in stages or self.cfg.pipeline_stages:
+            wf = self.workflow_at(m)
+            side = self.side_cost(wf)
+            seen: set[str] = set()
+            for t, node in sorted(self.search(m), key=lambda x: x[0]):
+                key = node.describe()
+                if key in seen:
+                    continue
+                seen.add(key)
+                plan = self.to_plan(wf, node, m, t + side)
+                cands.append(Candidate(m, node, t + side, plan))
+        if not cands:
+            raise ValueError("no placement fits the memory budget (scheduler.memory_budget_mb); raise it")
+        best = min(cands, key=lambda c: c.predicted_s)
+        return PlannerResult(best, tuple(cands))
+
+    def to_plan(self, wf: Workflow, node: Node, m: int, predicted: float) -> Plan:
+        """Workers from a placement tree: collocated subtrees share a worker, disaggregated ones don't."""
+        workers: list[tuple[list[str], tuple[int, ...]]] = []
+
+        def pure(n: Node) -> bool:
+            return n.kind == "single" or (n.kind == "colloc" and pure(n.left) and pure(n.right))  # type: ignore[arg-type]
+
+        def walk(n: Node) -> None:
+            if pure(n):
+                workers.append((list(n.comps), n.devices))
+                return
+            assert n.left is not None and n.right is not None
+            walk(n.left)
+            walk(n.right)
+
+        walk(node)
+        side = [c.name for c in wf.components if c.name not in self.spec.chain]
+        workers[-1][0].extend(side)  # side work runs after the chain, on the last worker
+        threads: dict[str, int] = {}
+        placement: dict[str, tuple[str, ...]] = {}
+
+        def devices_of(n: Node) -> None:
+            if n.kind == "single":
+                c = n.comps[0]
+                threads[c] = len(n.devices)
+                if wf.component(c).exclusive:
+                    placement[c] = tuple(f"cpu{k}" for k in n.devices)
+                return
+            assert n.left is not None and n.right is not None
+            devices_of(n.left)
+            devices_of(n.right)
+
+        devices_of(node)
+        for c in side:
+            threads[c] = self.devices
+            if wf.component(c).exclusive:
+                placement[c] = tuple(f"cpu{k}" for k in range(self.devices))
+        specs = []
+        for k, (comps, devs) in enumerate(workers):
+            disagg = len(devs) < self.devices
+            specs.append(WorkerSpec(f"w{k}-{comps[0]}", tuple(comps), cores=devs if disagg else None))
+        return Plan(f"m2flow(m={m})", tuple(specs), groups=m, placement=placement, threads=threads,
+                    blas_threads=self.blas_threads, predicted_s=predicted, notes=(node.describe(),))
+
+
+def measured_iteration(result: RunResult, skip: int = 1) -> float:
+    """Median iteration time of a run, skipping warm-up iterations."""
+    xs = result.iteration_s[skip:] or result.iteration_s
+    return statistics.median(xs)

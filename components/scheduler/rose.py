@@ -1,0 +1,250 @@
+"""Rose graph optimizer: fill low-activity windows without changing what any read sees.
+
+Loop: measure the current plan → find low-activity windows (busy cores below a threshold for at
+least ``min_window_ms``) → generate transformations → refuse illegal ones (``check_schedule``:
+program order + barriers must not contradict the version edges; in-place states need their
+buffers) → predict each legal one by replaying it from profiled durations (``simulate``) → for
+those predicted to gain, run measured end-to-end iterations interleaved with the current plan →
+keep only what the measurement confirms; otherwise roll back.
+
+Transformations (all plan rewrites; the workflow never changes):
+
+* ``pipeline_env_groups`` — split the envs into groups so env steps of one group overlap
+  inference of another within a rollout step;
+* ``side_worker`` — side work (evaluation with the previous weights, retrieval) on its own worker,
+  overlapping the rollout tail and the learner;
+* ``split:<component>`` — a component on its own worker (learner-side work such as per-group
+  advantages starts as each group's rollout ends);
+* ``hoist:<op>`` — exempt an op from the iteration barrier so it runs in the previous iteration's
+  tail (next resets, retrieval/batch prefetch, weight sync with resets);
+* ``double_buffer:<state>`` — a second buffer for an in-place state (costs its memory), which
+  makes more hoists legal.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from components.config import SchedulerConfig
+from components.scheduler.executor import GROUP_LOOP, check_schedule, plan_workflow
+from components.scheduler.graph import LegalityError, build_graph
+from components.scheduler.plan import Plan, WorkerSpec
+from components.scheduler.profiler import Timeline
+from components.scheduler.workflow import Workflow, WorkflowError
+
+
+@dataclass(frozen=True)
+class Window:
+    """A low-activity interval of a measured iteration and what ran during it."""
+
+    start: float
+    end: float
+    busy_cores: float
+    running: tuple[str, ...]
+
+    @property
+    def length(self) -> float:
+        return self.end - self.start
+
+
+def low_activity_windows(timeline: Timeline, capacity: float, threshold: float, min_window_s: float,
+                         iteration: int | None = None) -> list[Window]:
+    """Intervals where the spans keep fewer than ``threshold · capacity`` cores busy."""
+    spans = [s for s in timeline.spans if iteration is None or s.iteration == iteration]
+    if not spans:
+        return []
+    points = sorted({s.start for s in spans} | {s.end for s in spans})
+    out: list[Window] = []
+    cur: list[tuple[float, float, float, set[str]]] = []
+    for a, b in zip(points, points[1:]):
+        live = [s for s in spans if s.start < b and s.end > a]
+        busy = sum(min(max(s.threads, 1), capacity) for s in live)
+        if busy < threshold * capacity:
+            cur.append((a, b, busy, {s.op for s in live}))
+        elif cur:
+            out.append(_merge(cur))
+            cur = []
+    if cur:
+        out.append(_merge(cur))
+    return [w for w in out if w.length >= min_window_s]
+
+
+def _merge(parts: list[tuple[float, float, float, set[str]]]) -> Window:
+    start, end = parts[0][0], parts[-1][1]
+    busy = sum((b - a) * x for a, b, x, _ in parts) / max(end - start, 1e-12)
+    ops: set[str] = set()
+    for *_, s in parts:
+        ops |= s
+    return Window(start, end, busy, tuple(sorted(ops)))
+
+
+@dataclass(frozen=True)
+class Transformation:
+    name: str
+    apply: Callable[[Plan], Plan]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What happened to one transformation."""
+
+    name: str
+    legal: bool
+    refusal: str = ""
+    predicted_before_s: float = 0.0
+    predicted_after_s: float = 0.0
+    measured_before_s: float = 0.0
+    measured_after_s: float = 0.0
+    kept: bool = False
+    reason: str = ""
+
+
+@dataclass
+class RoseResult:
+    plan: Plan
+    decisions: list[Decision] = field(default_factory=list)
+    windows: list[Window] = field(default_factory=list)
+
+    def report(self) -> str:
+        lines = [f"Rose: {len(self.windows)} low-activity window(s) on the measured iteration "
+                 f"({sum(w.length for w in self.windows) * 1e3:.1f} ms)"]
+        for d in self.decisions:
+            if not d.legal:
+                lines.append(f"  refused  {d.name:<28} {d.refusal}")
+            elif d.measured_after_s:
+                verdict = "KEPT     " if d.kept else "rolled back"
+                lines.append(f"  {verdict} {d.name:<28} predicted {d.predicted_before_s * 1e3:.1f}→"
+                             f"{d.predicted_after_s * 1e3:.1f} ms, measured {d.measured_before_s * 1e3:.1f}→"
+                             f"{d.measured_after_s * 1e3:.1f} ms")
+            else:
+                lines.append(f"  skipped  {d.name:<28} {d.reason}")
+        return "\n".join(lines)
+
+
+def _workers_without(plan: Plan, comps: tuple[str, ...]) -> list[WorkerSpec]:
+    out = []
+    for w in plan.workers:
+        rest = tuple(c for c in w.components if c not in comps)
+        if rest:
+            out.append(WorkerSpec(w.name, rest, w.kind, w.cores))
+    return out
+
+
+def candidate_transformations(workflow: Workflow, plan: Plan) -> list[Transformation]:
+    """Every rewrite Rose may try on ``plan`` (legality is checked separately)."""
+    out: list[Transformation] = []
+    if GROUP_LOOP in workflow.loops and (plan.groups or workflow.loops[GROUP_LOOP]) == 1:
+        def pipeline(p: Plan) -> Plan:
+            sim = next((w for w in p.workers if "sim" in w.components), None)
+            workers = list(p.workers)
+            if sim is not None and len(sim.components) > 1:
+                workers = [*_workers_without(p, ("sim",)), WorkerSpec("sim", ("sim",))]
+            return p.with_(groups=2, workers=tuple(workers))
+        out.append(Transformation("pipeline_env_groups", pipeline))
+    side = tuple(sorted({op.component for op, _ in workflow.ops_with_scope() if op.side}))
+    if side and not any(set(w.components) == set(side) for w in plan.workers):
+        def side_worker(p: Plan, side: tuple[str, ...] = side) -> Plan:
+            threads = {**p.threads, **{c: 1 for c in side}}
+            return p.with_(workers=(*_workers_without(p, side), WorkerSpec("side", side)), threads=threads)
+        out.append(Transformation("side_worker", side_worker))
+    for w in plan.workers:
+        if len(w.components) > 1:
+            for c in w.components:
+                if c in side:
+                    continue
+                def split(p: Plan, c: str = c) -> Plan:
+                    return p.with_(workers=(*_workers_without(p, (c,)), WorkerSpec(c, (c,))))
+                out.append(Transformation(f"split:{c}", split))
+    for op, _ in workflow.ops_with_scope():
+        if op.name not in plan.hoist:
+            out.append(Transformation(f"hoist:{op.name}", lambda p, n=op.name: p.with_(hoist=p.hoist | {n})))
+    for s in workflow.states:
+        if s.double_bufferable and plan.buffers.get(s.name, s.buffers) == 1:
+            out.append(Transformation(f"double_buffer:{s.name}",
+                                      lambda p, n=s.name: p.with_(buffers={**p.buffers, n: 2})))
+    return out
+
+
+def legality(workflow: Workflow, plan: Plan, iterations: range) -> str:
+    """Empty string if ``plan`` is legal for ``workflow``, else why not."""
+    try:
+        wf = plan_workflow(workflow, plan)
+        check_schedule(build_graph(wf, iterations, plan.buffers), plan)
+    except (LegalityError, WorkflowError) as exc:
+        return str(exc)
+    return ""
+
+
+class RoseOptimizer:
+    """Window-guided, validated plan rewriting.
+
+    ``measure(plans) -> list of median iteration seconds`` runs the plans interleaved;
+    ``predict(plan) -> seconds`` replays a plan from profiled durations; ``timeline(plan)`` gives
+    a measured timeline to look for windows in.
+    """
+
+    def __init__(self, workflow: Workflow, cfg: SchedulerConfig, capacity: int,
+                 measure: Callable[[list[Plan]], list[float]], predict: Callable[[Plan], float],
+                 timeline: Callable[[Plan], Timeline], check_iterations: range = range(3)) -> None:
+        self.workflow = workflow
+        self.cfg = cfg
+        self.capacity = capacity
+        self.measure = measure
+        self.predict = predict
+        self.timeline = timeline
+        self.check_iterations = check_iterations
+
+    def optimize(self, plan: Plan, max_rounds: int = 3) -> RoseResult:
+        result = RoseResult(plan)
+        tl = self.timeline(plan)
+        last_it = max((s.iteration for s in tl.spans), default=0)
+        result.windows = low_activity_windows(tl, self.capacity, self.cfg.activity_threshold,
+                                              self.cfg.min_window_ms / 1e3, iteration=last_it)
+        current = plan
+        current_pred = self.predict(current)
+        tried: set[str] = set()
+        for _ in range(max_rounds):
+            if not result.windows:
+                break
+            scored: list[tuple[float, Transformation, Plan]] = []
+            for t in candidate_transformations(self.workflow, current):
+                if t.name in tried:
+                    continue
+                tried.add(t.name)
+                proposal = t.apply(current).with_(name=f"{current.name}+{t.name}")
+                why = legality(self.workflow, proposal, self.check_iterations)
+                if why:
+                    result.decisions.append(Decision(t.name, False, refusal=why[:160]))
+                    continue
+                pred = self.predict(proposal)
+                if pred >= current_pred * (1 - self.cfg.accept_margin):
+                    result.decisions.append(Decision(t.name, True, predicted_before_s=current_pred,
+                                                     predicted_after_s=pred, reason=(
+                                                         f"predicted {current_pred * 1e3:.1f}→{pred * 1e3:.1f} ms: no gain")))
+                    continue
+                scored.append((pred, t, proposal))
+            if not scored:
+                break
+            accepted = False
+            for pred, t, proposal in sorted(scored, key=lambda x: x[0]):
+                before, after = self.measure([current, proposal])
+                kept = after < before * (1 - self.cfg.accept_margin)
+                result.decisions.append(Decision(
+                    t.name, True, predicted_before_s=current_pred, predicted_after_s=pred,
+                    measured_before_s=before, measured_after_s=after, kept=kept,
+                    reason="measured gain confirmed" if kept else "measured gain too small: rolled back"))
+                if kept:
+                    current, current_pred, accepted = proposal, pred, True
+                    tried.discard(t.name)
+                    break
+            if not accepted:
+                break
+            tried = {d.name for d in result.decisions if d.kept}  # re-examine the rest on the new plan
+        result.plan = current
+        return result
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
