@@ -169,6 +169,25 @@ def test_upsert_is_idempotent_and_no_op_keeps_the_version(tmp_path: Path) -> Non
     assert sorted_rows(store).equals(rows)
 
 
+def test_precomputed_rows_merge_like_upsert(tmp_path: Path) -> None:
+    """Embedding can fan out (segment_rows per file) and one writer merge (upsert_rows)."""
+    episodes = make_fleet(seed=3, count=10)
+    encoder = fit_encoder(episodes)
+    direct = SegmentStore.open(tmp_path / "direct", CFG, encoder.dim)
+    direct.upsert(episodes, encoder, snapshot="s")
+    fanned = SegmentStore.open(tmp_path / "fanned", CFG, encoder.dim)
+    parts = [fanned.segment_rows([ep], encoder, snapshot="s") for ep in episodes]
+    report = fanned.upsert_rows(pa.concat_tables(parts + parts[:2]), encoder)  # repeats deduped
+    assert report.inserted == direct.count() == fanned.count()
+    assert report.episodes == len(episodes)
+    assert sorted_rows(fanned).equals(sorted_rows(direct))
+    again = fanned.upsert_rows(pa.concat_tables(parts), encoder)
+    assert again.commits == 0 and again.version_after == again.version_before
+    other = fit_encoder(make_fleet(seed=4, count=10))  # same dim, other statistics
+    with pytest.raises(ValueError, match="fingerprint"):
+        fanned.upsert_rows(pa.concat_tables(parts), other)
+
+
 def test_changed_label_updates_rows_and_moves_the_version(tmp_path: Path) -> None:
     episodes = make_fleet()
     encoder = fit_encoder(episodes)

@@ -18,6 +18,8 @@ with ``read_consistency_interval=timedelta(0)``; forked children hang, so use ``
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -271,20 +273,9 @@ class SegmentStore:
         for batch in _episode_batches(unique, self.cfg):
             rows = self._segment_rows(batch, encoder, snapshot)
             segments += rows.num_rows
-            if self.encoder_fingerprint() is None:
-                self._record_encoder(encoder, fingerprint)
-            changed = self._changed_rows(rows, [e.episode_id for e in batch])
-            unchanged += rows.num_rows - changed.num_rows
-            if changed.num_rows:
-                result = (
-                    self._table.merge_insert("segment_id")
-                    .when_matched_update_all()
-                    .when_not_matched_insert_all()
-                    .execute(changed)
-                )
-                inserted += int(result.num_inserted_rows)
-                updated += int(result.num_updated_rows)
-                commits += 1
+            merged = self._merge(rows, encoder, fingerprint)
+            inserted, updated = inserted + merged.inserted, updated + merged.updated
+            unchanged, commits = unchanged + merged.unchanged, commits + merged.commits
             done += len(batch)
             if on_progress is not None:
                 on_progress(done, total)
@@ -298,6 +289,52 @@ class SegmentStore:
             commits=commits,
             version_before=version_before,
             version_after=self.version,
+        )
+
+    def segment_rows(self, episodes: Sequence[Episode], encoder: WindowEncoder, snapshot: str) -> pa.Table:
+        """Cut and encode episodes into segment rows without writing anything.
+
+        Lets embedding fan out (one task per episode file, cached on its content) while a single
+        writer merges the rows with ``upsert_rows``.
+        """
+        unique = _dedupe_episodes(episodes)
+        _validate_episodes(unique, snapshot)
+        self._check_encoder(encoder)
+        return self._segment_rows(unique, encoder, snapshot)
+
+    def upsert_rows(self, rows: pa.Table, encoder: WindowEncoder) -> UpsertReport:
+        """Merge rows made by ``segment_rows`` with ``encoder``; idempotent like ``upsert``."""
+        self._writable()
+        if rows.schema.remove_metadata() != segment_schema(self.dim).remove_metadata():
+            raise ValueError(
+                f"segment rows have schema {rows.schema}, expected the segment table's; "
+                "make them with SegmentStore.segment_rows"
+            )
+        rows = _dedupe_rows(rows)
+        version_before = self.version
+        merged = self._merge(rows, encoder, self._check_encoder(encoder))
+        episodes = len(set(rows.column("episode_id").to_pylist()))
+        return dataclasses.replace(merged, episodes=episodes, segments=rows.num_rows, version_before=version_before, version_after=self.version)
+
+    def _merge(self, rows: pa.Table, encoder: WindowEncoder, fingerprint: str) -> UpsertReport:
+        """Write the new/changed rows of one batch in one commit (none when nothing changed)."""
+        if self.encoder_fingerprint() is None and rows.num_rows:
+            self._record_encoder(encoder, fingerprint)
+        episode_ids = sorted(set(rows.column("episode_id").to_pylist()))
+        changed = self._changed_rows(rows, episode_ids)
+        inserted = updated = commits = 0
+        if changed.num_rows:
+            result = (
+                self._table.merge_insert("segment_id")
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute(changed)
+            )
+            inserted, updated, commits = int(result.num_inserted_rows), int(result.num_updated_rows), 1
+        return UpsertReport(
+            episodes=len(episode_ids), duplicate_episodes=0, segments=rows.num_rows, inserted=inserted,
+            updated=updated, unchanged=rows.num_rows - changed.num_rows, commits=commits,
+            version_before=-1, version_after=-1,
         )
 
     def _segment_rows(
@@ -512,6 +549,15 @@ def _dedupe_episodes(episodes: Sequence[Episode]) -> list[Episode]:
     for episode in episodes:
         last[episode.episode_id] = episode
     return list(last.values())
+
+
+def _dedupe_rows(rows: pa.Table) -> pa.Table:
+    """One row per segment_id, the last occurrence winning (merge_insert inserts both otherwise)."""
+    ids = rows.column("segment_id").to_pylist()
+    last = {segment_id: i for i, segment_id in enumerate(ids)}
+    if len(last) == len(ids):
+        return rows
+    return rows.take(pa.array(sorted(last.values())))
 
 
 def _validate_episodes(episodes: Sequence[Episode], snapshot: str) -> None:
