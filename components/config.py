@@ -111,6 +111,18 @@ class PolicyConfig(Section):
     aux_loss_weight: float = 0.01
 
 
+class ShuffleConfig(Section):
+    """FUSCO MoE token shuffle for expert-parallel training (components/shuffle)."""
+
+    dispatcher: Literal["fused", "megatron", "dedup_permute"] = "fused"
+    plan: Literal["auto", "one_level", "two_level"] = "auto"  # auto: two-level when dedup pays
+    grouping: Literal["static", "balanced"] = "balanced"  # two-level forwarder groups
+    chunks: int = 1  # pipeline rounds (token blocks) per call; 1 = one round, no overlap
+    dedup_threshold: float = 1.5  # auto picks two-level at >= this many pairs per node crossing
+    ranks_per_node: int = 0  # 0 = every rank on one node (torchrun --standalone)
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: NCCL when CUDA is present
+
+
 class TrainConfig(Section):
     """Training loop hyper-parameters."""
 
@@ -270,6 +282,7 @@ class Settings(BaseSettings):
     store: StoreConfig = StoreConfig()
     policy: PolicyConfig = PolicyConfig()
     train: TrainConfig = TrainConfig()
+    shuffle: ShuffleConfig = ShuffleConfig()
     fert: FertConfig = FertConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     registry: RegistryConfig = RegistryConfig()

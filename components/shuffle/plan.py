@@ -1,0 +1,468 @@
+"""Routing plan: turn a top-k routing into per-peer row-index descriptors.
+
+A *stage* moves rows of a local source tensor to rows of a destination tensor on other ranks:
+for every message it says, on the sending side, which source rows to read (``send``), and on the
+receiving side, which destination rows to fill (``recv``). Both sides derive the same message
+list (same peers, rounds, row counts, order) from the routing plus one small count exchange, so
+the row data itself never carries metadata. The wire order inside a message is free, because
+both ends hold the indices: the sender gathers straight from the unpermuted tokens and the
+receiver scatters straight into expert-major slots.
+
+    one level   tokens --(pairs, rank/expert-major)--> expert slots
+    two level   tokens --(one row per (token, node))--> forwarder rows F
+                F      --(expand to (token, expert) pairs, intra-node)--> expert slots
+
+Slots on a rank are expert-major: all rows of local expert 0, then expert 1, ...; inside an
+expert, one level orders them (source rank, token) -- exactly the order a single process would
+see -- and two level orders them (round, forwarder, source rank, token).
+
+Rounds split the tokens of every source into ``rounds`` contiguous blocks; message (round r) only
+carries rows of block r. The engine pipelines rounds (gather r+1 while r is in flight) and, since
+all contributions of a token arrive in the same round, in peer then expert order, the combine adds
+each token's expert outputs in ascending expert order: the same sum a single process computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from components.shuffle.routing import Placement, Routing
+
+Grouping = Literal["static", "balanced"]
+PlanKind = Literal["one_level", "two_level"]
+
+
+@dataclass(frozen=True)
+class Message:
+    """One send or receive: ``count`` rows to/from ``peer`` in ``round``.
+
+    ``rows`` indexes the local tensor (source rows for a send, destination rows for a receive);
+    ``start >= 0`` says the rows are the contiguous range start..start+count, so the engine can
+    send from / receive into a view without a staging copy.
+    """
+
+    peer: int
+    round: int
+    tag: int
+    rows: Tensor
+    start: int
+
+    @property
+    def count(self) -> int:
+        return int(self.rows.numel())
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One all-to-all-like movement of rows, as this rank sees it."""
+
+    rank: int
+    rounds: int
+    src_rows: int
+    dst_rows: int
+    sends: tuple[Message, ...]  # wire order: (round, peer, segment)
+    recvs: tuple[Message, ...]
+    dst_covered: bool  # every destination row is received exactly once
+    src_once: bool  # every source row is sent exactly once
+    node_of_peer: tuple[int, ...]
+
+    def reversed(self) -> StagePlan:
+        """The adjoint movement: destination rows travel back to the source rows they came from."""
+        return replace(
+            self,
+            src_rows=self.dst_rows,
+            dst_rows=self.src_rows,
+            sends=self.recvs,
+            recvs=self.sends,
+            dst_covered=self.src_once,
+            src_once=self.dst_covered,
+        )
+
+    def rows_sent(self, internode_only: bool = False) -> int:
+        me = self.node_of_peer[self.rank]
+        return sum(
+            m.count
+            for m in self.sends
+            if m.peer != self.rank and (not internode_only or self.node_of_peer[m.peer] != me)
+        )
+
+
+@dataclass(frozen=True)
+class ShufflePlan:
+    """Everything the fused dispatch/combine of one MoE call needs on this rank."""
+
+    kind: PlanKind
+    token_stages: tuple[StagePlan, ...]  # x (T, H) -> ... -> slots (N, H)
+    pair_stages: tuple[StagePlan, ...]  # probs (T*K,) -> ... -> slots (N,)
+    tokens_per_expert: tuple[int, ...]  # slot rows of each local expert, expert-major
+    num_tokens: int
+    top_k: int
+    forwarders: Tensor | None = field(default=None)  # (W, nodes) two-level forwarder map
+
+    @property
+    def num_slots(self) -> int:
+        return sum(self.tokens_per_expert)
+
+
+# --------------------------------------------------------------------------------------------
+# building blocks
+
+
+def _messages(peer: Tensor, rnd: Tensor, seg: Tensor, rows: Tensor, segments: int, world: int) -> list[Message]:
+    """Group items (already sorted in wire order) into messages by (round, peer, segment)."""
+    if rows.numel() == 0:
+        return []
+    key = (rnd * world + peer) * segments + seg
+    keys, counts = torch.unique_consecutive(key, return_counts=True)
+    if keys.numel() > 1 and not bool((keys.diff() > 0).all()):
+        raise AssertionError("plan: items are not sorted in wire order")
+    out = []
+    for k, chunk in zip(keys.tolist(), rows.split(counts.tolist())):
+        r, p = divmod(k // segments, world)
+        out.append(Message(peer=p, round=r, tag=0, rows=chunk, start=_range_start(chunk)))
+    return out
+
+
+def _range_messages(peer: list[int], rnd: list[int], start: list[int], count: list[int]) -> list[Message]:
+    """Messages whose destination rows are known ranges (receivers of a layout computed from counts)."""
+    return [
+        Message(peer=p, round=r, tag=0, rows=torch.arange(s, s + c), start=s)
+        for p, r, s, c in zip(peer, rnd, start, count)
+        if c > 0
+    ]
+
+
+def _range_start(rows: Tensor) -> int:
+    n = rows.numel()
+    if n == 0:
+        return -1
+    first = int(rows[0])
+    if int(rows[-1]) - first != n - 1 or (n > 1 and not bool((rows.diff() == 1).all())):
+        return -1
+    return first
+
+
+def _tagged(messages: list[Message]) -> tuple[Message, ...]:
+    """Tag = sequence number per peer, so the i-th send to p matches p's i-th receive from us."""
+    seen: dict[int, int] = {}
+    out = []
+    for m in sorted(messages, key=lambda m: (m.round, m.peer)):  # stable: keeps segment order
+        tag = seen.get(m.peer, 0)
+        seen[m.peer] = tag + 1
+        out.append(replace(m, tag=tag))
+    return tuple(out)
+
+
+def _stage(rank: int, rounds: int, src_rows: int, dst_rows: int, sends: list[Message], recvs: list[Message],
+           placement: Placement) -> StagePlan:
+    sent = torch.cat([m.rows for m in sends]) if sends else torch.empty(0, dtype=torch.long)
+    got = torch.cat([m.rows for m in recvs]) if recvs else torch.empty(0, dtype=torch.long)
+    return StagePlan(
+        rank=rank,
+        rounds=rounds,
+        src_rows=src_rows,
+        dst_rows=dst_rows,
+        sends=_tagged(sends),
+        recvs=_tagged(recvs),
+        dst_covered=_exactly_once(got, dst_rows),
+        src_once=_exactly_once(sent, src_rows),
+        node_of_peer=tuple(placement.node_of(r) for r in range(placement.world_size)),
+    )
+
+
+def _exactly_once(rows: Tensor, n: int) -> bool:
+    return rows.numel() == n and bool((torch.bincount(rows, minlength=n) == 1).all()) if n else rows.numel() == 0
+
+
+def _exchange_counts(send: Tensor, group: dist.ProcessGroup | None) -> Tensor:
+    """send[p, ...] = what this rank sends to peer p; returns recv[s, ...] = what s sends here."""
+    if group is None:
+        return send.clone()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv.view(-1), send.contiguous().view(-1), group=group)
+    return recv
+
+
+def _exchange_rows(send: Tensor, send_counts: list[int], group: dist.ProcessGroup | None) -> Tensor:
+    """Variable-size all-to-all of small integer metadata rows (plan time only)."""
+    if group is None:
+        return send.clone()
+    counts = torch.tensor(send_counts, dtype=torch.long)
+    recv_counts = _exchange_counts(counts, group).tolist()
+    recv = torch.empty((sum(recv_counts),) + tuple(send.shape[1:]), dtype=send.dtype)
+    width = int(torch.tensor(send.shape[1:]).prod()) if send.dim() > 1 else 1
+    dist.all_to_all_single(
+        recv.view(-1), send.contiguous().view(-1),
+        output_split_sizes=[c * width for c in recv_counts],
+        input_split_sizes=[c * width for c in send_counts], group=group,
+    )
+    return recv
+
+
+def _expert_major_recvs(counts: Tensor, rounds: int) -> tuple[list[Message], tuple[int, ...]]:
+    """Receive ranges for slot layout (local expert, round, source/forwarder) from counts[peer, round, l]."""
+    world, _, local = counts.shape
+    blocks = counts.permute(2, 1, 0).reshape(-1)  # order (l, round, peer)
+    base = (torch.cumsum(blocks, 0) - blocks).view(local, rounds, world)
+    peer, rnd, start, count = [], [], [], []
+    for r in range(rounds):  # wire order (round, peer, l)
+        for p in range(world):
+            for l in range(local):
+                peer.append(p), rnd.append(r), start.append(int(base[l, r, p])), count.append(int(counts[p, r, l]))
+    return _range_messages(peer, rnd, start, count), tuple(counts.sum(dim=(0, 1)).tolist())
+
+
+# --------------------------------------------------------------------------------------------
+# one level
+
+
+def build_one_level(
+    routing: Routing, placement: Placement, rank: int, group: dist.ProcessGroup | None, rounds: int = 1
+) -> ShufflePlan:
+    """Every (token, expert) pair travels straight to the expert's rank.
+
+    Sender wire order per peer: (round, local expert, token); receiver slots (expert, source, token).
+    """
+    T, K = routing.num_tokens, routing.top_k
+    W, L = placement.world_size, placement.local_experts
+    e = routing.expert_ids.reshape(-1)
+    pair = torch.arange(T * K)
+    tok = pair // K
+    dest, local = e // L, e % L
+    rnd = tok * rounds // max(T, 1)
+    order = torch.argsort(((rnd * W + dest) * L + local) * max(T, 1) + tok)
+    dest, local, rnd, tok, pair = dest[order], local[order], rnd[order], tok[order], pair[order]
+
+    send_counts = torch.bincount((dest * rounds + rnd) * L + local, minlength=W * rounds * L).view(W, rounds, L)
+    recv_counts = _exchange_counts(send_counts, group)  # [source, round, l]
+    # slots (l, source, token): the round dimension is inside the source block, so layout (l, s, r)
+    blocks = recv_counts.permute(2, 0, 1).reshape(-1)
+    base = (torch.cumsum(blocks, 0) - blocks).view(L, W, rounds)
+    peer, rr, start, count = [], [], [], []
+    for r in range(rounds):
+        for s in range(W):
+            for l in range(L):
+                peer.append(s), rr.append(r), start.append(int(base[l, s, r])), count.append(int(recv_counts[s, r, l]))
+    recvs = _range_messages(peer, rr, start, count)
+    per_expert = tuple(recv_counts.sum(dim=(0, 1)).tolist())
+    slots = sum(per_expert)
+
+    token_sends = _messages(dest, rnd, local, tok, L, W)
+    pair_sends = _messages(dest, rnd, local, pair, L, W)
+    return ShufflePlan(
+        kind="one_level",
+        token_stages=(_stage(rank, rounds, T, slots, token_sends, recvs, placement),),
+        pair_stages=(_stage(rank, rounds, T * K, slots, pair_sends, recvs, placement),),
+        tokens_per_expert=per_expert,
+        num_tokens=T,
+        top_k=K,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# two level
+
+
+def assign_forwarders(load: Tensor, placement: Placement, grouping: Grouping) -> Tensor:
+    """fwd[s, n] = the rank on node n that forwards source s's tokens to node n's experts.
+
+    load[s, n] = unique tokens rank s sends to node n. A source forwards to its own node itself.
+    static: the rank with the same local index. balanced: per destination node b, visit the other
+    source nodes in circular order starting after b; pair that node's sources sorted by load
+    (heaviest first) with b's ranks sorted by forwarding load so far (lightest first, ties broken
+    by a circular shift of the local index) -- longest-processing-time assignment, one source per
+    forwarder per node so fan-in stays equal.
+    """
+    W, R, N = placement.world_size, placement.ranks_per_node, placement.num_nodes
+    fwd = torch.empty(W, N, dtype=torch.long)
+    for s in range(W):
+        for n in range(N):
+            fwd[s, n] = n * R + s % R
+    if grouping == "static" or N == 1:
+        return fwd
+    if grouping != "balanced":
+        raise ValueError(f"assign_forwarders: unknown grouping {grouping!r} (static | balanced)")
+    for b in range(N):
+        ranks_b = list(range(b * R, (b + 1) * R))
+        acc = {f: int(load[f, b]) for f in ranks_b}  # its own node's forwarding work
+        for step in range(1, N):
+            a = (b + step) % N
+            sources = sorted(range(a * R, (a + 1) * R), key=lambda s: (-int(load[s, b]), s))
+            targets = sorted(ranks_b, key=lambda f: (acc[f], (f - b * R - a) % R))
+            for s, f in zip(sources, targets):
+                fwd[s, b] = f
+                acc[f] += int(load[s, b])
+    return fwd
+
+
+def forwarder_loads(load: Tensor, fwd: Tensor, placement: Placement) -> Tensor:
+    """Unique token rows each rank receives as a forwarder (the work the balancer evens out)."""
+    out = torch.zeros(placement.world_size, dtype=torch.long)
+    for s in range(placement.world_size):
+        for n in range(placement.num_nodes):
+            out[int(fwd[s, n])] += int(load[s, n])
+    return out
+
+
+def build_two_level(
+    routing: Routing,
+    placement: Placement,
+    rank: int,
+    group: dist.ProcessGroup | None,
+    rounds: int = 1,
+    grouping: Grouping = "balanced",
+) -> ShufflePlan:
+    """Each token crosses to a node at most once; a forwarder there expands it to its pairs.
+
+    Stage A: source -> forwarder, one row per unique (token, node), into forwarder rows F laid out
+    (source, round, token). Stage B: forwarder -> expert rank on its node, one row per pair.
+    The combine runs B then A backwards in add mode: the forwarder sums a token's (already
+    probability-weighted) expert outputs before the single row crosses back.
+    """
+    T, K = routing.num_tokens, routing.top_k
+    W, L, R, N, E = (placement.world_size, placement.local_experts, placement.ranks_per_node,
+                     placement.num_nodes, placement.num_experts)
+    Tb = max(T, 1)
+    me = rank
+    e = routing.expert_ids.reshape(-1)
+    pair = torch.arange(T * K)
+    tok = pair // K
+    node = e // L // R
+    rnd = tok * rounds // Tb
+
+    # unique (token, node) crossings and the forwarder of each
+    tn = torch.unique(tok * N + node)
+    u_tok, u_node = tn // N, tn % N
+    load_me = torch.bincount(u_node, minlength=N)
+    if grouping == "balanced" and N > 1 and group is not None:
+        load = _all_gather(load_me, group)
+    else:
+        load = load_me.expand(W, N).clone()
+    fwd = assign_forwarders(load, placement, grouping if group is not None else "static")
+    fwd_me = fwd[me]
+
+    # stage A sends: unique token rows, wire order (round, forwarder, token)
+    u_f, u_rnd = fwd_me[u_node], u_tok * rounds // Tb
+    order = torch.argsort((u_rnd * W + u_f) * Tb + u_tok)
+    a_sends = _messages(u_f[order], u_rnd[order], torch.zeros_like(order), u_tok[order], 1, W)
+
+    # stage A' sends: pair probabilities, wire order (round, forwarder, token, expert)
+    p_f = fwd_me[node]
+    order = torch.argsort(((rnd * W + p_f) * Tb + tok) * E + e)
+    ap_sends = _messages(p_f[order], rnd[order], torch.zeros_like(order), pair[order], 1, W)
+
+    # metadata to forwarders: (round, token, expert) per pair, grouped by forwarder
+    order = torch.argsort(((p_f * rounds + rnd) * Tb + tok) * E + e)
+    meta = torch.stack([rnd[order], tok[order], e[order]], dim=1)
+    meta_counts = torch.bincount(p_f, minlength=W).tolist()
+    got = _exchange_rows(meta, meta_counts, group)  # rows sorted by (source, round, token, expert)
+    got_counts = _exchange_counts(torch.tensor(meta_counts), group).tolist()
+    m_src = torch.repeat_interleave(torch.arange(W), torch.tensor(got_counts, dtype=torch.long))
+    m_rnd, m_tok, m_e = got[:, 0], got[:, 1], got[:, 2]
+    P = int(got.shape[0])
+
+    # forwarder rows F: unique (source, token), in (source, round, token) order
+    new_row = torch.ones(P, dtype=torch.bool)
+    if P > 1:
+        new_row[1:] = (m_src[1:] != m_src[:-1]) | (m_tok[1:] != m_tok[:-1])
+    frow = torch.cumsum(new_row.long(), 0) - 1
+    F = int(new_row.sum())
+    f_src, f_rnd = m_src[new_row], m_rnd[new_row]
+    per_block = torch.bincount(f_src * rounds + f_rnd, minlength=W * rounds).view(W, rounds)
+    base = (torch.cumsum(per_block.view(-1), 0) - per_block.view(-1)).view(W, rounds)
+    pairs_block = torch.bincount(m_src * rounds + m_rnd, minlength=W * rounds).view(W, rounds)
+    pbase = (torch.cumsum(pairs_block.view(-1), 0) - pairs_block.view(-1)).view(W, rounds)
+    a_recvs, ap_recvs = [], []
+    for r in range(rounds):
+        for s in range(W):
+            a_recvs += _range_messages([s], [r], [int(base[s, r])], [int(per_block[s, r])])
+            ap_recvs += _range_messages([s], [r], [int(pbase[s, r])], [int(pairs_block[s, r])])
+
+    # stage B sends: forwarder -> expert rank, wire order (round, dest, local expert, source, token)
+    d, l = m_e // L, m_e % L
+    order = torch.argsort((m_rnd * W + d) * L + l, stable=True)  # Q order already (source, token)
+    b_sends = _messages(d[order], m_rnd[order], l[order], frow[order], L, W)
+    bp_sends = _messages(d[order], m_rnd[order], l[order], torch.arange(P)[order], L, W)
+    send_counts = torch.bincount((d * rounds + m_rnd) * L + l, minlength=W * rounds * L).view(W, rounds, L)
+    recv_counts = _exchange_counts(send_counts, group)
+    b_recvs, per_expert = _expert_major_recvs(recv_counts, rounds)
+    slots = sum(per_expert)
+
+    return ShufflePlan(
+        kind="two_level",
+        token_stages=(
+            _stage(me, rounds, T, F, a_sends, a_recvs, placement),
+            _stage(me, rounds, F, slots, b_sends, b_recvs, placement),
+        ),
+        pair_stages=(
+            _stage(me, rounds, T * K, P, ap_sends, ap_recvs, placement),
+            _stage(me, rounds, P, slots, bp_sends, b_recvs, placement),
+        ),
+        tokens_per_expert=per_expert,
+        num_tokens=T,
+        top_k=K,
+        forwarders=fwd,
+    )
+
+
+def _all_gather(mine: Tensor, group: dist.ProcessGroup) -> Tensor:
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    return torch.stack(gathered)
+
+
+# --------------------------------------------------------------------------------------------
+# choosing
+
+
+@dataclass(frozen=True)
+class DedupStats:
+    """How much node-level dedup saves for a routing (global over ranks)."""
+
+    internode_pairs: int  # (token, expert) pairs whose expert is on another node
+    internode_crossings: int  # unique (token, other node): rows two-level sends across nodes
+
+    @property
+    def factor(self) -> float:
+        return self.internode_pairs / self.internode_crossings if self.internode_crossings else 1.0
+
+
+def dedup_stats(routing: Routing, placement: Placement, rank: int, group: dist.ProcessGroup | None) -> DedupStats:
+    L, R, N = placement.local_experts, placement.ranks_per_node, placement.num_nodes
+    T, K = routing.num_tokens, routing.top_k
+    node = routing.expert_ids.reshape(-1) // L // R
+    tok = torch.arange(T * K) // K
+    remote = node != placement.node_of(rank)
+    counts = torch.tensor([int(remote.sum()), int(torch.unique(tok[remote] * N + node[remote]).numel())])
+    if group is not None:
+        dist.all_reduce(counts, group=group)
+    return DedupStats(int(counts[0]), int(counts[1]))
+
+
+def build_plan(
+    routing: Routing,
+    placement: Placement,
+    rank: int,
+    group: dist.ProcessGroup | None,
+    kind: Literal["auto", "one_level", "two_level"] = "auto",
+    rounds: int = 1,
+    grouping: Grouping = "balanced",
+    dedup_threshold: float = 1.5,
+) -> ShufflePlan:
+    """auto: two-level when several of a token's experts share a remote node (factor >= threshold)."""
+    if rounds < 1:
+        raise ValueError(f"shuffle.chunks must be >= 1, got {rounds}")
+    routing.check(placement)
+    if kind == "auto":
+        two = placement.num_nodes > 1 and dedup_stats(routing, placement, rank, group).factor >= dedup_threshold
+        kind = "two_level" if two else "one_level"
+    if kind == "one_level":
+        return build_one_level(routing, placement, rank, group, rounds)
+    if kind == "two_level":
+        return build_two_level(routing, placement, rank, group, rounds, grouping)
+    raise ValueError(f"build_plan: unknown plan kind {kind!r} (auto | one_level | two_level)")
