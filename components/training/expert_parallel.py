@@ -1,0 +1,240 @@
+"""Expert-parallel behaviour cloning under torchrun: experts sharded, dense parts data-parallel.
+
+    states/actions .npz -> every rank builds the same model (seed) and draws the same global
+    batches; rank r trains on slice r of each batch; MoE layers reach their experts through the
+    shuffle (fused or a baseline, by ``shuffle.dispatcher``); dense gradients are all-reduced,
+    expert gradients arrive through the shuffle's backward -> rank 0 saves the full state_dict.
+
+Loss scaling makes the distributed step the single-process step: each rank's MSE is summed
+over its slice and divided by the global batch size, and the MoE balance loss is split into
+additive shares (``MoEFeedForward._balance_loss``), so summing gradients over ranks gives the
+gradient of the global loss. Batch sampling copies ``training.imitation`` (with replacement,
+by ``weights`` when given), so one rank reproduces that loop's batches.
+
+Run: ``launch_expert_parallel(...)`` (spawns ``torchrun --standalone --nproc-per-node=N``), or
+``torchrun --standalone --nproc-per-node=4 -m components.training.expert_parallel --data d.npz
+--out model.pt --config cfg.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from components.config import REPO_ROOT, PolicyConfig, ShuffleConfig, TrainConfig
+from components.policy.factory import make_policy
+from components.policy.moe import enable_expert_parallel, expert_parameter_names, full_expert_state, moe_layers
+from components.training.determinism import seed_everything
+
+RESULT_SUFFIX = ".result.json"
+CONFIG_SUFFIX = ".config.json"
+STDERR_TAIL = 4000
+
+
+@dataclass(frozen=True)
+class ExpertParallelResult:
+    state_dict_path: Path
+    losses: list[float]  # global loss per step
+    step_times_s: list[float]  # rank 0 wall time per step (forward, backward, all-reduce, update)
+    world_size: int
+    dispatcher: str
+    shuffle_bytes_sent: int  # rank 0, row payload to other ranks, whole run
+
+    @property
+    def median_step_s(self) -> float:
+        return float(np.median(self.step_times_s)) if self.step_times_s else float("nan")
+
+
+@dataclass(frozen=True)
+class _Data:
+    states: torch.Tensor
+    actions: torch.Tensor
+    weights: torch.Tensor | None
+
+
+def load_npz(path: Path) -> _Data:
+    """``states`` (N, n) and ``actions`` (N, m) float32, optional ``weights`` (N,) sampling weights."""
+    with np.load(path) as f:
+        missing = {"states", "actions"} - set(f.files)
+        if missing:
+            raise ValueError(f"{path}: missing arrays {sorted(missing)}; save states (N, n) and actions (N, m)")
+        states, actions = f["states"].astype(np.float32), f["actions"].astype(np.float32)
+        weights = f["weights"].astype(np.float64) if "weights" in f.files else None
+    if states.ndim != 2 or actions.ndim != 2 or len(states) != len(actions) or len(states) == 0:
+        raise ValueError(f"{path}: states {states.shape} / actions {actions.shape} must be (N, n) / (N, m), N > 0")
+    if weights is not None and (weights.shape != (len(states),) or (weights < 0).any() or weights.sum() <= 0):
+        raise ValueError(f"{path}: weights must be (N,) non-negative with a positive sum")
+    return _Data(torch.from_numpy(states), torch.from_numpy(actions),
+                 None if weights is None else torch.from_numpy(weights))
+
+
+def train_expert_parallel(
+    data_path: Path,
+    out_path: Path,
+    policy_cfg: PolicyConfig,
+    train_cfg: TrainConfig,
+    shuffle_cfg: ShuffleConfig,
+    seed: int,
+    max_steps: int | None = None,
+    group: dist.ProcessGroup | None = None,
+) -> ExpertParallelResult:
+    """One rank's training loop (``group=None``: a single process, experts local)."""
+    world = 1 if group is None else dist.get_world_size(group)
+    rank = 0 if group is None else dist.get_rank(group)
+    batch = train_cfg.batch_size
+    if batch % world:
+        raise ValueError(f"train.batch_size={batch} must be a multiple of the {world} ranks")
+    data = load_npz(data_path)
+    generator = seed_everything(seed)
+    torch.set_num_threads(max(1, train_cfg.threads) if world > 1 else (train_cfg.threads or torch.get_num_threads()))
+    model = make_policy(data.states.shape[1], data.actions.shape[1], policy_cfg)
+    model.obs_norm.fit(data.states)
+    model.act_norm.fit(data.actions)
+    targets = model.act_norm.normalize(data.actions)
+    if group is not None:
+        enable_expert_parallel(model, group, shuffle_cfg)
+    experts = expert_parameter_names(model)
+    dense = [p for name, p in model.named_parameters() if name not in experts]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
+    model.train()
+
+    n = len(data.states)
+    total = max(1, n // batch) * train_cfg.epochs
+    total = min(total, max_steps) if max_steps else total
+    local = slice(rank * batch // world, (rank + 1) * batch // world)
+    losses, times = [], []
+    for _ in range(total):
+        if data.weights is None:
+            idx = torch.randint(n, (batch,), generator=generator)
+        else:
+            idx = torch.multinomial(data.weights, batch, replacement=True, generator=generator)
+        idx = idx[local]
+        start = time.perf_counter()
+        pred = model.forward_normalized(data.states[idx])
+        mse = nn.functional.mse_loss(pred, targets[idx], reduction="sum") / (batch * pred.shape[1])
+        loss = mse + model.aux_loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        total_loss = loss.detach().clone()
+        if group is not None:
+            _all_reduce_grads(dense, group)
+            dist.all_reduce(total_loss, group=group)
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+        losses.append(float(total_loss))
+
+    state = full_expert_state(model, group)
+    bytes_sent = sum(layer.dispatcher.transport.meter.bytes_sent for layer in moe_layers(model) if layer.dispatcher)
+    if rank == 0:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, out_path)
+    return ExpertParallelResult(out_path, losses, times, world, shuffle_cfg.dispatcher if world > 1 else "local",
+                                bytes_sent)
+
+
+def _all_reduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup) -> None:
+    """Sum dense gradients over ranks in one flat buffer (each rank's loss is its share of the global one)."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for p, g in zip(params, grads):
+        p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
+        offset += g.numel()
+
+
+# --------------------------------------------------------------------------------------------
+# launcher and torchrun entry
+
+
+def launch_expert_parallel(
+    data_path: Path,
+    out_path: Path,
+    policy_cfg: PolicyConfig,
+    train_cfg: TrainConfig,
+    shuffle_cfg: ShuffleConfig,
+    seed: int,
+    nproc: int | None = None,
+    max_steps: int | None = None,
+    timeout_s: float | None = None,
+) -> ExpertParallelResult:
+    """Run ``torchrun --standalone --nproc-per-node=N`` on this module (gloo on CPU, NCCL with CUDA)."""
+    nproc = nproc or train_cfg.world_size
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    config_path = out_path.with_suffix(CONFIG_SUFFIX)
+    config_path.write_text(json.dumps({
+        "policy": policy_cfg.model_dump(mode="json"),
+        "train": train_cfg.model_dump(mode="json"),
+        "shuffle": shuffle_cfg.model_dump(mode="json"),
+    }))
+    result_path = out_path.with_suffix(RESULT_SUFFIX)
+    result_path.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "components.training.expert_parallel", "--data", str(data_path), "--out", str(out_path),
+           "--config", str(config_path), "--seed", str(seed)]
+    if max_steps:
+        cmd += ["--max-steps", str(max_steps)]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0 or not result_path.exists():
+        raise RuntimeError(
+            f"expert-parallel training failed (exit {proc.returncode}): {' '.join(cmd)}\n"
+            f"{proc.stderr[-STDERR_TAIL:]}"
+        )
+    raw = json.loads(result_path.read_text())
+    raw["state_dict_path"] = Path(raw["state_dict_path"])
+    return ExpertParallelResult(**raw)
+
+
+def _backend(cfg: ShuffleConfig) -> str:
+    if cfg.backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return cfg.backend
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="expert-parallel BC training (run under torchrun)")
+    parser.add_argument("--data", type=Path, required=True, help=".npz with states, actions[, weights]")
+    parser.add_argument("--out", type=Path, required=True, help="where rank 0 saves the full state_dict")
+    parser.add_argument("--config", type=Path, required=True, help="JSON with policy, train, shuffle sections")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-steps", type=int, default=None)
+    args = parser.parse_args(argv)
+    cfg = json.loads(args.config.read_text())
+    policy_cfg, train_cfg = PolicyConfig(**cfg["policy"]), TrainConfig(**cfg["train"])
+    shuffle_cfg = ShuffleConfig(**cfg["shuffle"])
+    backend = _backend(shuffle_cfg)
+    if backend == "nccl":
+        raise NotImplementedError(
+            "expert-parallel training on NCCL is not wired yet (the shuffle plans on CPU); set shuffle.backend: gloo"
+        )
+    dist.init_process_group(backend)
+    try:
+        result = train_expert_parallel(args.data, args.out, policy_cfg, train_cfg, shuffle_cfg, args.seed,
+                                       args.max_steps, dist.group.WORLD)
+        if dist.get_rank() == 0:
+            raw = asdict(result)
+            raw["state_dict_path"] = str(result.state_dict_path)
+            args.out.with_suffix(RESULT_SUFFIX).write_text(json.dumps(raw))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

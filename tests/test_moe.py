@@ -1,0 +1,123 @@
+"""MoE transformer policy: interface, expert-parallel layer == dense layer, 2-rank training == 1-rank."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from components.config import PolicyConfig, ShuffleConfig, TrainConfig
+from components.policy.factory import make_policy
+from components.policy.moe import MoEFeedForward, MoETransformerPolicy
+from components.shuffle.local_group import run_local_group
+from components.training.expert_parallel import launch_expert_parallel, load_npz, train_expert_parallel
+
+POLICY = PolicyConfig(kind="moe_transformer", d_model=16, heads=2, hidden=32, layers=2, num_experts=4, top_k=2,
+                      context=4, aux_loss_weight=0.01)
+LAYER_SHUFFLES = {
+    "fused": ShuffleConfig(plan="one_level", chunks=2),
+    "fused_two_level": ShuffleConfig(plan="two_level", ranks_per_node=2),
+    "megatron": ShuffleConfig(dispatcher="megatron"),
+    "dedup_permute": ShuffleConfig(dispatcher="dedup_permute", ranks_per_node=2),
+}
+TOKENS_PER_RANK = 48
+
+
+def test_moe_policy_follows_the_policy_interface() -> None:
+    torch.manual_seed(0)
+    policy = MoETransformerPolicy(obs_dim=11, act_dim=3, cfg=POLICY)
+    action = policy(torch.randn(5, 11))
+    assert action.shape == (5, 3)
+    assert policy.aux_loss.dim() == 0 and float(policy.aux_loss.detach()) > 0
+    (action.square().mean() + policy.aux_loss).backward()
+    layer = policy.moe_layers()[0]
+    assert layer.router.weight.grad is not None and layer.router.weight.grad.abs().sum() > 0
+    assert layer.experts.w1.grad is not None and layer.experts.w1.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="expected obs"):
+        policy(torch.randn(5, 10))
+
+
+def _layer_inputs(world: int) -> tuple[MoEFeedForward, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(3)
+    layer = MoEFeedForward(d_model=16, hidden=24, num_experts=8, top_k=2)
+    x = torch.randn(TOKENS_PER_RANK * world, 16)
+    grad = torch.randn(TOKENS_PER_RANK * world, 16)
+    return layer, x, grad
+
+
+def _layer_worker(rank: int, world: int) -> dict:
+    out = {}
+    for name, cfg in LAYER_SHUFFLES.items():
+        layer, x, grad = _layer_inputs(world)
+        layer.enable_expert_parallel(torch.distributed.group.WORLD, cfg)
+        shard = slice(rank * TOKENS_PER_RANK, (rank + 1) * TOKENS_PER_RANK)
+        xs = x[shard].clone().requires_grad_(True)
+        y, aux = layer(xs)
+        ((y * grad[shard]).sum() + aux).backward()
+        out[name] = (y.detach(), float(aux), xs.grad, layer.router.weight.grad, layer.experts.w1.grad)
+    return out
+
+
+def test_expert_parallel_layer_matches_dense_layer() -> None:
+    world = 4
+    layer, x, grad = _layer_inputs(world)
+    x = x.clone().requires_grad_(True)
+    y, aux = layer(x)
+    ((y * grad).sum() + aux).backward()
+    results = run_local_group(_layer_worker, world)
+    for name in LAYER_SHUFFLES:
+        aux_sum = sum(r[name][1] for r in results)
+        assert aux_sum == pytest.approx(float(aux), rel=1e-6), name
+        router_grad = sum(r[name][3] for r in results)  # dense grads: each rank holds its share
+        torch.testing.assert_close(router_grad, layer.router.weight.grad, rtol=1e-5, atol=1e-6, msg=name)
+        for rank, (ys, _, gx, _, gw1) in enumerate(results[i][name] for i in range(world)):
+            shard = slice(rank * TOKENS_PER_RANK, (rank + 1) * TOKENS_PER_RANK)
+            if name in ("fused", "megatron"):  # same rows in the same order as the dense loop
+                assert torch.equal(ys, y.detach()[shard]), name
+            torch.testing.assert_close(ys, y.detach()[shard], rtol=1e-5, atol=1e-6, msg=name)
+            torch.testing.assert_close(gx, x.grad[shard], rtol=1e-5, atol=1e-6, msg=name)
+            torch.testing.assert_close(gw1, layer.experts.w1.grad[rank * 2 : (rank + 1) * 2], rtol=1e-5, atol=1e-6,
+                                       msg=name)
+
+
+def _dataset(path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    states = rng.normal(size=(512, 10)).astype(np.float32)
+    actions = np.tanh(states[:, :4] @ rng.normal(size=(4, 4))).astype(np.float32)
+    np.savez(path, states=states, actions=actions, weights=rng.uniform(0.5, 1.5, size=512))
+    return path
+
+
+def test_two_rank_training_matches_one_rank(tmp_path: Path) -> None:
+    data = _dataset(tmp_path / "data.npz")
+    train = TrainConfig(batch_size=64, epochs=1, lr=3e-3)
+    steps = 6
+    one = train_expert_parallel(data, tmp_path / "one.pt", POLICY, train, ShuffleConfig(), seed=7, max_steps=steps)
+    two = launch_expert_parallel(data, tmp_path / "two.pt", POLICY, train, ShuffleConfig(), seed=7, nproc=2,
+                                 max_steps=steps, timeout_s=240)
+    assert two.world_size == 2 and len(two.losses) == steps and len(two.step_times_s) == steps
+    assert two.shuffle_bytes_sent > 0
+    np.testing.assert_allclose(two.losses, one.losses, rtol=1e-5)
+    full_one, full_two = torch.load(one.state_dict_path), torch.load(two.state_dict_path)
+    assert full_one.keys() == full_two.keys()
+    d = POLICY.d_model
+    for key, value in full_one.items():
+        if key.endswith("attn.in_proj_bias"):
+            # the key bias has an exactly-zero gradient (softmax is shift-invariant), so AdamW turns
+            # fp noise into +-lr steps; compare the query and value biases only
+            value, other = torch.cat([value[:d], value[2 * d :]]), torch.cat([full_two[key][:d], full_two[key][2 * d :]])
+        else:
+            other = full_two[key]
+        torch.testing.assert_close(other, value, rtol=1e-4, atol=1e-5, msg=key)
+    policy = make_policy(10, 4, POLICY)
+    policy.load_state_dict(full_two)  # the expert shards were gathered into the single-process model
+    assert policy(torch.zeros(2, 10)).shape == (2, 4)
+
+
+def test_bad_training_data_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.npz"
+    np.savez(path, states=np.zeros((4, 3), np.float32))
+    with pytest.raises(ValueError, match="bad.npz: missing arrays"):
+        load_npz(path)
