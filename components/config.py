@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -194,6 +194,58 @@ class SchedulerConfig(Section):
     plan: Literal["sequential", "coarse", "planner", "rose"] = "planner"
 
 
+class FleetRuntimeConfig(Section):
+    """FATS: the fault-tolerant asynchronous fleet runtime (components/fleet/README.md).
+
+    Paths are relative to the root. Tokens: ``tokens`` (env ``FLEETLOOP_RUNTIME__TOKENS``, JSON
+    ``{"robot-0000": "token", ...}``) and/or the token file; never in params.yaml or the repo.
+    """
+
+    host: str = "127.0.0.1"  # every service binds here; loopback unless you mean it
+    inference_port: int = Field(default=8710, ge=0, le=65535)
+    ingest_port: int = Field(default=8711, ge=0, le=65535)
+    coordinator_port: int = Field(default=8712, ge=0, le=65535)
+    # inference: dynamic batching + hot swap
+    batch_window_ms: float = Field(default=2.0, ge=0)  # wait this long for more requests after the first
+    max_batch: int = Field(default=64, ge=1)
+    alias_poll_s: float = Field(default=1.0, gt=0)  # how often the registry aliases are checked
+    torch_threads: int = Field(default=1, ge=0)  # per service process; 0 = torch's default
+    # timeouts and retries (robot agent)
+    inference_timeout_s: float = Field(default=1.0, gt=0)  # past this the robot holds a safe action
+    upload_timeout_s: float = Field(default=10.0, gt=0)
+    retry_initial_s: float = Field(default=0.05, gt=0)
+    retry_max_s: float = Field(default=2.0, gt=0)
+    robot_episodes: int = Field(default=0, ge=0)  # episodes per robot agent; 0 = run until stopped
+    # ingest
+    max_upload_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    commit_window_ms: float = Field(default=20.0, ge=0)  # group commit: uploads stored together
+    commit_max_episodes: int = Field(default=64, ge=1)
+    # trainer
+    checkpoint_every: int = Field(default=50, ge=1)  # optimizer steps between atomic checkpoints
+    checkpoints_kept: int = Field(default=3, ge=1)
+    steps_per_episode: int = Field(default=4, ge=1)  # replay ratio: steps per newly consumed episode
+    trainer_batch_size: int = Field(default=64, ge=1)
+    trainer_success_only: bool = True  # filtered BC on successful episodes (else all, uninterrupted)
+    trainer_poll_s: float = Field(default=0.5, gt=0)
+    # coordinator: leases, restarts, staleness
+    heartbeat_s: float = Field(default=0.5, gt=0)
+    lease_s: float = Field(default=5.0, gt=0)  # no heartbeat for this long = hung: killed + restarted
+    startup_grace_s: float = Field(default=60.0, gt=0)  # a fresh process gets this long to first heartbeat
+    max_staleness_s: float = Field(default=10.0, gt=0)  # served policy may lag the registry alias this long
+    restart_backoff_s: float = Field(default=0.5, ge=0)
+    stop_grace_s: float = Field(default=5.0, ge=0)  # SIGTERM, then SIGKILL after this
+    # canary rollout
+    canary_share: float = Field(default=0.25, ge=0, le=1)  # fraction of robots served the canary
+    canary_min_episodes: int = Field(default=30, ge=1)  # per arm before the gate may decide
+    canary_max_episodes: int = Field(default=200, ge=1)  # canary arm budget: not better by then = rollback
+    canary_check_s: float = Field(default=5.0, gt=0)
+    canary_alias: str = "canary"
+    # where things live, relative to the root
+    runtime_dir: str = "fleet-runtime"  # spool/, state/, checkpoints/, logs/; self-ignoring for git
+    token_file: str = "fleet-runtime/secrets/tokens.json"
+    tokens: SecretStr = SecretStr("")  # JSON robot -> token; from the environment only
+
+
 class DemoConfig(Section):
     """The bootstrap + closed-loop rounds that `make demo` runs."""
 
@@ -288,6 +340,7 @@ class Settings(BaseSettings):
     registry: RegistryConfig = RegistryConfig()
     demo: DemoConfig = DemoConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
+    runtime: FleetRuntimeConfig = FleetRuntimeConfig()
 
     @field_validator("root")
     @classmethod

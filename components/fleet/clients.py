@@ -1,0 +1,130 @@
+"""httpx clients for the fleet services, as a robot (or the runtime) sees them.
+
+Network trouble never raises out of ``upload`` (it says "retry"); ``act`` raises
+``InferenceUnavailable`` so the robot can hold a safe action.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+from components.fleet.ingest_service import EPISODES_PATH, STATS_PATH
+
+ACT_PATH = "/v1/act"
+POLICY_PATH = "/v1/policy"
+HEARTBEAT_PATH = "/v1/heartbeat"
+STATUS_PATH = "/v1/status"
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+
+def base_url(host: str, port: int) -> str:
+    return f"http://{host}:{port}"
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+class InferenceUnavailable(RuntimeError):
+    """The inference service did not answer in time (or at all): hold a safe action."""
+
+
+@dataclass(frozen=True)
+class ActResult:
+    action: np.ndarray  # (act_dim,) float32
+    version: int  # registry version that produced it
+    alias: str  # champion | canary
+
+    @property
+    def policy_version(self) -> str:
+        return f"v{self.version}"
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    """``status``: added | duplicate (stored either way) | rejected (4xx: do not retry) | retry."""
+
+    status: str
+    http_status: int = 0
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def stored(self) -> bool:
+        return self.status in ("added", "duplicate")
+
+
+class InferenceClient:
+    def __init__(self, url: str, token: str, timeout_s: float) -> None:
+        self._http = httpx.Client(base_url=url, headers=_auth(token), timeout=timeout_s)
+
+    def act(self, obs: np.ndarray) -> ActResult:
+        try:
+            response = self._http.post(ACT_PATH, json={"obs": np.asarray(obs, dtype=np.float32).tolist()})
+        except httpx.HTTPError as exc:
+            raise InferenceUnavailable(f"{type(exc).__name__}") from None
+        if response.status_code != 200:
+            raise InferenceUnavailable(f"HTTP {response.status_code}: {response.text[:200]}")
+        body = response.json()
+        return ActResult(np.asarray(body["action"], dtype=np.float32), int(body["version"]), str(body["alias"]))
+
+    def policy(self) -> dict:
+        response = self._http.get(POLICY_PATH)
+        response.raise_for_status()
+        return response.json()
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class IngestClient:
+    def __init__(self, url: str, token: str, timeout_s: float) -> None:
+        self._http = httpx.Client(base_url=url, headers=_auth(token), timeout=timeout_s)
+
+    def upload(self, data: bytes) -> UploadResult:
+        try:
+            response = self._http.post(EPISODES_PATH, content=data, headers={"Content-Type": ARROW_STREAM})
+        except httpx.HTTPError as exc:
+            return UploadResult("retry", 0, {"reason": type(exc).__name__})
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"reason": response.text[:200]}
+        if response.status_code in (200, 201):
+            return UploadResult(str(body.get("status", "added")), response.status_code, body)
+        detail = body.get("detail", body) if isinstance(body, dict) else {"reason": str(body)}
+        detail = detail if isinstance(detail, dict) else {"reason": str(detail)}
+        # 401/403 may be fixed by the operator (token file); 408/429 and 5xx are transient.
+        retry = response.status_code in (401, 403, 408, 429) or response.status_code >= 500
+        return UploadResult("retry" if retry else "rejected", response.status_code, detail)
+
+    def stats(self) -> dict:
+        response = self._http.get(STATS_PATH)
+        response.raise_for_status()
+        return response.json()
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class CoordinatorClient:
+    def __init__(self, url: str, token: str, timeout_s: float) -> None:
+        self._http = httpx.Client(base_url=url, headers=_auth(token), timeout=timeout_s)
+
+    def heartbeat(self, name: str, info: dict | None = None) -> bool:
+        """Renew ``name``'s lease; False when the coordinator is unreachable (keep working)."""
+        try:
+            response = self._http.post(HEARTBEAT_PATH, json={"name": name, "info": info or {}})
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    def status(self) -> dict:
+        response = self._http.get(STATUS_PATH)
+        response.raise_for_status()
+        return response.json()
+
+    def close(self) -> None:
+        self._http.close()

@@ -1,0 +1,76 @@
+"""What every fleet service shares: auth as a FastAPI dependency, body size limits, errors, uvicorn.
+
+Errors are JSON ``{"detail": {"field", "reason", "fix"}}`` so a client (or a person reading a
+robot's log) can see what was wrong and what to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+
+import uvicorn
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from components.fleet.auth import AuthError, Principal, TokenBook
+
+log = logging.getLogger(__name__)
+HEALTH_PATH = "/healthz"
+
+
+def http_error(status: int, field: str, reason: str, fix: str) -> HTTPException:
+    return HTTPException(status_code=status, detail={"field": field, "reason": reason, "fix": fix})
+
+
+def auth_dependency(book: TokenBook, roles: Iterable[str]) -> Callable[[Request], Awaitable[Principal]]:
+    """A FastAPI dependency: the caller's Principal, or 401/403 before the handler runs."""
+    allowed = tuple(roles)
+
+    async def dependency(request: Request) -> Principal:
+        try:
+            return book.require(request.headers.get("authorization"), allowed)
+        except AuthError as exc:
+            headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+            log.warning("refused %s %s: %s", request.method, request.url.path, exc.reason)
+            raise HTTPException(
+                exc.status, {"field": "Authorization", "reason": exc.reason, "fix": "use this robot's own token"}, headers
+            ) from None
+
+    return dependency
+
+
+async def read_body_limited(request: Request, max_bytes: int) -> bytes:
+    """The request body, refusing (413) anything over ``max_bytes`` declared or streamed."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise http_error(400, "Content-Length", f"not a number: {declared[:32]!r}", "send a valid Content-Length") from None
+        if size > max_bytes:
+            raise http_error(413, "body", f"{size} bytes exceed the limit of {max_bytes}", "send smaller requests")
+    chunks: list[bytes] = []
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > max_bytes:
+            raise http_error(413, "body", f"more than {max_bytes} bytes", "send smaller requests")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def add_health(app: FastAPI, info: Callable[[], dict] = dict) -> None:
+    """``GET /healthz``: liveness only, no secrets, no auth."""
+
+    @app.get(HEALTH_PATH)
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"ok": True, **info()})
+
+
+def serve(app: FastAPI, host: str, port: int) -> None:
+    """Run ``app`` until SIGINT/SIGTERM. Logging is the caller's (tokens redacted), not uvicorn's."""
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=True, lifespan="on")
+    server = uvicorn.Server(config)
+    asyncio.run(server.serve())
