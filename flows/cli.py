@@ -1,41 +1,76 @@
-"""The `fleetloop` command: the face over flows and stages (typer + rich)."""
+"""The `fleetloop` command: the face over flows and stages (typer + rich).
+
+Errors are one line naming what is wrong plus the fix, with a non-zero exit code; commands that
+report state take ``--json`` for scripts; long commands show a progress bar.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-app = typer.Typer(help="fleetloop: turn a robot fleet's own executions into a better shared policy.", no_args_is_help=True, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="fleetloop: turn a robot fleet's own executions into a better shared policy.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 console = Console()
 err = Console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
 
+class CliError(Exception):
+    """A user-facing error: what is wrong, and how to fix it."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
 def _settings():
-    from flows.settings import prepare_environment
+    from flows.runtime import prepare_environment
 
     return prepare_environment()
 
 
-def _fail(message: str, fix: str) -> None:
-    err.print(f"[red]error:[/red] {message}\n[dim]fix:[/dim] {fix}")
-    raise typer.Exit(code=1)
+def _progress() -> Progress:
+    return Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=err, transient=False,
+    )
 
 
+def _print(data: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        for key, value in data.items():
+            console.print(f"[bold]{key}[/bold]: {value}")
+
+
+# -- the loop ----------------------------------------------------------------------------------
 @app.command()
 def demo() -> None:
     """Bootstrap from scripted-expert demos, then run fleet rounds on @champion; print a per-round table."""
-    settings = _settings()
-    from flows.demo import demo as demo_flow
+    from flows.demo import run_demo
 
-    rows = demo_flow(settings)
+    settings = _settings()
+    rows = []
+    with _progress() as progress:
+        bar = progress.add_task("closed-loop rounds", total=settings.demo.rounds + 1)
+        for row in run_demo(settings):
+            rows.append(row)
+            progress.advance(bar)
     table = Table(title=f"fleetloop demo: closed-loop rounds (held-out success, Wilson {100 * settings.evaluation.confidence:.0f}% CI)")
     for col in ("round", "robots", "episodes", "fleet success", "held-out success [CI]", "trials", "promoted", "champion"):
         table.add_column(col, no_wrap=True)
@@ -48,80 +83,103 @@ def demo() -> None:
 
 
 @app.command()
-def ingest(files: Annotated[list[Path], typer.Argument(help="Episode files (Parquet or Arrow IPC).")], as_json: JsonOpt = False) -> None:
-    """Validate and ingest episode files; bad files go to quarantine with a reason."""
-    settings = _settings()
-    from components.pipeline.steps import ingest_files
+def ingest(
+    files: Annotated[list[Path], typer.Argument(help="Episode files (one Parquet file or Arrow IPC stream per episode).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Validate and ingest episode files; bad files go to quarantine with a reason, good ones are kept."""
+    from flows.ingest import run_ingest
 
     missing = [str(f) for f in files if not f.exists()]
     if missing:
-        _fail(f"no such file: {', '.join(missing)}", "pass existing episode files (one Parquet file per episode)")
-    result = ingest_files(settings, files)
-    summary = {
+        raise CliError(f"no such file: {', '.join(missing)}", "pass existing episode files")
+    settings = _settings()
+    with _progress() as progress:
+        progress.add_task(f"ingesting {len(files)} files", total=None)
+        result = run_ingest(files, settings)
+    _print({
         "added": len(result.report.added), "duplicates": len(result.report.duplicates),
-        "quarantined": [str(q) for q in result.report.quarantined],
+        "quarantined": [f"{q.source}: {q.field}: {q.reason}" for q in result.report.quarantined],
         "snapshot": result.snapshot.hash if result.snapshot else None, "lancedb_version": result.store_version,
-    }
-    console.print_json(json.dumps(summary)) if as_json else console.print(summary)
+        "segments_upserted": result.segments_upserted,
+    }, as_json)
 
 
 @app.command()
 def retrain(
     files: Annotated[Optional[list[Path]], typer.Argument(help="New episode files to ingest first.")] = None,
-    bootstrap: Annotated[bool, typer.Option(help="Collect scripted-expert demos first.")] = False,
+    bootstrap: Annotated[bool, typer.Option("--bootstrap", help="Collect scripted-expert demos first.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Run the retrain flow: ingest → train → evaluate → register → promote."""
     settings = _settings()
-    if bootstrap:
-        from flows.fleet_round import bootstrap as bootstrap_flow
+    with _progress() as progress:
+        progress.add_task("retrain", total=None)
+        if bootstrap:
+            from flows.fleet_round import bootstrap as bootstrap_flow
 
-        _, promotion = bootstrap_flow(settings)
-    else:
-        from flows.retrain import retrain as retrain_flow
+            _, promotion = bootstrap_flow(settings)
+        else:
+            from flows.retrain import retrain as retrain_flow
 
-        promotion = retrain_flow(settings, list(files or []))
-    console.print(f"version {promotion.candidate.version}: {promotion.decision.reason}")
+            promotion = retrain_flow(list(files or []), "retrain", settings)
+    _print({"version": promotion.candidate.version, "promoted": promotion.decision.promote,
+            "champion": promotion.champion_after, "gate": promotion.decision.reason}, as_json)
 
 
+@app.command("fleet-round")
+def fleet_round(
+    round_index: Annotated[int, typer.Option("--round", help="Round number (seeds the fleet).", min=1)] = 1,
+    robots: Annotated[Optional[int], typer.Option(help="Fleet size (default: fleet.num_robots).", min=1)] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The fleet runs @champion for its time budget, then retrain on what it did."""
+    from flows.fleet_round import fleet_round as fleet_round_flow
+
+    settings = _settings()
+    with _progress() as progress:
+        progress.add_task(f"fleet round {round_index}", total=None)
+        collected, promotion = fleet_round_flow(round_index, robots, settings)
+    _print({"episodes": collected.episodes, "fleet_success": collected.success_rate, "version": promotion.candidate.version,
+            "promoted": promotion.decision.promote, "champion": promotion.champion_after}, as_json)
+
+
+@app.command()
+def rollback(as_json: JsonOpt = False) -> None:
+    """Restore the previous champion (alias `previous` → `champion`)."""
+    from components.registry.model_registry import RegistryError
+    from flows.rollback import rollback as rollback_flow
+
+    try:
+        restored = rollback_flow(_settings())
+    except RegistryError as exc:
+        raise CliError(str(exc), "promote at least two models before rolling back") from exc
+    _print({"champion": restored.version}, as_json)
+
+
+# -- data ----------------------------------------------------------------------------------------
 @app.command("import-lerobot")
 def import_lerobot(
     src: Annotated[Path, typer.Argument(help="A LeRobot v3 dataset folder (meta/info.json inside).")],
     robot_id: Annotated[str, typer.Option(help="Robot id for episodes that carry none.")] = "lerobot-import",
 ) -> None:
     """Import a LeRobot v3 dataset into the episode dataset."""
-    settings = _settings()
     from components.episodes.lerobot import import_lerobot as do_import
     from components.pipeline.workspace import Workspace
 
     if not (src / "meta" / "info.json").exists():
-        _fail(f"{src} is not a LeRobot v3 dataset (no meta/info.json)", "point at the dataset root folder that contains meta/ and data/")
-    report = do_import(src, Workspace(settings).dataset, robot_id=robot_id)
-    console.print(report)
+        raise CliError(f"{src} is not a LeRobot v3 dataset (no meta/info.json)", "point at the dataset root folder that contains meta/ and data/")
+    settings = _settings()
+    console.print(do_import(src, Workspace(settings).dataset, robot_id=robot_id))
 
 
 @app.command("export-lerobot")
-def export_lerobot(dst: Annotated[Path, typer.Argument(help="Folder to write the LeRobot v3 dataset into.")]) -> None:
+def export_lerobot(dst: Annotated[Path, typer.Argument(help="An empty or new folder for the LeRobot v3 dataset.")]) -> None:
     """Export the episode dataset in the LeRobot v3 layout."""
-    settings = _settings()
     from components.episodes.lerobot import export_lerobot as do_export
     from components.pipeline.workspace import Workspace
 
-    do_export(Workspace(settings).dataset, dst)
-    console.print(f"exported to {dst}")
-
-
-@app.command()
-def rollback() -> None:
-    """Restore the previous champion (alias `previous` → `champion`)."""
-    settings = _settings()
-    from components.pipeline.workspace import Workspace
-    from components.registry.model_registry import RegistryError
-
-    try:
-        restored = Workspace(settings).registry.rollback()
-    except RegistryError as exc:
-        _fail(str(exc), "promote at least two models before rolling back")
-    console.print(f"champion is now version {restored.version}")
+    console.print(do_export(Workspace(_settings()).dataset, dst))
 
 
 @app.command()
@@ -130,15 +188,68 @@ def stage(name: Annotated[str, typer.Argument(help="collect | ingest | train | e
     from components.pipeline.dvc_stages import STAGES, run_stage
 
     if name not in STAGES:
-        _fail(f"unknown stage {name!r}", f"use one of: {', '.join(STAGES)}")
+        raise CliError(f"unknown stage {name!r}", f"use one of: {', '.join(STAGES)}")
     run_stage(name, _settings())
+
+
+# -- inspect -------------------------------------------------------------------------------------
+@app.command()
+def status(as_json: JsonOpt = False, runs: Annotated[int, typer.Option(help="How many recent runs to list.", min=0)] = 5) -> None:
+    """The champion, the last runs and the data size."""
+    from flows.reports import status_report
+
+    _print(status_report(_settings(), runs), as_json)
+
+
+@app.command()
+def lineage(version: Annotated[str, typer.Argument(help="Model version number, or an alias such as champion.")], as_json: JsonOpt = False) -> None:
+    """Model version → MLflow run → git commit, params, DVC snapshot, LanceDB version → episodes per robot."""
+    from flows.reports import LineageNotFound, lineage_report
+
+    try:
+        report = lineage_report(_settings(), version)
+    except LineageNotFound as exc:
+        raise CliError(str(exc), "list versions with `fleetloop status`") from exc
+    _print(report, as_json)
+
+
+# -- operate -------------------------------------------------------------------------------------
+@app.command()
+def serve() -> None:
+    """Serve `retrain` on a cron schedule and `fleet_round` on an interval (needs a Prefect server: `make ui`)."""
+    from flows.schedules import serve_deployments
+
+    settings = _settings()
+    if "PREFECT_API_URL" not in os.environ:
+        raise CliError(
+            f"no Prefect server answers on 127.0.0.1:{settings.ops.prefect_port}",
+            "start one with `make ui` (or set PREFECT_API_URL), then run `fleetloop serve` again",
+        )
+    serve_deployments(settings)
+
+
+@app.command()
+def ui() -> None:
+    """Start the Prefect server and the MLflow UI on 127.0.0.1 (Ctrl-C stops both)."""
+    from flows.services import run_uis
+
+    run_uis(_settings(), console)
 
 
 def main() -> None:
     try:
         app()
+    except CliError as exc:
+        err.print(f"[red]error:[/red] {exc}\n[dim]fix:[/dim] {exc.fix}")
+        sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence: one line, not a traceback
+        if os.environ.get("FLEETLOOP_DEBUG"):
+            raise
+        err.print(f"[red]error:[/red] {type(exc).__name__}: {exc}")
+        err.print("[dim]fix:[/dim] follow the message above; set FLEETLOOP_DEBUG=1 to see the traceback")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

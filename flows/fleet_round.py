@@ -3,46 +3,50 @@
 from __future__ import annotations
 
 from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect.cache_policies import INPUTS, TASK_SOURCE
 
 from components.config import Settings
-from components.pipeline import steps
+from components.pipeline import collect as step
+from components.pipeline.promote import PromotionOutcome
 from components.pipeline.workspace import Workspace
 from flows.retrain import retrain
+from flows.runtime import compute_options, prepare_environment
 
 
-@task(name="collect-expert", cache_policy=NO_CACHE)
-def collect_expert_task(settings: Settings) -> steps.CollectResult:
-    result = steps.collect_expert_demos(settings, settings.paths.incoming / "expert")
+@task(name="collect-expert", cache_policy=INPUTS + TASK_SOURCE, persist_result=True)
+def collect_expert_task(settings: Settings) -> step.CollectResult:
+    result = step.collect_expert_demos(settings, settings.paths.incoming / "expert")
     get_run_logger().info("expert demos: %d episodes, %.1f%% success", result.episodes, 100 * result.success_rate)
     return result
 
 
-@task(name="collect-fleet", cache_policy=NO_CACHE, retries=1)
-def collect_fleet_task(settings: Settings, round_index: int, num_robots: int | None) -> steps.CollectResult:
-    ws = Workspace(settings)
-    champion = ws.registry.champion()
-    if champion is None:
-        raise RuntimeError("no champion to run on the fleet; bootstrap first with `fleetloop retrain --bootstrap`")
-    policy = ws.registry.load(champion.version)
+@task(name="collect-fleet", cache_policy=INPUTS + TASK_SOURCE, persist_result=True)
+def collect_fleet_task(settings: Settings, round_index: int, champion_version: int, num_robots: int | None) -> step.CollectResult:
+    """Deterministic in its inputs (seeded fleet, fixed champion), so a re-run reuses it."""
+    policy = Workspace(settings).registry.load(champion_version)
     out = settings.paths.incoming / f"round-{round_index:03d}"
-    result = steps.collect_fleet(settings, policy, f"v{champion.version}", out, round_index, num_robots)
+    result = step.collect_fleet(settings, policy, f"v{champion_version}", out, round_index, num_robots)
     get_run_logger().info(
-        "round %d: %d robots ran v%d, %d episodes, %.1f%% success, %d env steps in %.1fs",
-        round_index, num_robots or settings.fleet.num_robots, champion.version, result.episodes,
+        "round %d: %d robots ran v%d: %d episodes, %.1f%% success, %d env steps in %.1fs",
+        round_index, num_robots or settings.fleet.num_robots, champion_version, result.episodes,
         100 * result.success_rate, result.env_steps, result.seconds,
     )
     return result
 
 
 @flow(name="bootstrap")
-def bootstrap(settings: Settings) -> tuple[steps.CollectResult, steps.PromotionOutcome]:
+def bootstrap(settings: Settings | None = None) -> tuple[step.CollectResult, PromotionOutcome]:
     """Scripted-expert demos → the first champion."""
-    demos = collect_expert_task(settings)
-    return demos, retrain(settings, demos.files, run_name="bootstrap")
+    settings = prepare_environment(settings)
+    demos = collect_expert_task.with_options(**compute_options(settings))(settings)
+    return demos, retrain(demos.files, "bootstrap", settings)
 
 
 @flow(name="fleet_round")
-def fleet_round(settings: Settings, round_index: int, num_robots: int | None = None) -> tuple[steps.CollectResult, steps.PromotionOutcome]:
-    collected = collect_fleet_task(settings, round_index, num_robots)
-    return collected, retrain(settings, collected.files, run_name=f"round-{round_index}")
+def fleet_round(round_index: int = 1, num_robots: int | None = None, settings: Settings | None = None) -> tuple[step.CollectResult, PromotionOutcome]:
+    settings = prepare_environment(settings)
+    champion = Workspace(settings).registry.champion()
+    if champion is None:
+        raise RuntimeError("no champion to run on the fleet: bootstrap first with `fleetloop retrain --bootstrap`")
+    collected = collect_fleet_task.with_options(**compute_options(settings))(settings, round_index, champion.version, num_robots)
+    return collected, retrain(collected.files, f"round-{round_index}", settings)

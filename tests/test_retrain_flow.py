@@ -20,11 +20,15 @@ def test_bootstrap_then_fleet_round_registers_champion(tmp_path, prefect_harness
     assert lineage.snapshot_hash.endswith(".dir")  # a DVC directory hash
     assert lineage.lancedb_version >= 1
     assert lineage.episodes == demos.episodes
+    assert sum(lineage.episodes_per_robot.values()) == demos.episodes
     assert (tmp_path / "datasets" / "episodes.dvc").exists()
+    assert ws.store.episode_ids() == {ep.episode_id for ep in ws.dataset.episodes()}
 
-    collected, second = fleet_round(settings, 1)
+    collected, second = fleet_round(1, None, settings)
     assert collected.episodes > 0
     assert second.candidate.version == champion.version + 1
+    assert second.champion_eval is not None  # the champion was re-evaluated on the same trials
+    assert second.champion_eval["trials"] == second.candidate.trials
     # champion moves only through the gate; either way one version holds the alias
-    assert ws.registry.champion().version in (champion.version, second.candidate.version)
+    assert Workspace(settings).registry.champion().version in (champion.version, second.candidate.version)
     assert Workspace(settings).dataset.num_episodes == demos.episodes + collected.episodes

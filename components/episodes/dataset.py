@@ -431,16 +431,8 @@ class EpisodeDataset:
         incoming: list[IncomingEpisode] = []
         quarantined: list[QuarantinedFile] = []
         for path in map(Path, paths):
-            try:
-                table = read_episode_file(path)
-            except (ValueError, pa.ArrowInvalid) as exc:
-                error = EpisodeValidationError(
-                    str(path), WHOLE_FILE, f"unreadable ({exc})",
-                    "send one Parquet file or Arrow IPC stream per episode",
-                )
-                quarantined.append(quarantine_file(path, error, quarantine_dir))
-                continue
-            incoming.append(IncomingEpisode(table=table, source=str(path), origin=path))
+            item = read_incoming(path, quarantine_dir)
+            (incoming if isinstance(item, IncomingEpisode) else quarantined).append(item)
         report = self.ingest_tables(incoming, known_robots, quarantine_dir)
         return dataclasses.replace(report, quarantined=tuple(quarantined) + report.quarantined)
 
@@ -664,6 +656,23 @@ class EpisodeDataset:
         stats = stats_from_episodes_meta(self._meta)
         _atomic_write_bytes(self.root / STATS_PATH, json.dumps(stats, indent=4).encode())
         _atomic_write_bytes(self.root / INFO_PATH, json.dumps(self._info, indent=4).encode())
+
+
+def read_incoming(path: Path, quarantine_dir: Path) -> IncomingEpisode | QuarantinedFile:
+    """Read one incoming episode file; an unreadable one goes to quarantine with its reason.
+
+    Reading is the per-file part of ingest, so flows can fan it out (and cache it on the file's
+    content) before one writer validates and stores the batch with ``ingest_tables``.
+    """
+    try:
+        table = read_episode_file(path)
+    except (ValueError, pa.ArrowInvalid) as exc:
+        error = EpisodeValidationError(
+            str(path), WHOLE_FILE, f"unreadable ({exc})",
+            "send one Parquet file or Arrow IPC stream per episode",
+        )
+        return quarantine_file(path, error, quarantine_dir)
+    return IncomingEpisode(table=table, source=str(path), origin=Path(path))
 
 
 def _stage_one(item: IncomingEpisode, episode: Episode, table: pa.Table) -> _Staged:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from components.config import Settings
-from components.pipeline import steps
+from components.pipeline import collect, evaluate, ingest, steps
 from components.policy.factory import make_policy
 from components.training.imitation import train_imitation
 
@@ -33,14 +33,14 @@ def _write_json(path: Path, data: dict) -> None:
 
 def stage_collect(settings: Settings) -> None:
     build = _build_settings(settings)
-    result = steps.collect_expert_demos(build, build.paths.incoming)
+    result = collect.collect_expert_demos(build, build.paths.incoming)
     print(f"collect: {result.episodes} expert episodes, {100 * result.success_rate:.1f}% success")
 
 
 def stage_ingest(settings: Settings) -> None:
     build = _build_settings(settings)
     files = sorted(build.paths.incoming.glob("*.parquet"))
-    result = steps.ingest_files(build, files, snapshot=False)
+    result = ingest.ingest_files(build, files, snapshot=False)
     print(f"ingest: {len(result.report.added)} episodes, {result.segments_upserted} segments")
 
 
@@ -66,7 +66,7 @@ def stage_evaluate(settings: Settings) -> None:
     ws = steps.Workspace(build)
     policy = make_policy(ws.obs_dim, ws.act_dim, build.policy)
     policy.load_state_dict(torch.load(build.root / "model" / "policy.pt", weights_only=True))
-    report = steps.evaluate_policy(build, policy, "dvc-repro")
+    report = evaluate.evaluate_policy(build, policy, "dvc-repro")
     metrics = settings.paths.metrics
     _write_json(metrics / "eval.json", {
         "success_rate": report.overall.rate, "ci_low": report.overall.low, "ci_high": report.overall.high,

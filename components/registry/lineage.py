@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
@@ -17,9 +17,12 @@ class Lineage:
     params_hash: str
     episodes: int
     frames: int
+    episodes_per_robot: dict[str, int] = field(default_factory=dict)
 
     def tags(self) -> dict[str, str]:
-        return {f"fleetloop.{k}": str(v) for k, v in asdict(self).items()}
+        tags = {f"fleetloop.{k}": str(v) for k, v in asdict(self).items() if k != "episodes_per_robot"}
+        tags["fleetloop.episodes_per_robot"] = json.dumps(self.episodes_per_robot, sort_keys=True)
+        return tags
 
     @classmethod
     def from_tags(cls, tags: dict[str, str]) -> "Lineage":
@@ -33,6 +36,7 @@ class Lineage:
             params_hash=get("params_hash"),
             episodes=int(get("episodes", "0")),
             frames=int(get("frames", "0")),
+            episodes_per_robot=json.loads(get("episodes_per_robot", "{}")),
         )
 
 

@@ -186,6 +186,13 @@ class SegmentStore:
     def count(self, where: str | None = None) -> int:
         return int(self._table.count_rows(where))
 
+    def episode_ids(self) -> set[str]:
+        """Every episode with segments in the table (to find episodes still to embed)."""
+        if self.count() == 0:
+            return set()
+        column = self._table.search().select(["episode_id"]).limit(None).to_arrow().column("episode_id")
+        return set(column.unique().to_pylist())
+
     def checkout(self, version: int | str) -> SegmentStore:
         """A read-only view of the table at ``version`` (a number or a tag name)."""
         db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))

@@ -1,0 +1,79 @@
+"""Collect step: scripted-expert demos, or the fleet running a policy for a fixed time per robot."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from components.config import Settings
+from components.episodes.record import Episode
+from components.episodes.schema import write_episode_file
+from components.policy.actor import PolicyActor
+from components.policy.normalizer import NormalizedPolicy
+from components.sim.collect import Policy, collect, run_episodes
+from components.sim.expert import ScriptedExpert
+from components.sim.exploration import SampledGripper, ThresholdedGripper
+
+EXPERT_VERSION = "expert"
+
+
+@dataclass(frozen=True)
+class CollectResult:
+    files: list[Path]
+    episodes: int
+    successes: int
+    env_steps: int
+    seconds: float
+    policy_version: str
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.episodes if self.episodes else float("nan")
+
+
+def write_episodes(episodes: list[Episode], out_dir: Path) -> list[Path]:
+    """One Parquet file per episode: the same form a robot uploads."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    for ep in episodes:
+        files.append(write_episode_file(ep, out_dir / f"{ep.robot_id}_{ep.episode_id}.parquet"))
+    return files
+
+
+def fleet_actor(settings: Settings, policy: NormalizedPolicy, seed: int, explore: bool) -> Policy:
+    """The policy as the fleet executes it: gripper sampled when exploring, thresholded otherwise."""
+    actor = PolicyActor(policy)
+    if explore and settings.fleet.sample_gripper:
+        return SampledGripper(actor, settings.sim, seed)
+    return ThresholdedGripper(actor)
+
+
+def collect_expert_demos(settings: Settings, out_dir: Path) -> CollectResult:
+    """Scripted-expert demonstrations from the first ``demo.expert_robots`` robots."""
+    start = time.perf_counter()
+    robots = settings.fleet.robot_ids(settings.demo.expert_robots)
+    episodes = run_episodes(
+        ScriptedExpert(), robots, settings.sim, settings.demo.expert_episodes_per_robot,
+        seed=settings.seed, policy_version=EXPERT_VERSION,
+    )
+    files = write_episodes(episodes, out_dir)
+    steps = sum(ep.length for ep in episodes)
+    return CollectResult(files, len(episodes), sum(ep.success for ep in episodes), steps, time.perf_counter() - start, EXPERT_VERSION)
+
+
+def collect_fleet(
+    settings: Settings, policy: NormalizedPolicy, policy_version: str, out_dir: Path, round_index: int,
+    num_robots: int | None = None,
+) -> CollectResult:
+    """The fleet runs ``policy`` for ``fleet.steps_per_robot`` steps per robot; finished episodes are written out."""
+    start = time.perf_counter()
+    robots = settings.fleet.robot_ids(num_robots)
+    seed = settings.seed * 1000 + round_index
+    actor = fleet_actor(settings, policy, seed, explore=True)
+    result = collect(actor, robots, settings.sim, settings.fleet.steps_per_robot, seed=seed, policy_version=policy_version)
+    files = write_episodes(result.episodes, out_dir)
+    return CollectResult(
+        files, len(result.episodes), sum(ep.success for ep in result.episodes), result.env_steps,
+        time.perf_counter() - start, policy_version,
+    )

@@ -1,0 +1,40 @@
+"""Evaluate step: the same seeded trials on robots held out of collection, for every model.
+
+Each robot has its own random streams, so rolling robots out in groups (a flow's fan-out) gives
+exactly the episodes one vectorized run over all of them would.
+"""
+
+from __future__ import annotations
+
+from components.config import Settings
+from components.episodes.record import Episode
+from components.evaluation.heldout import EvaluationReport, summarize
+from components.pipeline.collect import fleet_actor
+from components.policy.normalizer import NormalizedPolicy
+from components.sim.collect import run_episodes
+
+EVAL_SEED_OFFSET = 7919  # keeps evaluation streams apart from collection streams of the same seed
+
+
+def robot_groups(settings: Settings) -> list[list[str]]:
+    robots = settings.fleet.heldout_ids()
+    size = max(1, settings.ops.eval_robots_per_task)
+    return [robots[i : i + size] for i in range(0, len(robots), size)]
+
+
+def rollouts(settings: Settings, policy: NormalizedPolicy, robot_ids: list[str], version: str) -> list[Episode]:
+    actor = fleet_actor(settings, policy, seed=settings.seed, explore=settings.evaluation.sample_gripper)
+    return run_episodes(
+        actor, robot_ids, settings.sim, settings.evaluation.trials_per_robot,
+        seed=settings.seed + EVAL_SEED_OFFSET, policy_version=version,
+    )
+
+
+def report(settings: Settings, episodes: list[Episode], version: str) -> EvaluationReport:
+    return summarize(episodes, settings.sim, settings.evaluation.confidence, version)
+
+
+def evaluate_policy(settings: Settings, policy: NormalizedPolicy, version: str) -> EvaluationReport:
+    """All held-out robots in one process."""
+    episodes = [ep for group in robot_groups(settings) for ep in rollouts(settings, policy, group, version)]
+    return report(settings, episodes, version)

@@ -1,0 +1,107 @@
+"""Ingest step: read files → validate + store (one writer) → DVC snapshot → embed → upsert.
+
+Each phase is its own function so a flow can fan out the per-file parts (reading, embedding)
+and cache them on content, while the writes (dataset, snapshot, store) stay single-writer.
+``ingest_files`` runs the phases in order for callers without an orchestrator (``dvc repro``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from components.config import Settings
+from components.episodes.dataset import IncomingEpisode, IngestReport, read_incoming
+from components.episodes.quarantine import QuarantinedFile
+from components.episodes.record import Episode
+from components.episodes.snapshot import Snapshot, read_snapshot, snapshot_dataset
+from components.pipeline.workspace import Workspace
+from components.store.encoder import NormalizedStateEncoder, WindowEncoder
+from components.store.segment_store import UpsertReport
+from components.store.windows import cut_windows
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    report: IngestReport
+    snapshot: Snapshot | None
+    store_version: int
+    segments_upserted: int
+
+
+def read_file(settings: Settings, path: Path) -> IncomingEpisode | QuarantinedFile:
+    return read_incoming(Path(path), settings.paths.quarantine)
+
+
+def store_episodes(settings: Settings, items: list[IncomingEpisode | QuarantinedFile]) -> IngestReport:
+    """Validate and append the readable files; bad ones go to quarantine, good ones are kept."""
+    import dataclasses
+
+    incoming = [i for i in items if isinstance(i, IncomingEpisode)]
+    unreadable = tuple(i for i in items if not isinstance(i, IncomingEpisode))
+    report = Workspace(settings).dataset.ingest_tables(incoming, settings.known_robots(), settings.paths.quarantine)
+    return dataclasses.replace(report, quarantined=unreadable + report.quarantined)
+
+
+def take_snapshot(settings: Settings, changed: bool) -> Snapshot | None:
+    """A DVC snapshot when the data changed (or none exists yet); otherwise the last one."""
+    ws = Workspace(settings)
+    last = read_snapshot(settings.paths.episodes)
+    if (changed or last is None) and ws.dataset.num_episodes:
+        return snapshot_dataset(settings.root, settings.paths.episodes)
+    return last
+
+
+def store_encoder(settings: Settings) -> WindowEncoder:
+    """The encoder that made the store's vectors; fitted on the whole dataset the first time."""
+    ws = Workspace(settings)
+    encoder = ws.store.load_encoder()
+    if encoder is not None:
+        return encoder
+    cfg = settings.store
+    windows = [cut_windows(ep.states, cfg.window, cfg.stride).windows for ep in ws.dataset.episodes()]
+    if not windows:
+        raise RuntimeError(f"cannot fit the window encoder: {settings.paths.episodes} holds no episodes yet")
+    return NormalizedStateEncoder(window=cfg.window, state_dim=ws.obs_dim).fit(np.concatenate(windows))
+
+
+def episodes_to_embed(settings: Settings) -> list[Episode]:
+    """Stored episodes that have no segments yet.
+
+    Driven by what the store lacks rather than by what this ingest added, so an ingest that
+    died between storing and upserting is completed by the next one.
+    """
+    ws = Workspace(settings)
+    embedded = ws.store.episode_ids()
+    return [ep for ep in ws.dataset.episodes() if ep.episode_id not in embedded]
+
+
+def embed(settings: Settings, episodes: list[Episode], encoder: WindowEncoder, snapshot: str) -> pa.Table:
+    return Workspace(settings).store.segment_rows(episodes, encoder, snapshot)
+
+
+def upsert(settings: Settings, rows: list[pa.Table], encoder: WindowEncoder) -> UpsertReport | None:
+    if not rows:
+        return None
+    store = Workspace(settings).store
+    report = store.upsert_rows(pa.concat_tables(rows), encoder)
+    store.ensure_index()
+    return report
+
+
+def ingest_files(settings: Settings, files: list[Path], snapshot: bool = True) -> IngestResult:
+    """All phases in order, in this process."""
+    report = store_episodes(settings, [read_file(settings, f) for f in files])
+    snap = take_snapshot(settings, bool(report.added)) if snapshot else None
+    encoder = store_encoder(settings)
+    new = episodes_to_embed(settings)
+    rows = [embed(settings, new, encoder, snap.hash if snap else "")] if new else []
+    upserted = upsert(settings, rows, encoder)
+    count = (upserted.inserted + upserted.updated) if upserted else 0
+    return IngestResult(report, snap, Workspace(settings).store.version, count)

@@ -1,0 +1,50 @@
+"""Promote step: log + register the candidate, then gate it against the champion's paired evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from components.config import Settings
+from components.evaluation.heldout import EvaluationReport
+from components.pipeline.steps import TrainOutcome
+from components.pipeline.workspace import Workspace
+from components.registry.gate import GateDecision
+from components.registry.model_registry import PolicyVersion
+
+
+@dataclass(frozen=True)
+class PromotionOutcome:
+    candidate: PolicyVersion
+    decision: GateDecision
+    champion_before: int | None
+    champion_after: int | None
+    champion_eval: dict | None = None
+
+
+def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: EvaluationReport, run_name: str) -> PolicyVersion:
+    """One MLflow run (params, metrics, lineage, model) registered as a new version."""
+    return Workspace(settings).registry.log_candidate(
+        outcome.result.policy,
+        evaluation.to_dict(),
+        outcome.lineage,
+        params=settings.model_dump(mode="json", exclude={"root"}),
+        metrics={"train_final_loss": outcome.result.final_loss, "train_seconds": outcome.result.seconds, "train_frames": outcome.frames},
+        loss_curve=outcome.result.losses,
+        run_name=run_name,
+    )
+
+
+def gate_candidate(settings: Settings, candidate: PolicyVersion, champion_eval: EvaluationReport | None) -> PromotionOutcome:
+    """Move ``champion`` to the candidate only if the gate says it is better on the same trials."""
+    registry = Workspace(settings).registry
+    before = registry.champion()
+    decision = registry.promote_if_better(
+        candidate,
+        champion_eval.overall.successes if champion_eval else None,
+        champion_eval.overall.trials if champion_eval else None,
+    )
+    after = registry.champion()
+    return PromotionOutcome(
+        candidate, decision, before.version if before else None, after.version if after else None,
+        champion_eval.to_dict() if champion_eval else None,
+    )

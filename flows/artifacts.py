@@ -1,0 +1,84 @@
+"""What a run leaves in the Prefect UI: summary markdown, failure tables, learning curve, progress."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
+
+from components.evaluation.heldout import EvaluationReport
+from components.pipeline.ingest import IngestResult
+from components.pipeline.promote import PromotionOutcome
+
+
+class ProgressArtifact:
+    """A progress bar in the Prefect UI, updated as a long task advances."""
+
+    def __init__(self, key: str, description: str) -> None:
+        self.id = create_progress_artifact(progress=0.0, key=key, description=description)
+        self.last = 0.0
+
+    def update(self, done: int, total: int) -> None:
+        pct = 100.0 * done / max(1, total)
+        if pct - self.last >= 5.0 or done >= total:  # at most ~20 updates
+            update_progress_artifact(self.id, progress=pct)
+            self.last = pct
+
+
+def learning_curve_png(losses: list[float]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3), dpi=100)
+    ax.plot(losses, lw=0.8)
+    ax.set(xlabel="step", ylabel="loss", yscale="log", title="training loss")
+    ax.grid(alpha=0.3)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def retrain_summary(
+    ingest: IngestResult, report: EvaluationReport, promotion: PromotionOutcome, mlflow_run_url: str, losses: list[float]
+) -> None:
+    cand = promotion.candidate
+    png = base64.b64encode(learning_curve_png(losses)).decode() if losses else ""
+    lines = [
+        "# fleetloop retrain",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| held-out success (Wilson {100 * report.overall.confidence:.0f}% CI) | **{report.overall}** |",
+        f"| candidate | version {cand.version} — [MLflow run]({mlflow_run_url}) |",
+        f"| champion before → after | {promotion.champion_before} → {promotion.champion_after} |",
+        f"| gate | {promotion.decision.reason} |",
+        f"| dataset snapshot (DVC) | `{ingest.snapshot.hash if ingest.snapshot else '-'}` |",
+        f"| LanceDB table version | {ingest.store_version} |",
+        f"| ingest | {ingest.report.summary()} |",
+    ]
+    if promotion.champion_eval:
+        lines.append(f"| champion on the same trials | {100 * promotion.champion_eval['success_rate']:.1f}% |")
+    if png:
+        lines += ["", "## Learning curve", "", f"![training loss](data:image/png;base64,{png})"]
+    create_markdown_artifact("\n".join(lines), key="retrain-summary", description="retrain: result, champion, lineage")
+
+
+def failure_tables(report: EvaluationReport) -> None:
+    create_table_artifact(
+        [
+            {"robot": robot, "successes": p.successes, "trials": p.trials, "success_rate": round(p.rate, 4), "ci_low": round(p.low, 4), "ci_high": round(p.high, 4)}
+            for robot, p in report.by_robot.items()
+        ],
+        key="heldout-by-robot",
+        description="held-out success by robot",
+    )
+    create_table_artifact(
+        [{"stage": stage, "failures": count} for stage, count in sorted(report.failures_by_stage.items())] or [{"stage": "-", "failures": 0}],
+        key="failures-by-stage",
+        description="held-out failures by the stage where they ended",
+    )

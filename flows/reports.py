@@ -1,0 +1,66 @@
+"""What `fleetloop status` and `fleetloop lineage` print: read from the registry, MLflow and the data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components.config import Settings
+from components.episodes.snapshot import read_snapshot
+from components.pipeline.workspace import Workspace
+
+
+class LineageNotFound(LookupError):
+    pass
+
+
+def status_report(settings: Settings, last_runs: int) -> dict[str, Any]:
+    ws = Workspace(settings)
+    registry = ws.registry
+    champion = registry.champion()
+    runs = []
+    if last_runs:
+        client = registry.client
+        for run in client.search_runs([registry.experiment_id], order_by=["attributes.start_time DESC"], max_results=last_runs):
+            runs.append({
+                "run": run.info.run_name, "run_id": run.info.run_id, "status": run.info.status,
+                "success_rate": run.data.metrics.get("eval_success_rate"),
+            })
+    snapshot = read_snapshot(settings.paths.episodes)
+    return {
+        "root": str(settings.root),
+        "champion": None if champion is None else {"version": champion.version, "success_rate": champion.success_rate, "trials": champion.trials},
+        "aliases": registry.aliases(),
+        "last_runs": runs,
+        "data": {
+            "episodes": ws.dataset.num_episodes, "frames": ws.dataset.num_frames, "robots": len(ws.dataset.robots()),
+            "segments": ws.store.count(), "lancedb_version": ws.store.version,
+            "snapshot": snapshot.hash if snapshot else None,
+        },
+    }
+
+
+def lineage_report(settings: Settings, version: str) -> dict[str, Any]:
+    registry = Workspace(settings).registry
+    number = int(version) if version.isdigit() else registry.aliases().get(version)
+    if number is None:
+        raise LineageNotFound(f"no model version or alias {version!r} in {settings.registry.model_name}")
+    try:
+        mv = registry.get_version(number)
+    except Exception as exc:  # noqa: BLE001 - MlflowException: RESOURCE_DOES_NOT_EXIST
+        raise LineageNotFound(f"model version {number} of {settings.registry.model_name} does not exist") from exc
+    run = registry.client.get_run(mv.run_id)
+    lin = mv.lineage
+    return {
+        "model": f"{mv.name} v{mv.version}",
+        "aliases": [alias for alias, v in registry.aliases().items() if v == mv.version],
+        "evaluation": {"successes": mv.successes, "trials": mv.trials, "success_rate": mv.success_rate},
+        "mlflow_run": {"id": run.info.run_id, "name": run.info.run_name, "experiment_id": run.info.experiment_id},
+        "git_commit": lin.git_commit,
+        "params": {k: v for k, v in sorted(run.data.params.items()) if k.split(".")[0] in ("seed", "train", "policy", "fert")},
+        "params_hash": lin.params_hash,
+        "dvc_snapshot": lin.snapshot_hash,
+        "lancedb_version": lin.lancedb_version,
+        "episodes": lin.episodes,
+        "frames": lin.frames,
+        "episodes_per_robot": lin.episodes_per_robot,
+    }

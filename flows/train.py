@@ -1,0 +1,38 @@
+"""`train`: imitation on the stored dataset (method from params), cached on data snapshot + params."""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import INPUTS, TASK_SOURCE
+
+from components.config import Settings
+from components.episodes.snapshot import read_snapshot
+from components.pipeline import steps
+from flows.artifacts import ProgressArtifact
+from flows.runtime import compute_options, prepare_environment
+
+
+@task(name="train-policy", cache_policy=INPUTS + TASK_SOURCE, persist_result=True)
+def train_task(settings: Settings, snapshot_hash: str) -> steps.TrainOutcome:
+    """``snapshot_hash`` pins the data: same data + same params = the same model (CPU determinism)."""
+    progress = ProgressArtifact("train-progress", f"training {settings.train.method}")
+    logger = get_run_logger()
+
+    def report(step: int, total: int, loss: float) -> None:
+        progress.update(step, total)
+        if step == total or step % max(1, total // 10) < settings.train.log_every:
+            logger.info("step %d/%d loss %.4f", step, total, loss)
+
+    return steps.train_policy(settings, report)
+
+
+@flow(name="train")
+def train(settings: Settings | None = None) -> steps.TrainOutcome:
+    settings = prepare_environment(settings)
+    snapshot = read_snapshot(settings.paths.episodes)
+    outcome = train_task.with_options(**compute_options(settings))(settings, snapshot.hash if snapshot else "none")
+    get_run_logger().info(
+        "trained %s on %d frames in %.1fs (final loss %.4f)",
+        settings.train.method, outcome.frames, outcome.result.seconds, outcome.result.final_loss,
+    )
+    return outcome
