@@ -137,25 +137,48 @@ class TrainConfig(Section):
 
 
 class FertConfig(Section):
-    """Failure-guided experience retrieval fine-tuning."""
+    """Failure-guided experience retrieval fine-tuning (components/fert/README.md)."""
 
-    percentile: float = 90.0
-    consecutive: int = 3
-    top_k: int = 16
-    max_distance_percentile: float = 95.0
-    alpha: float = 1.0
-    sigma: float = 0.0  # 0 = median retrieved distance
-    mix_demos: float = 0.2
-    mix_successes: float = 0.4
-    mix_retrieved: float = 0.4
+    # divergence detector: a failed episode diverges at the first window that starts a run of
+    # `consecutive` windows whose nearest success window is farther than the `percentile`-th
+    # percentile of success-to-success nearest distances
+    percentile: float = Field(default=90.0, gt=0, lt=100)
+    consecutive: int = Field(default=3, ge=1)
+    calibrate: bool = True  # raise `consecutive` until held-out successes fire <= max_false_fire
+    max_false_fire: float = Field(default=0.05, ge=0, le=1)
+    max_consecutive: int = Field(default=8, ge=1)
+    calibration_episodes: int = Field(default=200, ge=2)  # held-out successes (half threshold, half false-fire)
+    fallback_steps: int = Field(default=16, ge=1)  # no divergence found: the last W steps are the context
+    failures_from: Literal["champion", "all"] = "champion"  # failed episodes of the collecting policy, or all
+    max_queries: int = Field(default=2048, ge=1)  # failure-context windows queried (seeded subsample above)
+    # retrieval
+    top_k: int = Field(default=16, ge=1)
+    max_distance_percentile: float = Field(default=95.0, gt=0, le=100)  # drop matches beyond this
+    encoder: Literal["normalized_state", "learned"] = "normalized_state"  # for stores FERT builds
+    learned_dim: int = Field(default=16, ge=1)
+    learned_epochs: int = Field(default=20, ge=1)
+    # priority w = 1 + alpha * sum_q exp(-d^2 / 2 sigma^2)
+    alpha: float = Field(default=1.0, ge=0)
+    sigma: float = Field(default=0.0, ge=0)  # 0 = median retrieved distance
+    # batch mix of the three pools (renormalized over the non-empty pools)
+    mix_demos: float = Field(default=0.2, ge=0)
+    mix_successes: float = Field(default=0.4, ge=0)
+    mix_retrieved: float = Field(default=0.4, ge=0)
 
 
 class EvaluationConfig(Section):
-    """Held-out evaluation."""
+    """Held-out evaluation: robots never used for collection, seeded trials."""
 
-    trials_per_robot: int = 8
-    confidence: float = 0.95
-    sample_gripper: bool = False
+    trials_per_task: int = Field(default=120, ge=1)  # at least this many trials per task...
+    trials_per_robot: int = Field(default=8, ge=1)  # ...spread over the held-out robots (max of both)
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+    sample_gripper: bool = False  # False: thresholded jaw (the deployed policy); True: sampled
+
+    def trials_for(self, num_robots: int) -> int:
+        """Trials per robot so that every task gets at least ``trials_per_task``."""
+        if num_robots < 1:
+            raise ValueError("evaluation needs at least one held-out robot (fleet.num_heldout_robots)")
+        return max(self.trials_per_robot, -(-self.trials_per_task // num_robots))
 
 
 class RegistryConfig(Section):
@@ -192,6 +215,21 @@ class SchedulerConfig(Section):
     quota_max_steps: int = 4
     # which schedule the training workloads use by default
     plan: Literal["sequential", "coarse", "planner", "rose"] = "planner"
+
+
+class OpsConfig(Section):
+    """Orchestration: fan-out, retries, timeouts, schedules, local UIs."""
+
+    dask_address: str = ""  # empty = Prefect's thread pool; "tcp://host:8786" = a Dask cluster
+    max_workers: int = 4
+    io_retries: int = 3
+    retry_delays_s: tuple[float, ...] = (1.0, 5.0, 20.0)
+    task_timeout_s: float = 3600.0
+    eval_robots_per_task: int = 4
+    retrain_cron: str = "0 3 * * *"  # nightly at 03:00
+    fleet_round_interval_s: int = 6 * 3600
+    prefect_port: int = 4200
+    mlflow_port: int = 5000
 
 
 class FleetRuntimeConfig(Section):
@@ -339,6 +377,7 @@ class Settings(BaseSettings):
     evaluation: EvaluationConfig = EvaluationConfig()
     registry: RegistryConfig = RegistryConfig()
     demo: DemoConfig = DemoConfig()
+    ops: OpsConfig = OpsConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     runtime: FleetRuntimeConfig = FleetRuntimeConfig()
 
