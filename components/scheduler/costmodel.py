@@ -93,7 +93,7 @@ def _fit_one(kind: str, x: np.ndarray, y: np.ndarray) -> CostCurve | None:
 
 def fit_curve(sizes: Sequence[float], seconds: Sequence[float], forms: Sequence[str] = FORMS) -> CostCurve:
     """Best-R² curve through (size, seconds) samples; repeated sizes are reduced to medians."""
-    if len(sizes) != len(seconds) or not sizes:
+    if len(sizes) != len(seconds) or len(sizes) == 0:
         raise ValueError("fit_curve needs equally long, non-empty sizes and seconds")
     unknown = set(forms) - set(FORMS)
     if unknown:

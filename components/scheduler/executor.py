@@ -20,7 +20,8 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -307,6 +308,10 @@ def execute(
             e.set()
 
     def run_worker(spec: WorkerSpec) -> None:
+        with _worker_stream(plan.cuda_streams):
+            _run_worker(spec)
+
+    def _run_worker(spec: WorkerSpec) -> None:
         try:
             if spec.cores is not None and hasattr(os, "sched_setaffinity"):
                 os.sched_setaffinity(threading.get_native_id(), set(spec.cores))
@@ -447,6 +452,23 @@ def execute(
         channels={k: c.stats() for k, c in channels.items()},
         completion_order=completion,
     )
+
+
+@contextmanager
+def _worker_stream(enabled: bool) -> Iterator[None]:
+    """Run a worker's ops on its own CUDA stream (when asked and CUDA is present)."""
+    if not enabled:
+        yield
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        yield
+        return
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        yield
+    stream.synchronize()
 
 
 def build_states(workflow: Workflow, plan: Plan, payload: Any) -> dict[str, Any]:

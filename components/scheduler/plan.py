@@ -50,6 +50,7 @@ class Plan:
     hoist: frozenset[str] = frozenset()
     buffers: dict[str, int] = field(default_factory=dict)
     barrier: bool = True
+    cuda_streams: bool = False  # each worker thread issues its ops on its own CUDA stream
     predicted_s: float | None = None
     notes: tuple[str, ...] = ()
 
@@ -79,6 +80,8 @@ class Plan:
             lines.append("  devices: " + ", ".join(f"{k}->{'+'.join(v)}" for k, v in sorted(self.placement.items())))
         if self.hoist:
             lines.append("  hoisted across the iteration barrier: " + ", ".join(sorted(self.hoist)))
+        if self.cuda_streams:
+            lines.append("  CUDA: one stream per worker")
         if self.buffers:
             lines.append("  buffers: " + ", ".join(f"{k}={v}" for k, v in sorted(self.buffers.items())))
         if self.predicted_s is not None:

@@ -202,7 +202,12 @@ class M2FlowPlanner:
         return total
 
     def _memory(self, wf: Workflow, comps: Sequence[str]) -> float:
+        """Resident memory of ``comps`` all onloaded together."""
         return sum(wf.component(c).memory_mb for c in comps if wf.component(c).exclusive)
+
+    def _peak(self, wf: Workflow, comps: Sequence[str]) -> float:
+        """The least a segment needs: its largest component (the others offloaded meanwhile)."""
+        return max((wf.component(c).memory_mb for c in comps if wf.component(c).exclusive), default=0.0)
 
     def _edge(self, a: str, b: str) -> str | None:
         return self.spec.streaming.get((a, b)) or self.spec.streaming.get((b, a))
@@ -229,7 +234,7 @@ class M2FlowPlanner:
                 lefts, rights = seg(a, k, devs), seg(k + 1, b, devs)
                 # collocated: take turns on all devices
                 mem_l, mem_r = self._memory(wf, chain[a:k + 1]), self._memory(wf, chain[k + 1:b + 1])
-                if max(mem_l, mem_r) <= self.budget:
+                if max(self._peak(wf, chain[a:k + 1]), self._peak(wf, chain[k + 1:b + 1])) <= self.budget:
                     switches = 2 * steps * m if edge else 2
                     per_switch = self.profile.switch_s
                     if mem_l + mem_r > self.budget:
@@ -240,7 +245,7 @@ class M2FlowPlanner:
                 # disaggregated: split the devices
                 for d1 in range(1, d):
                     dl, dr = devs[:d1], devs[d1:]
-                    if mem_l > self.budget or mem_r > self.budget:
+                    if self._peak(wf, chain[a:k + 1]) > self.budget or self._peak(wf, chain[k + 1:b + 1]) > self.budget:
                         continue
                     for tl, nl in seg(a, k, dl):
                         for tr, nr in seg(k + 1, b, dr):

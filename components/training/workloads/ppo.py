@@ -65,6 +65,8 @@ class PPOSpec:
     eval_steps: int = 32
     learner_threads: int = 2  # numerics of the learner: the same in every plan and the reference
     seed: int = 0
+    infer_chunk: int = 32  # rows per inference call: fixed, so results never depend on the group size
+    device: str = "cpu"  # "cuda": policy, learner and evaluator models on the GPU (benchmarks/gpu_check.sh)
 
     @property
     def envs(self) -> int:
@@ -97,6 +99,15 @@ def initial_params(spec: PPOSpec) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in ActorCritic(spec).state_dict().items()}
 
 
+def chunked(fn: Any, x: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``fn`` over fixed-size row chunks. A matmul's rounding can depend on the batch size (gemv vs
+    gemm paths), so inference always sees the same shapes whatever the env-group split."""
+    if len(x) % chunk:
+        raise ValueError(f"{len(x)} rows per env group is not a multiple of ppo infer_chunk={chunk}; "
+                         "choose env counts / stage counts that keep groups a multiple of it")
+    return torch.cat([fn(x[i:i + chunk]) for i in range(0, len(x), chunk)])
+
+
 def group_rows(envs: int, groups: int, g: int) -> slice:
     if envs % groups:
         raise ValueError(f"{envs} envs cannot be split into {groups} equal env groups; "
@@ -118,20 +129,20 @@ class Sim:
 
 class Inference:
     def __init__(self, spec: PPOSpec) -> None:
-        self.model = ActorCritic(spec)
+        self.model = ActorCritic(spec).to(spec.device)
         self.spec = spec
 
 
 class Learner:
     def __init__(self, spec: PPOSpec) -> None:
-        self.model = ActorCritic(spec)
+        self.model = ActorCritic(spec).to(spec.device)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=spec.lr, eps=1e-5)
         self.spec = spec
 
 
 class Evaluator:
     def __init__(self, spec: PPOSpec) -> None:
-        self.model = ActorCritic(spec)
+        self.model = ActorCritic(spec).to(spec.device)
         self.env = make_env(spec.sim, list(spec.eval_robot_ids), spec.seed)
         self.spec = spec
 
@@ -172,14 +183,16 @@ def op_reset(s: Sim, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]
 def op_infer(p: Inference, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]:
     groups = inp["noise"].shape[1] // len(inp["obs"])
     rows = group_rows(p.spec.envs, groups, idx["group"])
-    obs = torch.from_numpy(inp["obs"])
-    eps = torch.from_numpy(inp["noise"][idx["step"], rows])
+    dev = p.spec.device
+    obs = torch.from_numpy(inp["obs"]).to(dev)
+    eps = torch.from_numpy(inp["noise"][idx["step"], rows]).to(dev)
     with torch.no_grad():
-        dist = p.model.dist(obs)
+        mean = chunked(p.model.actor, obs, p.spec.infer_chunk)
+        dist = torch.distributions.Normal(mean, p.model.log_std.exp())
         action = dist.mean + dist.stddev * eps
         logp = dist.log_prob(action).sum(-1)
-        value = p.model.value(obs)
-    return {"act": {"action": action.numpy(), "logp": logp.numpy(), "value": value.numpy()}}
+        value = chunked(p.model.value, obs, p.spec.infer_chunk)
+    return {"act": {"action": action.cpu().numpy(), "logp": logp.cpu().numpy(), "value": value.cpu().numpy()}}
 
 
 def op_env_step(s: Sim, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]:
@@ -191,7 +204,8 @@ def op_env_step(s: Sim, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, A
 
 def op_bootstrap(p: Inference, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]:
     with torch.no_grad():
-        return {"last": p.model.value(torch.from_numpy(inp["obs"])).numpy()}
+        obs = torch.from_numpy(inp["obs"]).to(p.spec.device)
+        return {"last": chunked(p.model.value, obs, p.spec.infer_chunk).cpu().numpy()}
 
 
 def op_advantage(ls: Learner, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]:
@@ -222,7 +236,7 @@ def op_learn(ls: Learner, idx: dict[str, int], inp: dict[str, Any]) -> dict[str,
     """PPO update on the whole rollout; groups concatenated in env order (plan-independent)."""
     spec = ls.spec
     parts = inp["adv"]
-    cat = lambda k: torch.from_numpy(np.concatenate([p[k] for p in parts], axis=1))  # noqa: E731
+    cat = lambda k: torch.from_numpy(np.concatenate([p[k] for p in parts], axis=1)).to(spec.device)  # noqa: E731
     obs = cat("obs").reshape(-1, observation_dim(spec.sim))
     action = cat("action").reshape(-1, action_dim(spec.sim))
     old_logp, adv, ret = cat("logp").reshape(-1), cat("adv").reshape(-1), cat("ret").reshape(-1)
@@ -232,7 +246,7 @@ def op_learn(ls: Learner, idx: dict[str, int], inp: dict[str, Any]) -> dict[str,
     gen = torch.Generator().manual_seed(_seed(spec.seed, MINIBATCH_STREAM, idx["iteration"]))
     losses = []
     for _ in range(spec.epochs):
-        perm = torch.randperm(n, generator=gen)
+        perm = torch.randperm(n, generator=gen).to(spec.device)
         for k in range(0, n, mb):
             b = perm[k: k + mb]
             dist = ls.model.dist(obs[b])
@@ -247,8 +261,9 @@ def op_learn(ls: Learner, idx: dict[str, int], inp: dict[str, Any]) -> dict[str,
             ls.opt.zero_grad()
             loss.backward()
             ls.opt.step()
-            losses.append(float(loss.detach()))
-    params = {k: v.detach().clone() for k, v in ls.model.state_dict().items()}
+            losses.append(loss.detach())
+    losses = [float(x) for x in losses]  # one device sync per update, not per minibatch
+    params = {k: v.detach().cpu().clone() for k, v in ls.model.state_dict().items()}
     stats = {"loss": float(np.mean(losses)), "reward": sum(p["reward"] for p in parts),
              "successes": sum(p["successes"] for p in parts), "digest": weights_digest(params)}
     return {"params": params, "stats": stats}
@@ -261,7 +276,7 @@ def op_eval(e: Evaluator, idx: dict[str, int], inp: dict[str, Any]) -> dict[str,
     successes = 0.0
     with torch.no_grad():
         for _ in range(e.spec.eval_steps):
-            action = e.model.actor(torch.from_numpy(obs)).clamp(-1, 1).numpy()
+            action = e.model.actor(torch.from_numpy(obs).to(e.spec.device)).clamp(-1, 1).cpu().numpy()
             obs, success, *_ = e.env.step(action)
             successes += float(success.sum())
     return {"evalm": {"successes": successes, "episodes_steps": e.spec.eval_steps * len(e.spec.eval_robot_ids)}}
