@@ -1,0 +1,338 @@
+"""The inference service: robots send observations, get actions; requests are batched dynamically.
+
+    POST /v1/act {"obs": [...]} (robot token)
+      -> alias for this robot (champion, or canary for the rollout share) -> queue
+      -> batcher: the first request opens a window of ``batch_window_ms``; everything queued by
+         then (up to ``max_batch``) runs as one forward pass per alias, off the event loop
+      <- {"action": [...], "version": 7, "alias": "champion"}   (version = registry version)
+
+An ``AliasWatcher`` thread polls the registry aliases; when one moves it loads that version (a
+small cache keeps recent ones, so canary -> champion is a pointer move) and swaps it in between
+batches. Requests in flight finish on the model they started with; no request sees a half-loaded
+model. With no champion yet the service answers 503 and robots hold a safe action.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+from torch import nn
+
+from components.config import Settings
+from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook
+from components.fleet.canary import assigned_alias
+from components.fleet.clients import ACT_PATH, POLICY_PATH
+from components.fleet.http_server import add_health, auth_dependency, http_error, read_body_limited
+
+log = logging.getLogger(__name__)
+
+STATS_PATH = "/v1/stats"
+MAX_ACT_BYTES = 64 * 1024
+MODEL_CACHE = 4  # loaded versions kept in memory
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    alias: str
+    version: int
+    policy: nn.Module
+
+
+class ModelSlots:
+    """alias -> ServedModel, swapped atomically (a dict assignment under a lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slots: dict[str, ServedModel] = {}
+
+    def get(self, alias: str) -> ServedModel | None:
+        with self._lock:
+            return self._slots.get(alias)
+
+    def put(self, model: ServedModel) -> None:
+        with self._lock:
+            self._slots[model.alias] = model
+
+    def drop(self, alias: str) -> None:
+        with self._lock:
+            self._slots.pop(alias, None)
+
+    def versions(self) -> dict[str, int]:
+        with self._lock:
+            return {alias: m.version for alias, m in self._slots.items()}
+
+
+class AliasWatcher:
+    """Keeps the slots in step with the registry aliases (polling; loads happen off the hot path)."""
+
+    def __init__(
+        self,
+        aliases_fn: Callable[[], dict[str, int]],
+        load_fn: Callable[[int], nn.Module],
+        slots: ModelSlots,
+        watched: tuple[str, ...],
+        poll_s: float,
+    ) -> None:
+        self.aliases_fn = aliases_fn
+        self.load_fn = load_fn
+        self.slots = slots
+        self.watched = watched
+        self.poll_s = poll_s
+        self.swaps = 0
+        self.last_poll = 0.0
+        self._cache: OrderedDict[int, nn.Module] = OrderedDict()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="alias-watcher", daemon=True)
+
+    def _model(self, version: int) -> nn.Module:
+        if version in self._cache:
+            self._cache.move_to_end(version)
+            return self._cache[version]
+        policy = self.load_fn(version).eval()
+        self._cache[version] = policy
+        while len(self._cache) > MODEL_CACHE:
+            self._cache.popitem(last=False)
+        return policy
+
+    def poll_once(self) -> dict[str, int]:
+        """Swap in whatever moved; returns alias -> version now served."""
+        aliases = self.aliases_fn()
+        for alias in self.watched:
+            version = aliases.get(alias)
+            current = self.slots.get(alias)
+            if version is None:
+                if current is not None:
+                    self.slots.drop(alias)
+                    self.swaps += 1
+                    log.info("alias %s removed: no longer serving v%d", alias, current.version)
+                continue
+            if current is None or current.version != version:
+                self.slots.put(ServedModel(alias, version, self._model(version)))
+                self.swaps += 1
+                log.info("alias %s -> v%d (was %s)", alias, version, f"v{current.version}" if current else "none")
+        self.last_poll = time.time()
+        return self.slots.versions()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:  # noqa: BLE001 - registry hiccups must not kill serving; retried next poll
+                log.exception("alias poll failed; serving what is loaded")
+            self._stop.wait(self.poll_s)
+
+
+@dataclass
+class _Request:
+    alias: str
+    obs: np.ndarray
+    future: asyncio.Future
+
+
+class DynamicBatcher:
+    """Collects requests for up to ``window_s`` (or ``max_batch``) and runs them as one forward pass."""
+
+    def __init__(self, slots: ModelSlots, champion_alias: str, window_s: float, max_batch: int) -> None:
+        self.slots = slots
+        self.champion_alias = champion_alias
+        self.window_s = window_s
+        self.max_batch = max_batch
+        self.batch_sizes: Counter[int] = Counter()
+        self._queue: asyncio.Queue[_Request] | None = None
+        self._task: asyncio.Task | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+
+    def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._executor.shutdown(wait=False)
+
+    async def submit(self, alias: str, obs: np.ndarray) -> tuple[np.ndarray, ServedModel]:
+        assert self._queue is not None, "batcher not started"
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Request(alias, obs, future))
+        return await future
+
+    async def _gather(self) -> list[_Request]:
+        assert self._queue is not None
+        loop = asyncio.get_running_loop()
+        batch = [await self._queue.get()]
+        deadline = loop.time() + self.window_s
+        while len(batch) < self.max_batch:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                while len(batch) < self.max_batch and not self._queue.empty():
+                    batch.append(self._queue.get_nowait())
+                break
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+            except TimeoutError:
+                break
+        return batch
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._gather()
+            self.batch_sizes[len(batch)] += 1
+            try:
+                results = await loop.run_in_executor(self._executor, self._forward, batch)
+            except Exception as exc:  # noqa: BLE001 - every waiting request gets the error (503)
+                log.exception("forward pass failed for a batch of %d", len(batch))
+                results = [exc] * len(batch)
+            for request, result in zip(batch, results):
+                if request.future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    request.future.set_exception(result)
+                else:
+                    request.future.set_result(result)
+
+    def _forward(self, batch: list[_Request]) -> list:
+        results: list = [None] * len(batch)
+        groups: dict[str, list[int]] = {}
+        for i, request in enumerate(batch):
+            groups.setdefault(request.alias, []).append(i)
+        for alias, rows in groups.items():
+            model = self.slots.get(alias) or self.slots.get(self.champion_alias)
+            if model is None:
+                for i in rows:
+                    results[i] = LookupError("no champion model is loaded yet")
+                continue
+            obs = torch.as_tensor(np.stack([batch[i].obs for i in rows]))
+            with torch.no_grad():
+                actions = model.policy(obs).float().numpy()
+            for row, i in enumerate(rows):
+                results[i] = (actions[row], model)
+        return results
+
+
+def parse_obs(body: bytes, obs_dim: int) -> np.ndarray:
+    """``{"obs": [n floats]}`` -> float32 (n,), or a 422 naming the problem."""
+    try:
+        payload = json.loads(body)
+        values = payload["obs"]
+        obs = np.asarray(values, dtype=np.float32)
+    except (ValueError, KeyError, TypeError):
+        raise http_error(422, "obs", "body must be JSON {\"obs\": [numbers]}", f"send {obs_dim} observation floats") from None
+    if obs.shape != (obs_dim,):
+        raise http_error(422, "obs", f"expected {obs_dim} values, got shape {obs.shape}", f"send {obs_dim} observation floats")
+    if not np.isfinite(obs).all():
+        raise http_error(422, "obs", "NaN or inf in the observation", "send finite observation values")
+    return obs
+
+
+def create_inference_app(
+    settings: Settings,
+    book: TokenBook,
+    aliases_fn: Callable[[], dict[str, int]] | None = None,
+    load_fn: Callable[[int], nn.Module] | None = None,
+) -> FastAPI:
+    """The inference service; registry access defaults to the root's MLflow registry."""
+    from components.sim.factory import observation_dim
+
+    cfg = settings.runtime
+    reg = settings.registry
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    if aliases_fn is None or load_fn is None:
+        from components.registry.model_registry import PolicyRegistry
+
+        registry = PolicyRegistry(settings.paths.mlruns, reg)
+        aliases_fn, load_fn = registry.aliases, registry.load
+    obs_dim = observation_dim(settings.sim)
+    slots = ModelSlots()
+    watcher = AliasWatcher(aliases_fn, load_fn, slots, (reg.champion_alias, cfg.canary_alias), cfg.alias_poll_s)
+    batcher = DynamicBatcher(slots, reg.champion_alias, cfg.batch_window_ms / 1000.0, cfg.max_batch)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        try:
+            await asyncio.to_thread(watcher.poll_once)  # serve the champion from the first request
+        except Exception:  # noqa: BLE001 - the watcher thread retries
+            log.exception("initial alias poll failed")
+        watcher.start()
+        batcher.start()
+        yield
+        await batcher.stop()
+        await asyncio.to_thread(watcher.stop)
+
+    app = FastAPI(title="fleetloop inference", lifespan=lifespan)
+    fleet_member = auth_dependency(book, [ROBOT, SERVICE])
+    service_only = auth_dependency(book, [SERVICE])
+    add_health(app, lambda: {"service": "inference", "served": slots.versions()})
+
+    def alias_for(principal: Principal) -> str:
+        canary_live = slots.get(cfg.canary_alias) is not None
+        return assigned_alias(principal.name, cfg.canary_share, canary_live, reg, cfg.canary_alias)
+
+    @app.post(ACT_PATH)
+    async def act(request: Request, principal: Principal = Depends(fleet_member)) -> JSONResponse:
+        obs = parse_obs(await read_body_limited(request, MAX_ACT_BYTES), obs_dim)
+        try:
+            action, model = await batcher.submit(alias_for(principal), obs)
+        except LookupError as exc:
+            raise http_error(503, "model", str(exc), "promote a champion (fleetloop retrain --bootstrap)") from None
+        if not np.isfinite(action).all():
+            raise http_error(500, "action", "model produced a non-finite action", "roll back the champion")
+        return JSONResponse({"action": action.tolist(), "version": model.version, "alias": model.alias})
+
+    @app.get(POLICY_PATH)
+    async def policy(principal: Principal = Depends(fleet_member)) -> JSONResponse:
+        served = slots.versions()
+        return JSONResponse(
+            {
+                "alias": alias_for(principal),
+                "champion": served.get(reg.champion_alias),
+                "canary": served.get(cfg.canary_alias),
+                "canary_share": cfg.canary_share,
+            }
+        )
+
+    @app.get(STATS_PATH)
+    async def stats(principal: Principal = Depends(service_only)) -> JSONResponse:
+        sizes = batcher.batch_sizes
+        batches = sum(sizes.values())
+        requests = sum(size * count for size, count in sizes.items())
+        return JSONResponse(
+            {
+                "served": slots.versions(),
+                "swaps": watcher.swaps,
+                "last_alias_poll": watcher.last_poll,
+                "batches": batches,
+                "requests": requests,
+                "mean_batch": requests / batches if batches else None,
+                "max_batch_seen": max(sizes) if sizes else 0,
+                "batch_sizes": {str(k): v for k, v in sorted(sizes.items())},
+            }
+        )
+
+    return app
