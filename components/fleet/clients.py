@@ -6,6 +6,7 @@ Network trouble never raises out of ``upload`` (it says "retry"); ``act`` raises
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -128,3 +129,30 @@ class CoordinatorClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+class HeartbeatThread:
+    """Renews ``name``'s lease with the coordinator every ``interval_s`` (a daemon thread)."""
+
+    def __init__(self, client: CoordinatorClient, name: str, interval_s: float, info: Callable[[], dict] = dict) -> None:
+        import threading
+
+        self.client = client
+        self.name = name
+        self.interval_s = interval_s
+        self.info = info
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def start(self) -> "HeartbeatThread":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.client.heartbeat(self.name, self.info())
+            self._stop.wait(self.interval_s)

@@ -1,0 +1,261 @@
+"""One robot (simulated here): act through the inference service, spool, upload, never lose an episode.
+
+    wait until inference answers -> run one episode: obs -> POST /v1/act -> sampled gripper -> env
+      (inference times out mid-episode: hold a safe action, end the episode as interrupted)
+    -> spool it (write-ahead, fsync) -> the uploader thread sends pending episodes with retries
+       and exponential backoff + jitter until the ingest service says stored (or rejects it)
+
+Episode k of a robot always gets the same id and starting layout (seeded by seed, robot, k), and
+numbering resumes from the spool after a restart, so a crashed robot neither loses finished
+episodes nor reuses an id for different content. With ``runtime.robot_episodes = N`` the agent
+exits 0 once N episodes are finished *and* uploaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from components.config import Settings
+from components.episodes.record import Episode, new_episode_id
+from components.episodes.schema import episode_to_table, table_to_ipc
+from components.fleet.clients import (
+    CoordinatorClient,
+    HeartbeatThread,
+    InferenceClient,
+    InferenceUnavailable,
+    IngestClient,
+    UploadResult,
+    base_url,
+)
+from components.fleet.layout import RuntimeLayout
+from components.fleet.spool import Spool, content_hash
+from components.sim.exploration import SampledGripper
+from components.sim.factory import action_dim, make_env
+from components.sim.pickplace import GRIPPER_ACTION
+from components.sim.profile import stable_robot_hash
+
+log = logging.getLogger(__name__)
+
+EPISODE_STREAM = 11  # salt: per-episode seeds, apart from the sim's own streams
+OPEN_JAW = -1.0
+UNAVAILABLE_VERSION = "unavailable"
+
+
+def episode_seed(seed: int, robot_id: str, index: int) -> int:
+    """Seed of a robot's k-th episode: stable across processes and restarts."""
+    return int(np.random.default_rng([seed, stable_robot_hash(robot_id), index, EPISODE_STREAM]).integers(2**31))
+
+
+def safe_action(act_dim: int, jaw: float) -> np.ndarray:
+    """Stand still and keep the jaw as it is (dropping a held object is not safe)."""
+    action = np.zeros(act_dim, dtype=np.float32)
+    action[GRIPPER_ACTION] = jaw
+    return action
+
+
+class Backoff:
+    """Exponential backoff with full jitter, seeded; ``reset`` after a success."""
+
+    def __init__(self, initial_s: float, max_s: float, seed: int) -> None:
+        self.initial_s, self.max_s = initial_s, max_s
+        self.rng = np.random.default_rng(seed)
+        self.attempt = 0
+
+    def next_delay(self) -> float:
+        ceiling = min(self.max_s, self.initial_s * 2**self.attempt)
+        self.attempt += 1
+        return float(self.rng.uniform(0.5 * ceiling, ceiling))
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+@dataclass
+class RobotReport:
+    robot_id: str
+    episodes: int = 0  # finished by this process
+    interrupted: int = 0
+    uploaded: int = 0
+    rejected: int = 0
+
+
+class Uploader:
+    """Drains the spool in index order; a background thread in the robot process."""
+
+    def __init__(self, spool: Spool, ingest: IngestClient, backoff: Backoff, report: RobotReport) -> None:
+        self.spool = spool
+        self.ingest = ingest
+        self.backoff = backoff
+        self.report = report
+        self.wake = threading.Event()
+        self.idle = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="uploader", daemon=True)
+
+    def start(self) -> "Uploader":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.wake.set()
+        self._thread.join(timeout=5.0)
+
+    def drain_once(self) -> bool:
+        """Try every pending episode once; True when the spool is empty."""
+        for item in self.spool.pending():
+            if self._stop.is_set():
+                return False
+            result: UploadResult = self.ingest.upload(item.path.read_bytes())
+            if result.stored:
+                self.spool.ack(item, result.status)
+                self.report.uploaded += 1
+                self.backoff.reset()
+            elif result.status == "rejected":
+                self.spool.reject(item, {"http_status": result.http_status, **result.detail})
+                self.report.rejected += 1
+                log.error("episode %s rejected (%s): %s", item.episode_id, result.http_status, result.detail.get("reason"))
+            else:
+                delay = self.backoff.next_delay()
+                log.info("upload of %s deferred (%s %s); retry in %.2fs", item.episode_id, result.http_status, result.detail.get("reason", ""), delay)
+                self._stop.wait(delay)
+                return False
+        return not self.spool.pending()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.wake.clear()
+            empty = self.drain_once()
+            if empty:
+                self.idle.set()
+                self.wake.wait(timeout=1.0)
+            else:
+                self.idle.clear()
+
+
+class RobotAgent:
+    """Runs one robot's episodes against the services."""
+
+    def __init__(self, settings: Settings, robot_id: str, inference: InferenceClient, spool: Spool) -> None:
+        self.settings = settings
+        self.robot_id = robot_id
+        self.inference = inference
+        self.spool = spool
+        self.cfg = settings.runtime
+        self.act_dim = action_dim(settings.sim)
+        self.report = RobotReport(robot_id)
+        self.policy_version = UNAVAILABLE_VERSION
+
+    def wait_for_inference(self, stop: threading.Event, obs_dim: int) -> bool:
+        """Hold still until the inference service answers (True) or ``stop`` is set."""
+        backoff = Backoff(self.cfg.retry_initial_s, self.cfg.retry_max_s, stable_robot_hash(self.robot_id) % 2**31)
+        while not stop.is_set():
+            try:
+                self.inference.act(np.zeros(obs_dim, dtype=np.float32))
+                return True
+            except InferenceUnavailable:
+                stop.wait(backoff.next_delay())
+        return False
+
+    def run_episode(self, index: int) -> Episode:
+        """One episode on the simulator; inference trouble ends it early as interrupted."""
+        sim = self.settings.sim
+        seed = episode_seed(self.settings.seed, self.robot_id, index)
+        env = make_env(sim, [self.robot_id], seed)
+        versions: list[str] = []
+
+        def remote(obs: np.ndarray) -> np.ndarray:
+            result = self.inference.act(obs[0])
+            versions.append(result.policy_version)
+            return result.action[None, :]
+
+        policy = SampledGripper(remote, sim, seed) if self.settings.fleet.sample_gripper else remote
+        obs, _ = env.reset()
+        states, actions = [], []
+        success = interrupted = False
+        jaw = OPEN_JAW
+        for _ in range(sim.max_steps):
+            try:
+                action = np.asarray(policy(obs), dtype=np.float32)
+            except InferenceUnavailable as exc:
+                log.warning("%s: inference unavailable (%s); holding a safe action, episode interrupted", self.robot_id, exc)
+                states.append(obs[0].copy())
+                actions.append(safe_action(self.act_dim, jaw))
+                interrupted = True
+                break
+            states.append(obs[0].copy())
+            actions.append(action[0].copy())
+            jaw = float(action[0, GRIPPER_ACTION])
+            obs, _, terminated, truncated, info = env.step(action)
+            if terminated[0] or truncated[0]:
+                success = bool(info["success"][0])
+                break
+        env.close()
+        if versions:
+            self.policy_version = versions[0]
+        length = len(states)
+        return Episode(
+            episode_id=new_episode_id(np.random.default_rng([seed, index])),
+            robot_id=self.robot_id,
+            task=sim.task,
+            states=np.stack(states).astype(np.float32),
+            actions=np.stack(actions).astype(np.float32),
+            timestamps=(np.arange(length, dtype=np.float64) / sim.control_hz).astype(np.float32),
+            success=success and not interrupted,
+            interrupted=interrupted,
+            # the version that chose this episode's first action (what the canary gate counts)
+            policy_version=versions[0] if versions else UNAVAILABLE_VERSION,
+        )
+
+    def finish(self, index: int, episode: Episode) -> None:
+        """Write-ahead: the episode is durable locally before anyone tries to upload it."""
+        table = episode_to_table(episode)
+        self.spool.write(index, episode.episode_id, content_hash(table), table_to_ipc(table))
+        self.report.episodes += 1
+        self.report.interrupted += int(episode.interrupted)
+
+
+def run_robot(settings: Settings, robot_id: str, token: str, stop: threading.Event | None = None) -> int:
+    """The robot process: episodes until ``robot_episodes`` are done and uploaded (or forever)."""
+    cfg = settings.runtime
+    stop = stop or threading.Event()
+    layout = RuntimeLayout.of(settings)
+    spool = Spool(layout.spool(robot_id))
+    inference = InferenceClient(base_url(cfg.host, cfg.inference_port), token, cfg.inference_timeout_s)
+    ingest = IngestClient(base_url(cfg.host, cfg.ingest_port), token, cfg.upload_timeout_s)
+    agent = RobotAgent(settings, robot_id, inference, spool)
+    jitter_seed = stable_robot_hash(robot_id) % 2**31
+    uploader = Uploader(spool, ingest, Backoff(cfg.retry_initial_s, cfg.retry_max_s, jitter_seed), agent.report).start()
+    coordinator = CoordinatorClient(base_url(cfg.host, cfg.coordinator_port), token, cfg.heartbeat_s * 2)
+
+    def info() -> dict:
+        return {"episodes": spool.next_index(), "pending": len(spool.pending()), "policy_version": agent.policy_version}
+
+    heartbeat = HeartbeatThread(coordinator, robot_id, cfg.heartbeat_s, info).start()
+    from components.sim.factory import observation_dim
+
+    obs_dim = observation_dim(settings.sim)
+    try:
+        index = spool.next_index()
+        while not stop.is_set() and (cfg.robot_episodes == 0 or index < cfg.robot_episodes):
+            if not agent.wait_for_inference(stop, obs_dim):
+                break
+            episode = agent.run_episode(index)
+            agent.finish(index, episode)
+            uploader.wake.set()
+            index += 1
+        while not stop.is_set() and spool.pending():  # finite run: done only when all is uploaded
+            uploader.wake.set()
+            stop.wait(cfg.heartbeat_s)
+        log.info("%s done: %s", robot_id, agent.report)
+        return 0
+    finally:
+        uploader.stop()
+        heartbeat.stop()
+        for client in (inference, ingest, coordinator):
+            client.close()

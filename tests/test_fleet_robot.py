@@ -1,0 +1,126 @@
+"""Robot agent: write-ahead spool, retries until stored, safe action + interrupted on inference timeout."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from components.episodes.dataset import EpisodeDataset
+from components.episodes.schema import episode_to_table, table_to_ipc
+from components.fleet.auth import issue_tokens
+from components.fleet.clients import InferenceClient
+from components.fleet.layout import RuntimeLayout
+from components.fleet.local import register_policy, running_service, synthetic_episode, with_free_ports
+from components.fleet.robot_agent import RobotAgent, run_robot, safe_action
+from components.fleet.spool import Spool, content_hash
+from components.policy.factory import make_policy
+from components.registry.model_registry import PolicyRegistry
+from components.sim.pickplace import GRIPPER_ACTION
+from tests.conftest import small_settings
+
+ROBOT = "robot-0000"
+
+
+def _spooled(spool: Spool, index: int, seed: int):
+    episode = synthetic_episode(ROBOT, seed=seed)
+    table = episode_to_table(episode)
+    return spool.write(index, episode.episode_id, content_hash(table), table_to_ipc(table))
+
+
+def test_spool_survives_restarts_and_never_reuses_an_index(tmp_path: Path):
+    spool = Spool(tmp_path / ROBOT)
+    first, second, third = (_spooled(spool, i, seed=i) for i in range(3))
+    spool.ack(first, "added")
+    spool.reject(third, {"reason": "bad", "field": "x"})
+    with open(spool.ledger_path, "a") as ledger:
+        ledger.write('{"index": 9, "episode_id": "torn')  # a crash mid-line
+    reopened = Spool(tmp_path / ROBOT)  # a restarted robot process
+    assert [p.episode_id for p in reopened.pending()] == [second.episode_id]
+    assert reopened.next_index() == 3
+    assert set(reopened.finished()) == {first.episode_id, second.episode_id, third.episode_id}
+    assert (reopened.rejected_dir / (third.name + ".reason.json")).exists()
+    reopened.ack(second, "duplicate")
+    reopened.ack(second, "duplicate")  # acked twice (crash between ledger and unlink): read once
+    assert [e.episode_id for e in reopened.ledger()].count(second.episode_id) == 1
+
+
+class _SilentServer:
+    """Accepts connections and never answers: what a hung inference service looks like."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+        self.sock.close()
+
+
+def test_inference_timeout_holds_a_safe_action_and_marks_the_episode_interrupted(tmp_path: Path):
+    settings = small_settings(tmp_path)
+    server = _SilentServer()
+    try:
+        client = InferenceClient(f"http://127.0.0.1:{server.port}", "unused-token-000", timeout_s=0.2)
+        agent = RobotAgent(settings, ROBOT, client, Spool(tmp_path / "spool"))
+        episode = agent.run_episode(0)
+    finally:
+        server.close()
+    assert episode.interrupted and not episode.success and episode.length == 1
+    np.testing.assert_array_equal(episode.actions[0], safe_action(3, -1.0))
+    assert episode.actions[0, GRIPPER_ACTION] == -1.0 and episode.policy_version == "unavailable"
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    root = tmp_path_factory.mktemp("robot")
+    settings = with_free_ports(small_settings(root), robot_episodes=3, retry_initial_s=0.05, retry_max_s=0.3)
+    settings = settings.model_copy(update={"sim": settings.sim.model_copy(update={"max_steps": 25})})
+    layout = RuntimeLayout.of(settings).ensure()
+    tokens = issue_tokens(layout.token_file, [ROBOT])
+    torch_policy = make_policy(11, 3, settings.policy)
+    PolicyRegistry(settings.paths.mlruns, settings.registry).set_champion(register_policy(settings, torch_policy))
+    return settings, tokens
+
+
+def test_robot_spools_first_and_uploads_once_the_ingest_service_appears(services):
+    settings, tokens = services
+    stop = threading.Event()
+    with running_service(settings, "inference"):
+        result: dict = {}
+        robot = threading.Thread(target=lambda: result.setdefault("rc", run_robot(settings, ROBOT, tokens.robots[ROBOT], stop)))
+        robot.start()  # ingest is not up yet: episodes must wait in the spool
+        spool = Spool(RuntimeLayout.of(settings).spool(ROBOT))
+        deadline = time.monotonic() + 60
+        while spool.next_index() < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert spool.pending(), "episodes should be spooled while ingest is down"
+        with running_service(settings, "ingest"):
+            robot.join(timeout=120)
+            stop.set()
+            robot.join()
+    assert result.get("rc") == 0
+    finished = spool.finished()
+    assert len(finished) == 3 and not spool.pending()
+    meta = EpisodeDataset(settings.paths.episodes, settings.episodes).episodes_meta()
+    stored = dict(zip(meta.column("episode_id").to_pylist(), meta.column("content_hash").to_pylist()))
+    assert stored == finished  # every finished episode stored once, byte-for-byte the same content
+    assert set(meta.column("policy_version").to_pylist()) == {"v1"}
