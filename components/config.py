@@ -119,6 +119,7 @@ class ShuffleConfig(Section):
     grouping: Literal["static", "balanced"] = "balanced"  # two-level forwarder groups
     chunks: int = 1  # pipeline rounds (token blocks) per call; 1 = one round, no overlap
     dedup_threshold: float = 1.5  # auto picks two-level at >= this many pairs per node crossing
+    min_segment_kib: int = 1024  # per-expert messages (zero-copy slots) when segments are this big
     ranks_per_node: int = 0  # 0 = every rank on one node (torchrun --standalone)
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: NCCL when CUDA is present
 

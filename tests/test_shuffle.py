@@ -47,7 +47,9 @@ class Variant:
 VARIANTS = (
     Variant("fused_one_level", ShuffleConfig(plan="one_level"), True),
     Variant("fused_one_level_chunked", ShuffleConfig(plan="one_level", chunks=3), True),
+    Variant("fused_one_level_segmented", ShuffleConfig(plan="one_level", chunks=2, min_segment_kib=0), True),
     Variant("fused_two_level_static", ShuffleConfig(plan="two_level", grouping="static", chunks=2), False),
+    Variant("fused_two_level_segmented", ShuffleConfig(plan="two_level", chunks=3, min_segment_kib=0), False),
     Variant("fused_two_level_balanced", ShuffleConfig(plan="two_level", grouping="balanced"), False),
     Variant("megatron", ShuffleConfig(dispatcher="megatron"), True),
     Variant("dedup_permute", ShuffleConfig(dispatcher="dedup_permute"), False),
@@ -165,7 +167,7 @@ def test_two_level_sends_each_token_node_pair_at_most_once(results: list[dict]) 
         _, routing, _, _ = _inputs(case)
         placement = Placement(case.experts, WORLD, case.ranks_per_node)
         T = case.tokens
-        for v in ("fused_two_level_static", "fused_two_level_balanced"):
+        for v in ("fused_two_level_static", "fused_two_level_balanced", "fused_two_level_segmented"):
             for rank, res in enumerate(results):
                 crossings = res[(case.name, v)][4]
                 ids = routing.expert_ids[rank * T : (rank + 1) * T]

@@ -69,7 +69,8 @@ class FusedDispatcher:
         self.placement, self.group, self.cfg = placement, group, cfg
         self.rank = _rank(group)
         self.plan_kind = plan_kind or cfg.plan
-        self.transport = Transport(group=group, collective=collective)
+        segment = cfg.min_segment_kib * 1024
+        self.transport = Transport(group=group, collective=collective, min_segment_bytes=segment)
         self.last_plan: ShufflePlan | None = None
 
     def dispatch(self, x: Tensor, routing: Routing) -> Dispatched:
@@ -77,14 +78,20 @@ class FusedDispatcher:
         plan = build_plan(routing, self.placement, self.rank, self.group, self.plan_kind, rounds,
                           self.cfg.grouping, self.cfg.dedup_threshold)
         self.last_plan = plan
-        slots = shuffle(x, plan.token_stages, "copy", self.transport)
-        slot_probs = shuffle(routing.probs.reshape(-1, 1), plan.pair_stages, "copy", self.transport)
-        return Dispatched(slots, plan.tokens_per_expert, _PlanHandle(plan, slot_probs))
+        rows, probs = x, routing.probs.reshape(-1, 1)
+        for tok_stage, pair_stage, shared in zip(plan.token_stages, plan.pair_stages, plan.shared_hops):
+            if shared:  # rows and their probabilities travel in the same messages
+                rows, probs = shuffle((rows, probs), ((tok_stage, pair_stage),), "copy", self.transport)
+            else:  # two-level hop A: one row per (token, node) but one probability per pair
+                (rows,) = shuffle((rows,), ((tok_stage,),), "copy", self.transport)
+                (probs,) = shuffle((probs,), ((pair_stage,),), "copy", self.transport)
+        return Dispatched(rows, plan.tokens_per_expert, _PlanHandle(plan, probs))
 
     def combine(self, y: Tensor, handle: _PlanHandle) -> Tensor:
         weighted = y * handle.slot_probs
         self.transport.meter.copied(weighted)
-        return shuffle(weighted, handle.plan.token_stages, "add", self.transport, reverse=True)
+        hops = tuple((s,) for s in handle.plan.token_stages)
+        return shuffle((weighted,), hops, "add", self.transport, reverse=True)[0]
 
 
 class _AllToAll(torch.autograd.Function):

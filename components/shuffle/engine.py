@@ -1,14 +1,20 @@
-"""Fused shuffle engine: run a ``StagePlan`` with chunked, double-buffered isend/irecv.
+"""Fused shuffle engine: run a ``StagePlan`` round by round, double-buffered.
 
 Per round r (a token block) the engine
-  1. posts the receives of round r: straight into the destination rows when they form a range
-     and the stage copies (dispatch), else into the round's receive staging slot (r % 2);
-  2. gathers each send of round r into the send staging slot (r % 2) -- unless the source rows
-     are a range, then it sends a view -- and posts the sends (one ``batch_isend_irecv``);
-  3. while round r is in flight, lands round r-1: waits for its receives in (peer, segment)
-     order and scatters (copy) or accumulates (add) the staged rows into the destination.
+  1. gathers the rows of round r into the send staging slot (r % 2) -- or sends views when the
+     source rows are a range -- and starts the transfer;
+  2. while round r is in flight, lands round r-1: in (peer, segment) order it scatters (copy) or
+     accumulates (add) the arrived rows into the destination.
 Rows a rank sends to itself never touch the transport: they are copied/added directly at their
 place in the landing order. Staging buffers live in a ``Workspace`` reused across calls.
+
+Two transfers, chosen per stage from the plan's global mean segment size (identical on all
+ranks, so everyone picks the same one):
+  segmented  one isend/irecv per (peer, expert segment), received straight into the expert-major
+             slots and sent straight from them: no staging copy on the slot side. Pays when
+             segments are large (each message has a fixed cost).
+  coalesced  one all_to_all_single per round through staging: fewest messages, one staging copy
+             on the slot side. Pays when segments are small.
 
 ``mode="copy"``: every destination row is written once (dispatch). ``mode="add"``: rows are
 summed into a zero-initialized destination (combine). The two are adjoint: the backward of a
@@ -41,9 +47,10 @@ class Meter:
     bytes_sent: int = 0
     bytes_internode: int = 0
     bytes_copied: int = 0  # rows written by gathers, scatters, permutes, weighting, reductions
+    bytes_side: int = 0  # side lanes sent along with the rows (the fused path's probabilities)
 
     def reset(self) -> None:
-        self.bytes_sent = self.bytes_internode = self.bytes_copied = 0
+        self.bytes_sent = self.bytes_internode = self.bytes_copied = self.bytes_side = 0
 
     def copied(self, t: Tensor) -> None:
         self.bytes_copied += t.numel() * t.element_size()
@@ -73,6 +80,7 @@ class Transport:
     workspace: Workspace = field(default_factory=Workspace)
     meter: Meter = field(default_factory=Meter)
     collective: bool = False
+    min_segment_bytes: int = 1 << 20  # below: coalesce a round into one all_to_all_single
 
     def global_rank(self, peer: int) -> int:
         if self.group is None or self.group is dist.group.WORLD:
@@ -80,16 +88,35 @@ class Transport:
         return dist.get_global_rank(self.group, peer)
 
 
-def run_stage(src: Tensor, stage: StagePlan, mode: Mode, transport: Transport) -> Tensor:
-    """Move ``src`` rows (src_rows, ...) to a new (dst_rows, ...) tensor as ``stage`` describes."""
+def _as_rows(src: Tensor, stage: StagePlan) -> Tensor:
     if src.shape[0] != stage.src_rows:
-        raise ValueError(f"run_stage: source has {src.shape[0]} rows, the plan expects {stage.src_rows}")
+        raise ValueError(f"shuffle: source has {src.shape[0]} rows, the plan expects {stage.src_rows}")
     width = 1
     for n in src.shape[1:]:
         width *= n
-    rows = src.reshape(src.shape[0], width).contiguous()
-    out = (_run_collective if transport.collective else _run_fused)(rows, stage, mode, transport)
-    return out.view((stage.dst_rows,) + tuple(src.shape[1:]))
+    return src.reshape(src.shape[0], width).contiguous()
+
+
+def run_stage(src: Tensor, stage: StagePlan, mode: Mode, transport: Transport) -> Tensor:
+    """Move ``src`` rows (src_rows, ...) to a new (dst_rows, ...) tensor as ``stage`` describes."""
+    return run_lanes((src,), (stage,), mode, transport)[0]
+
+
+def run_lanes(srcs: tuple[Tensor, ...], stages: tuple[StagePlan, ...], mode: Mode,
+              transport: Transport) -> tuple[Tensor, ...]:
+    """Move several tensors whose stages share one message structure (e.g. token rows and their
+    probabilities) in the same messages: staging rows are the lanes side by side."""
+    rows = [_as_rows(src, stage) for src, stage in zip(srcs, stages)]
+    if transport.collective:
+        outs = [_run_collective(r, stage, mode, transport, i > 0) for i, (r, stage) in enumerate(zip(rows, stages))]
+    else:
+        width = sum(r.shape[1] for r in rows)
+        segmented = stages[0].segment_rows * width * rows[0].element_size() >= transport.min_segment_bytes
+        if (segmented and len(rows) > 1) or len({r.dtype for r in rows}) > 1:
+            outs = [_run_fused([r], [stage], mode, transport, i > 0)[0] for i, (r, stage) in enumerate(zip(rows, stages))]
+        else:
+            outs = _run_fused(rows, list(stages), mode, transport)
+    return tuple(out.view((stage.dst_rows,) + tuple(src.shape[1:])) for out, src, stage in zip(outs, srcs, stages))
 
 
 def _new_dst(stage: StagePlan, mode: Mode, like: Tensor) -> Tensor:
@@ -99,15 +126,21 @@ def _new_dst(stage: StagePlan, mode: Mode, like: Tensor) -> Tensor:
     return torch.zeros(shape, dtype=like.dtype, device=like.device)
 
 
-def _by_round(messages: tuple[Message, ...], rounds: int) -> list[list[Message]]:
-    out: list[list[Message]] = [[] for _ in range(rounds)]
-    for m in messages:
-        out[m.round].append(m)
+def _by_round(stages: list[StagePlan], sends: bool) -> list[list[tuple[Message, ...]]]:
+    """Per round, the messages of all lanes side by side (lanes share peers, counts and order)."""
+    out: list[list[tuple[Message, ...]]] = [[] for _ in range(stages[0].rounds)]
+    for ms in zip(*[(s.sends if sends else s.recvs) for s in stages], strict=True):
+        if len({m.count for m in ms}) > 1:
+            raise AssertionError("lanes of one hop must share the message structure")
+        out[ms[0].round].append(ms)
     return out
 
 
-def _count_sent(m: Message, buf: Tensor, stage: StagePlan, meter: Meter) -> None:
+def _count_sent(m: Message, buf: Tensor, stage: StagePlan, meter: Meter, side: bool = False) -> None:
     nbytes = buf.numel() * buf.element_size()
+    if side:
+        meter.bytes_side += nbytes
+        return
     meter.bytes_sent += nbytes
     if stage.node_of_peer[m.peer] != stage.node_of_peer[stage.rank]:
         meter.bytes_internode += nbytes
@@ -120,9 +153,14 @@ def _rows(t: Tensor, m: Message) -> Tensor:
 def _land(dst: Tensor, m: Message, rows: Tensor, mode: Mode, meter: Meter) -> None:
     """Put received (or self-sent) ``rows`` at the destination rows of receive message ``m``."""
     if mode == "copy":
-        dst.index_copy_(0, m.rows, rows) if m.start < 0 else _rows(dst, m).copy_(rows)
+        if m.start < 0:
+            dst.index_copy_(0, m.rows, rows)
+        else:
+            _rows(dst, m).copy_(rows)
+    elif m.start < 0:
+        dst.index_add_(0, m.rows, rows)
     else:
-        dst.index_add_(0, m.rows, rows) if m.start < 0 else _rows(dst, m).add_(rows)
+        _rows(dst, m).add_(rows)
     meter.copied(rows)
 
 
@@ -137,71 +175,138 @@ def _land_self(dst: Tensor, src: Tensor, send: Message, recv: Message, mode: Mod
     _land(dst, recv, rows, mode, meter)
 
 
-def _run_fused(src: Tensor, stage: StagePlan, mode: Mode, t: Transport) -> Tensor:
-    dst = _new_dst(stage, mode, src)
-    me, meter = stage.rank, t.meter
-    sends, recvs = _by_round(stage.sends, stage.rounds), _by_round(stage.recvs, stage.rounds)
-    pending_sends: list[list] = [[], []]
-    in_flight = None  # (round, [(message, buffer or None, work or None)], coalesced works)
+def _gather(src: Tensor, m: Message, out: Tensor, meter: Meter) -> None:
+    if m.start >= 0:
+        out.copy_(_rows(src, m))
+    else:
+        torch.index_select(src, 0, m.rows, out=out)
+    meter.copied(out)
+
+
+def _columns(srcs: list[Tensor]) -> list[slice]:
+    bounds, at = [], 0
+    for s in srcs:
+        bounds.append(slice(at, at + s.shape[1]))
+        at += s.shape[1]
+    return bounds
+
+
+def _run_fused(srcs: list[Tensor], stages: list[StagePlan], mode: Mode, t: Transport,
+               side: bool = False) -> list[Tensor]:
+    dsts = [_new_dst(stage, mode, src) for stage, src in zip(stages, srcs)]
+    stage = stages[0]
+    sends, recvs = _by_round(stages, sends=True), _by_round(stages, sends=False)
+    width = sum(src.shape[1] for src in srcs)
+    segmented = stage.segment_rows * width * srcs[0].element_size() >= t.min_segment_bytes
+    post = _post_segmented if segmented else _post_coalesced
+    send_works: list[list] = [[], []]
+    in_flight = None  # (round, [(recv messages, arrived staging rows or None for self)], works to wait)
     for r in range(stage.rounds + 1):
         posted = None
         if r < stage.rounds:
-            parity = r % 2
-            for w in pending_sends[parity]:  # slot r%2 was last used by round r-2's sends
+            for w in send_works[r % 2]:  # staging slot r%2 was last used by round r-2's sends
                 w.wait()
-            ops: list[dist.P2POp] = []
-            landing: list[tuple[Message, Tensor | None, int | None]] = []
-            staged = sum(m.count for m in recvs[r] if m.peer != me and (mode == "add" or m.start < 0))
-            rbuf, off = t.workspace.get("recv", parity, staged, src), 0
-            for m in recvs[r]:
-                if m.peer == me:
-                    landing.append((m, None, None))
-                    continue
-                if mode == "copy" and m.start >= 0:
-                    buf = _rows(dst, m)  # zero-copy: receive straight into the slots
-                else:
-                    buf, off = rbuf[off : off + m.count], off + m.count
-                landing.append((m, buf, len(ops)))
-                ops.append(dist.P2POp(dist.irecv, buf, t.global_rank(m.peer), t.group, m.tag))
-            out_sends = [m for m in sends[r] if m.peer != me]
-            sbuf, off = t.workspace.get("send", parity, sum(m.count for m in out_sends if m.start < 0), src), 0
-            send_idx = []
-            for m in out_sends:
-                if m.start >= 0:
-                    buf = _rows(src, m)  # zero-copy: send a view of the source rows
-                else:
-                    buf, off = sbuf[off : off + m.count], off + m.count
-                    torch.index_select(src, 0, m.rows, out=buf)
-                    meter.copied(buf)
-                _count_sent(m, buf, stage, meter)
-                send_idx.append(len(ops))
-                ops.append(dist.P2POp(dist.isend, buf, t.global_rank(m.peer), t.group, m.tag))
-            works = dist.batch_isend_irecv(ops) if ops else []
-            per_op = len(works) == len(ops)
-            pending_sends[parity] = [works[i] for i in send_idx] if per_op else list(works)
-            posted = (r, [(m, b, works[i] if per_op and i is not None else None) for m, b, i in landing],
-                      [] if per_op else list(works))
+            posted, send_works[r % 2] = post(srcs, dsts, stages, sends[r], recvs[r], mode, r % 2, t, side)
+            posted = (r, *posted)
         if in_flight is not None:
-            r_done, items, coalesced = in_flight
-            for w in coalesced:
-                w.wait()
-            self_sends = iter([m for m in sends[r_done] if m.peer == me])
-            for m, buf, work in items:
-                if buf is None:
-                    _land_self(dst, src, next(self_sends), m, mode, meter)
-                    continue
-                if work is not None:
-                    work.wait()
-                if mode == "add" or m.start < 0:
-                    _land(dst, m, buf, mode, meter)
+            _land_round(srcs, dsts, stages, sends[in_flight[0]], in_flight[1], in_flight[2], mode, t.meter)
         in_flight = posted
-    for works in pending_sends:
+    for works in send_works:
         for w in works:
             w.wait()
-    return dst
+    return dsts
 
 
-def _run_collective(src: Tensor, stage: StagePlan, mode: Mode, t: Transport) -> Tensor:
+def _post_segmented(srcs, dsts, stages, sends, recvs, mode, parity, t, side):
+    """One isend/irecv per message (one lane); slot-side rows go straight from/into views."""
+    (src,), (dst,), (stage,) = srcs, dsts, stages
+    me, ops, landing = stage.rank, [], []
+    rbuf = t.workspace.get("recv", parity, sum(m.count for (m,) in recvs if m.peer != me), src)
+    off = 0
+    for (m,) in recvs:
+        if m.peer == me:
+            landing.append(((m,), None, None))
+            continue
+        if mode == "copy" and m.start >= 0:
+            buf = _rows(dst, m)  # zero-copy: receive straight into the slots
+        else:
+            buf, off = rbuf[off : off + m.count], off + m.count
+        landing.append(((m,), buf, len(ops)))
+        ops.append(dist.P2POp(dist.irecv, buf, t.global_rank(m.peer), t.group, m.tag))
+    out_sends = [m for (m,) in sends if m.peer != me]
+    sbuf = t.workspace.get("send", parity, sum(m.count for m in out_sends if m.start < 0), src)
+    off, send_ops = 0, []
+    for m in out_sends:
+        if m.start >= 0:
+            buf = _rows(src, m)  # zero-copy: send a view of the source rows
+        else:
+            buf, off = sbuf[off : off + m.count], off + m.count
+            _gather(src, m, buf, t.meter)
+        _count_sent(m, buf, stage, t.meter, side)
+        send_ops.append(len(ops))
+        ops.append(dist.P2POp(dist.isend, buf, t.global_rank(m.peer), t.group, m.tag))
+    works = dist.batch_isend_irecv(ops) if ops else []
+    per_op = len(works) == len(ops)  # a coalescing backend (NCCL) returns one work for the batch
+    items = [(ms, b if i is None else (b, works[i] if per_op else None)) for ms, b, i in landing]
+    if not per_op:
+        return (items, list(works)), list(works)
+    return (items, []), [works[i] for i in send_ops]
+
+
+def _post_coalesced(srcs, dsts, stages, sends, recvs, mode, parity, t, side):
+    """One all_to_all_single for the round through peer-major staging, lanes side by side."""
+    me, world = stages[0].rank, len(stages[0].node_of_peer)
+    cols = _columns(srcs)
+    like = srcs[0].new_empty(0, cols[-1].stop)
+    in_splits, out_splits = [0] * world, [0] * world
+    out_sends = [ms for ms in sends if ms[0].peer != me]
+    sbuf = t.workspace.get("send", parity, sum(ms[0].count for ms in out_sends), like)
+    off = 0
+    for ms in out_sends:  # sorted by peer: the staging is peer-major
+        buf, off = sbuf[off : off + ms[0].count], off + ms[0].count
+        for src, m, c in zip(srcs, ms, cols):
+            _gather(src, m, buf[:, c], t.meter)
+        _count_sent(ms[0], buf[:, cols[0]], stages[0], t.meter, side)
+        if len(cols) > 1:
+            _count_sent(ms[0], buf[:, cols[0].stop :], stages[0], t.meter, True)
+        in_splits[ms[0].peer] += ms[0].count
+    rbuf = t.workspace.get("recv", parity, sum(ms[0].count for ms in recvs if ms[0].peer != me), like)
+    off, landing = 0, []
+    for ms in recvs:
+        if ms[0].peer == me:
+            landing.append((ms, None))
+            continue
+        landing.append((ms, rbuf[off : off + ms[0].count]))
+        off += ms[0].count
+        out_splits[ms[0].peer] += ms[0].count
+    if t.group is None:
+        return (landing, []), []
+    work = dist.all_to_all_single(rbuf, sbuf, out_splits, in_splits, group=t.group, async_op=True)
+    return (landing, [work]), [work]
+
+
+def _land_round(srcs, dsts, stages, sends, items, works, mode, meter) -> None:
+    """Wait for a round and put its rows in place, in (peer, segment) order."""
+    for w in works:
+        w.wait()
+    cols = _columns(srcs)
+    self_sends = iter([ms for ms in sends if ms[0].peer == stages[0].rank])
+    for ms, arrived in items:
+        if arrived is None:
+            for src, dst, send, m in zip(srcs, dsts, next(self_sends), ms):
+                _land_self(dst, src, send, m, mode, meter)
+            continue
+        if isinstance(arrived, tuple):  # segmented, one lane: (buffer, its own work)
+            arrived, work = arrived
+            if work is not None:
+                work.wait()
+            if mode == "copy" and ms[0].start >= 0:
+                continue  # it was received in place
+        for dst, m, c in zip(dsts, ms, cols):
+            _land(dst, m, arrived[:, c], mode, meter)
+
+
+def _run_collective(src: Tensor, stage: StagePlan, mode: Mode, t: Transport, side: bool = False) -> Tensor:
     """Reference execution: permute into one buffer, all_to_all_single, separate scatter pass."""
     if stage.rounds != 1:
         raise ValueError("collective engine runs single-round plans (shuffle.chunks = 1)")
@@ -216,7 +321,7 @@ def _run_collective(src: Tensor, stage: StagePlan, mode: Mode, t: Transport) -> 
     for m in stage.sends:
         in_splits[m.peer] += m.count
         if m.peer != stage.rank:
-            _count_sent(m, sbuf[: m.count], stage, meter)
+            _count_sent(m, sbuf[: m.count], stage, meter, side)
     for m in stage.recvs:
         out_splits[m.peer] += m.count
     rbuf = torch.empty(sum(out_splits), src.shape[1], dtype=src.dtype, device=src.device)
@@ -238,24 +343,28 @@ def _cat_rows(messages: tuple[Message, ...]) -> Tensor:
 
 
 class ShuffleFunction(torch.autograd.Function):
-    """Differentiable stage: copy forward -> add backward, add forward -> copy backward."""
+    """Differentiable lanes: copy forward -> add backward, add forward -> copy backward."""
 
     @staticmethod
-    def forward(ctx, src: Tensor, stage: StagePlan, mode: Mode, transport: Transport) -> Tensor:  # type: ignore[override]
-        ctx.stage, ctx.mode, ctx.transport = stage, mode, transport
-        return run_stage(src, stage, mode, transport)
+    def forward(ctx, stages: tuple[StagePlan, ...], mode: Mode, transport: Transport, *srcs: Tensor):  # type: ignore[override]
+        ctx.stages, ctx.mode, ctx.transport = stages, mode, transport
+        return run_lanes(srcs, stages, mode, transport)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx, *grads: Tensor):  # type: ignore[override]
         flipped: Mode = "add" if ctx.mode == "copy" else "copy"
-        return run_stage(grad.contiguous(), ctx.stage.reversed(), flipped, ctx.transport), None, None, None
+        reverse = tuple(s.reversed() for s in ctx.stages)
+        return (None, None, None, *run_lanes(tuple(g.contiguous() for g in grads), reverse, flipped, ctx.transport))
 
 
-def shuffle(src: Tensor, stages: tuple[StagePlan, ...], mode: Mode, transport: Transport,
-            reverse: bool = False) -> Tensor:
-    """Run stages in order (or the reversed stages backwards) as one differentiable movement."""
-    plan = [s.reversed() for s in reversed(stages)] if reverse else list(stages)
-    out = src
-    for stage in plan:
-        out = ShuffleFunction.apply(out, stage, mode, transport)
+def shuffle(srcs: tuple[Tensor, ...], stages: tuple[tuple[StagePlan, ...], ...], mode: Mode,
+            transport: Transport, reverse: bool = False) -> tuple[Tensor, ...]:
+    """Run hops in order (or the reversed hops backwards) as one differentiable movement.
+
+    ``stages[h]`` holds one StagePlan per lane for hop h (lanes share the message structure).
+    """
+    hops = [tuple(s.reversed() for s in hop) for hop in reversed(stages)] if reverse else list(stages)
+    out = tuple(srcs)
+    for hop in hops:
+        out = ShuffleFunction.apply(hop, mode, transport, *out)
     return out

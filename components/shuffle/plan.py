@@ -41,20 +41,21 @@ PlanKind = Literal["one_level", "two_level"]
 class Message:
     """One send or receive: ``count`` rows to/from ``peer`` in ``round``.
 
-    ``rows`` indexes the local tensor (source rows for a send, destination rows for a receive);
-    ``start >= 0`` says the rows are the contiguous range start..start+count, so the engine can
-    send from / receive into a view without a staging copy.
+    ``rows`` indexes the local tensor (source rows for a send, destination rows for a receive).
+    ``start >= 0`` says they are the contiguous range start..start+count (``index`` is None), so
+    the engine can send from / receive into a view without a staging copy.
     """
 
     peer: int
     round: int
     tag: int
-    rows: Tensor
+    count: int
     start: int
+    index: Tensor | None = None
 
     @property
-    def count(self) -> int:
-        return int(self.rows.numel())
+    def rows(self) -> Tensor:
+        return self.index if self.index is not None else torch.arange(self.start, self.start + self.count)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class StagePlan:
     dst_covered: bool  # every destination row is received exactly once
     src_once: bool  # every source row is sent exactly once
     node_of_peer: tuple[int, ...]
+    segment_rows: float  # global mean rows per message segment (same on every rank)
 
     def reversed(self) -> StagePlan:
         """The adjoint movement: destination rows travel back to the source rows they came from."""
@@ -105,6 +107,12 @@ class ShufflePlan:
     forwarders: Tensor | None = field(default=None)  # (W, nodes) two-level forwarder map
 
     @property
+    def shared_hops(self) -> tuple[bool, ...]:
+        """Per hop: do token rows and pair probabilities move in the same messages? (Same on every
+        rank by construction -- the coalesced transfer is collective, so this must not depend on data.)"""
+        return (True,) if self.kind == "one_level" else (False, True)
+
+    @property
     def num_slots(self) -> int:
         return sum(self.tokens_per_expert)
 
@@ -124,14 +132,15 @@ def _messages(peer: Tensor, rnd: Tensor, seg: Tensor, rows: Tensor, segments: in
     out = []
     for k, chunk in zip(keys.tolist(), rows.split(counts.tolist())):
         r, p = divmod(k // segments, world)
-        out.append(Message(peer=p, round=r, tag=0, rows=chunk, start=_range_start(chunk)))
+        start = _range_start(chunk)
+        out.append(Message(p, r, 0, chunk.numel(), start, None if start >= 0 else chunk))
     return out
 
 
 def _range_messages(peer: list[int], rnd: list[int], start: list[int], count: list[int]) -> list[Message]:
     """Messages whose destination rows are known ranges (receivers of a layout computed from counts)."""
     return [
-        Message(peer=p, round=r, tag=0, rows=torch.arange(s, s + c), start=s)
+        Message(peer=p, round=r, tag=0, count=c, start=s)
         for p, r, s, c in zip(peer, rnd, start, count)
         if c > 0
     ]
@@ -159,9 +168,7 @@ def _tagged(messages: list[Message]) -> tuple[Message, ...]:
 
 
 def _stage(rank: int, rounds: int, src_rows: int, dst_rows: int, sends: list[Message], recvs: list[Message],
-           placement: Placement) -> StagePlan:
-    sent = torch.cat([m.rows for m in sends]) if sends else torch.empty(0, dtype=torch.long)
-    got = torch.cat([m.rows for m in recvs]) if recvs else torch.empty(0, dtype=torch.long)
+           placement: Placement, segment_rows: float) -> StagePlan:
     return StagePlan(
         rank=rank,
         rounds=rounds,
@@ -169,14 +176,26 @@ def _stage(rank: int, rounds: int, src_rows: int, dst_rows: int, sends: list[Mes
         dst_rows=dst_rows,
         sends=_tagged(sends),
         recvs=_tagged(recvs),
-        dst_covered=_exactly_once(got, dst_rows),
-        src_once=_exactly_once(sent, src_rows),
+        dst_covered=_exactly_once(recvs, dst_rows),
+        src_once=_exactly_once(sends, src_rows),
         node_of_peer=tuple(placement.node_of(r) for r in range(placement.world_size)),
+        segment_rows=segment_rows,
     )
 
 
-def _exactly_once(rows: Tensor, n: int) -> bool:
-    return rows.numel() == n and bool((torch.bincount(rows, minlength=n) == 1).all()) if n else rows.numel() == 0
+def _exactly_once(messages: list[Message], n: int) -> bool:
+    """Do the messages' rows cover 0..n-1 exactly once?"""
+    if sum(m.count for m in messages) != n:
+        return False
+    if all(m.index is None for m in messages):  # ranges: sorted spans must tile [0, n)
+        pos = 0
+        for start, count in sorted((m.start, m.count) for m in messages):
+            if start != pos:
+                return False
+            pos += count
+        return True
+    rows = torch.cat([m.rows for m in messages])
+    return bool((torch.bincount(rows, minlength=n) == 1).all())
 
 
 def _exchange_counts(send: Tensor, group: dist.ProcessGroup | None) -> Tensor:
@@ -188,12 +207,11 @@ def _exchange_counts(send: Tensor, group: dist.ProcessGroup | None) -> Tensor:
     return recv
 
 
-def _exchange_rows(send: Tensor, send_counts: list[int], group: dist.ProcessGroup | None) -> Tensor:
+def _exchange_rows(send: Tensor, send_counts: list[int], recv_counts: list[int],
+                   group: dist.ProcessGroup | None) -> Tensor:
     """Variable-size all-to-all of small integer metadata rows (plan time only)."""
     if group is None:
         return send.clone()
-    counts = torch.tensor(send_counts, dtype=torch.long)
-    recv_counts = _exchange_counts(counts, group).tolist()
     recv = torch.empty((sum(recv_counts),) + tuple(send.shape[1:]), dtype=send.dtype)
     width = int(torch.tensor(send.shape[1:]).prod()) if send.dim() > 1 else 1
     dist.all_to_all_single(
@@ -238,8 +256,10 @@ def build_one_level(
     order = torch.argsort(((rnd * W + dest) * L + local) * max(T, 1) + tok)
     dest, local, rnd, tok, pair = dest[order], local[order], rnd[order], tok[order], pair[order]
 
-    send_counts = torch.bincount((dest * rounds + rnd) * L + local, minlength=W * rounds * L).view(W, rounds, L)
-    recv_counts = _exchange_counts(send_counts, group)  # [source, round, l]
+    send_counts = torch.bincount((dest * rounds + rnd) * L + local, minlength=W * rounds * L).view(W, rounds * L)
+    got = _exchange_counts(torch.cat([send_counts, torch.full((W, 1), T)], dim=1), group)  # + every rank's T
+    recv_counts = got[:, :-1].reshape(W, rounds, L)  # [source, round, l]
+    segment_rows = float(got[:, -1].sum()) * K / (W * placement.num_experts * rounds)
     # slots (l, source, token): the round dimension is inside the source block, so layout (l, s, r)
     blocks = recv_counts.permute(2, 0, 1).reshape(-1)
     base = (torch.cumsum(blocks, 0) - blocks).view(L, W, rounds)
@@ -256,8 +276,8 @@ def build_one_level(
     pair_sends = _messages(dest, rnd, local, pair, L, W)
     return ShufflePlan(
         kind="one_level",
-        token_stages=(_stage(rank, rounds, T, slots, token_sends, recvs, placement),),
-        pair_stages=(_stage(rank, rounds, T * K, slots, pair_sends, recvs, placement),),
+        token_stages=(_stage(rank, rounds, T, slots, token_sends, recvs, placement, segment_rows),),
+        pair_stages=(_stage(rank, rounds, T * K, slots, pair_sends, recvs, placement, segment_rows),),
         tokens_per_expert=per_expert,
         num_tokens=T,
         top_k=K,
@@ -359,9 +379,11 @@ def build_two_level(
     # metadata to forwarders: (round, token, expert) per pair, grouped by forwarder
     order = torch.argsort(((p_f * rounds + rnd) * Tb + tok) * E + e)
     meta = torch.stack([rnd[order], tok[order], e[order]], dim=1)
-    meta_counts = torch.bincount(p_f, minlength=W).tolist()
-    got = _exchange_rows(meta, meta_counts, group)  # rows sorted by (source, round, token, expert)
-    got_counts = _exchange_counts(torch.tensor(meta_counts), group).tolist()
+    meta_counts = torch.bincount(p_f, minlength=W)
+    got_counts = _exchange_counts(torch.stack([meta_counts, torch.full((W,), T)], dim=1), group)
+    tokens_all = float(got_counts[:, 1].sum())
+    got_counts = got_counts[:, 0].tolist()
+    got = _exchange_rows(meta, meta_counts.tolist(), got_counts, group)  # sorted (source, round, token, expert)
     m_src = torch.repeat_interleave(torch.arange(W), torch.tensor(got_counts, dtype=torch.long))
     m_rnd, m_tok, m_e = got[:, 0], got[:, 1], got[:, 2]
     P = int(got.shape[0])
@@ -392,16 +414,19 @@ def build_two_level(
     recv_counts = _exchange_counts(send_counts, group)
     b_recvs, per_expert = _expert_major_recvs(recv_counts, rounds)
     slots = sum(per_expert)
+    # global estimates of rows per message segment, for the engine's segmented-vs-coalesced choice
+    a_rows = tokens_all / (W * rounds)  # (source, forwarder, round): at most a rank's tokens
+    b_rows = tokens_all * K / (W * R * L * rounds)  # (forwarder, expert rank, expert, round)
 
     return ShufflePlan(
         kind="two_level",
         token_stages=(
-            _stage(me, rounds, T, F, a_sends, a_recvs, placement),
-            _stage(me, rounds, F, slots, b_sends, b_recvs, placement),
+            _stage(me, rounds, T, F, a_sends, a_recvs, placement, a_rows),
+            _stage(me, rounds, F, slots, b_sends, b_recvs, placement, b_rows),
         ),
         pair_stages=(
-            _stage(me, rounds, T * K, P, ap_sends, ap_recvs, placement),
-            _stage(me, rounds, P, slots, bp_sends, b_recvs, placement),
+            _stage(me, rounds, T * K, P, ap_sends, ap_recvs, placement, a_rows * K),
+            _stage(me, rounds, P, slots, bp_sends, b_recvs, placement, b_rows),
         ),
         tokens_per_expert=per_expert,
         num_tokens=T,
