@@ -1,0 +1,111 @@
+"""Priority: how strongly each success frame answers the fleet's failures.
+
+For every frame f of a successful episode,
+
+    w_f = 1 + alpha * sum over retrieved matches (q, segment) with f in segment of exp(-d_q^2 / (2 sigma^2))
+
+where d_q is the match's (plain, not squared) distance and sigma defaults to the median
+retrieved distance. A frame no failure resembles keeps w = 1; frames that answer many close
+queries weigh more. ``uniform=True`` gives every retrieved frame w = 1 (the FERT-uniform
+ablation: same pools, no similarity weighting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from components.episodes.record import Episode
+from components.fert.retrieval import Retrieved
+
+
+@dataclass(frozen=True)
+class FrameTable:
+    """Successful episodes' frames, concatenated; ``offsets[episode_id]`` is an episode's first row."""
+
+    states: np.ndarray  # (N, n) float32
+    actions: np.ndarray  # (N, m) float32
+    episode_ids: list[str]
+    offsets: dict[str, int]
+    lengths: dict[str, int]
+    is_demo: np.ndarray  # (N,) bool: frame of an expert demonstration
+
+    @classmethod
+    def from_episodes(cls, episodes: Sequence[Episode], demo_version: str) -> FrameTable:
+        """Frames of the *successful* episodes only; failed episodes are never imitated."""
+        kept = [ep for ep in episodes if ep.success]
+        if not kept:
+            raise ValueError("no successful episodes: FERT imitates successes only; ingest expert demos first")
+        lengths = [ep.length for ep in kept]
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        return cls(
+            states=np.concatenate([ep.states for ep in kept]).astype(np.float32),
+            actions=np.concatenate([ep.actions for ep in kept]).astype(np.float32),
+            episode_ids=[ep.episode_id for ep in kept],
+            offsets={ep.episode_id: int(s) for ep, s in zip(kept, starts, strict=True)},
+            lengths={ep.episode_id: ep.length for ep in kept},
+            is_demo=np.concatenate([np.full(ep.length, ep.policy_version == demo_version) for ep in kept]),
+        )
+
+    def __len__(self) -> int:
+        return int(self.states.shape[0])
+
+
+@dataclass(frozen=True)
+class PriorityWeights:
+    weights: np.ndarray  # (N,) w_f >= 1 for every frame of the table
+    retrieved: np.ndarray  # (N,) bool: frame lies in at least one kept match
+    sigma: float
+    alpha: float
+    uniform: bool
+
+    @property
+    def retrieved_frames(self) -> int:
+        return int(self.retrieved.sum())
+
+
+def resolve_sigma(retrieved: Retrieved, sigma: float) -> float:
+    """``sigma`` as configured, or the median retrieved (plain) distance when it is 0."""
+    if sigma > 0:
+        return float(sigma)
+    lengths = retrieved.euclidean()
+    median = float(np.median(lengths)) if len(lengths) else 1.0
+    return median if median > 0 else 1.0
+
+
+def priority_weights(
+    table: FrameTable, retrieved: Retrieved, alpha: float, sigma: float = 0.0, uniform: bool = False
+) -> PriorityWeights:
+    """Per-frame weights (module doc). Matches on episodes missing from ``table`` raise."""
+    n = len(table)
+    sigma = resolve_sigma(retrieved, sigma)
+    if len(retrieved) == 0:
+        return PriorityWeights(np.ones(n), np.zeros(n, dtype=bool), sigma, alpha, uniform)
+    missing = {e for e in retrieved.episode_ids if e not in table.offsets}
+    if missing:
+        raise ValueError(
+            f"{len(missing)} retrieved episodes (e.g. {sorted(missing)[0]!r}) are not among the successful "
+            "episodes given; pass the same dataset the segment store was built from"
+        )
+    offset = np.array([table.offsets[e] for e in retrieved.episode_ids], dtype=np.int64)
+    length = np.array([table.lengths[e] for e in retrieved.episode_ids], dtype=np.int64)
+    first = offset + np.clip(retrieved.starts, 0, length)
+    last = offset + np.clip(retrieved.ends, 0, length)  # exclusive
+    d = retrieved.euclidean()
+    kernel = np.exp(-(d**2) / (2.0 * sigma**2))
+
+    # add each match's kernel to its frame range with a difference array, then prefix-sum
+    contribution = np.zeros(n + 1)
+    np.add.at(contribution, first, kernel)
+    np.add.at(contribution, last, -kernel)
+    coverage = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(coverage, first, 1)
+    np.add.at(coverage, last, -1)
+    hit = np.cumsum(coverage)[:n] > 0
+    if uniform:
+        weights = np.ones(n)
+    else:
+        weights = 1.0 + alpha * np.maximum(np.cumsum(contribution)[:n], 0.0)
+    return PriorityWeights(weights, hit, sigma, alpha, uniform)

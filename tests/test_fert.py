@@ -1,0 +1,194 @@
+"""FERT on constructed episodes with a real LanceDB store: divergence, retrieval, weights, pools."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from components.config import FertConfig, StoreConfig
+from components.episodes.record import Episode
+from components.fert import (
+    DEMO_VERSION,
+    FrameTable,
+    Retrieved,
+    build_training_set,
+    calibrate_threshold,
+    failure_contexts,
+    first_divergence,
+    priority_weights,
+    retrieve,
+)
+from components.fert.mixing import pool_shares, sampling_probabilities
+from components.store.encoder import NormalizedStateEncoder
+from components.store.segment_store import SegmentStore
+from components.store.windows import cut_windows
+
+STORE = StoreConfig(window=4, stride=2)
+T = 40
+DIVERGE_AT = 20
+
+
+def _episode(i: int, states: np.ndarray, success: bool, version: str = "v1", robot: str | None = None) -> Episode:
+    t = len(states)
+    actions = np.tile(np.array([[1.0, 0.0]], np.float32), (t, 1)) if success else np.full((t, 2), -9.0, np.float32)
+    return Episode(
+        episode_id=f"ep-{i:04d}", robot_id=robot or f"robot-{i % 5:04d}", task="t", states=states.astype(np.float32),
+        actions=actions, timestamps=np.arange(t, dtype=np.float32) / 10, success=success, policy_version=version,
+    )
+
+
+def _path(rng: np.random.Generator, diverge_at: int | None = None) -> np.ndarray:
+    """A 2-D state moving along x; a failure leaves the success corridor in y from ``diverge_at``."""
+    x = np.linspace(0.0, 1.0, T)
+    y = rng.normal(0.0, 0.01, T)
+    if diverge_at is not None:
+        y[diverge_at:] += np.linspace(0.3, 1.0, T - diverge_at)
+    return np.stack([x + rng.normal(0, 0.01, T), y], axis=1)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    successes = [_episode(i, _path(rng), True, DEMO_VERSION if i < 5 else "v1") for i in range(60)]
+    failures = [_episode(100 + i, _path(rng, DIVERGE_AT), False) for i in range(6)]
+    episodes = successes + failures
+    windows = np.concatenate([cut_windows(e.states, STORE.window, STORE.stride).windows for e in episodes])
+    encoder = NormalizedStateEncoder(STORE.window, 2).fit(windows)
+    store = SegmentStore.open(tmp_path_factory.mktemp("fert") / "segments.lance", STORE, encoder.dim)
+    store.upsert(episodes, encoder, snapshot="s")
+    return store, encoder, successes, failures
+
+
+def test_first_divergence_needs_k_consecutive_windows():
+    d = np.array([0, 5, 0, 5, 5, 0, 5, 5, 5, 5], float)
+    assert first_divergence(d, 1.0, 1) == 1
+    assert first_divergence(d, 1.0, 2) == 3
+    assert first_divergence(d, 1.0, 3) == 6
+    assert first_divergence(d, 1.0, 5) is None
+    assert first_divergence(np.zeros(0), 1.0, 2) is None
+
+
+def test_calibration_keeps_false_fires_on_held_out_successes_low(world):
+    store, encoder, successes, _ = world
+    cfg = FertConfig(percentile=80.0, consecutive=1, max_false_fire=0.1, calibration_episodes=40)
+    threshold = calibrate_threshold(store, encoder, successes, cfg, seed=0)
+    assert threshold.false_fire_rate <= 0.1
+    # an 80th-percentile threshold fires on single windows of most successes: k must have been raised
+    assert threshold.consecutive > 1
+    uncalibrated = calibrate_threshold(store, encoder, successes, cfg.model_copy(update={"calibrate": False}), seed=0)
+    assert uncalibrated.consecutive == 1 and uncalibrated.false_fire_rate > threshold.false_fire_rate
+
+
+def test_divergence_found_where_the_constructed_failure_leaves_the_successes(world):
+    store, encoder, successes, failures = world
+    cfg = FertConfig(calibration_episodes=40)
+    threshold = calibrate_threshold(store, encoder, successes, cfg, seed=0)
+    contexts = failure_contexts(store, encoder, failures, threshold, cfg)
+    assert [c.episode_id for c in contexts] == [f.episode_id for f in failures]
+    for context in contexts:
+        assert not context.fallback
+        # the first window reaching past the divergence point starts within one window of it
+        assert DIVERGE_AT - STORE.window <= context.divergence_step <= DIVERGE_AT + STORE.stride
+        assert (context.starts >= context.divergence_step).all()
+        assert (context.distances > threshold.distance).sum() >= threshold.consecutive
+
+
+def test_no_divergence_falls_back_to_the_last_steps(world):
+    store, encoder, successes, _ = world
+    cfg = FertConfig(calibration_episodes=40, fallback_steps=8)
+    threshold = calibrate_threshold(store, encoder, successes, cfg, seed=0)
+    # a "failure" that looks exactly like the successes (e.g. a late drop the states do not show)
+    quiet = _episode(900, _path(np.random.default_rng(9)), False)
+    (context,) = failure_contexts(store, encoder, [quiet], threshold, cfg)
+    assert context.fallback and context.divergence_step == T - 8
+    ends = context.starts + STORE.window
+    assert (ends > T - 8).all() and len(context.starts) > 0
+    with pytest.raises(ValueError, match="succeeded"):
+        failure_contexts(store, encoder, [successes[0]], threshold, cfg)
+
+
+def test_retrieval_never_returns_failed_episodes(world):
+    store, encoder, successes, failures = world
+    cfg = FertConfig(calibration_episodes=40, top_k=8, max_distance_percentile=100.0)
+    threshold = calibrate_threshold(store, encoder, successes, cfg, seed=0)
+    contexts = failure_contexts(store, encoder, failures, threshold, cfg)
+    # the failures' own windows are the nearest rows in the store, yet none may come back
+    retrieved = retrieve(store, contexts, cfg, task="t", seed=0)
+    assert len(retrieved) > 0
+    failed_ids = {f.episode_id for f in failures}
+    success_ids = {s.episode_id for s in successes}
+    assert not failed_ids & set(retrieved.episode_ids.tolist())
+    assert set(retrieved.episode_ids.tolist()) <= success_ids
+    assert len(set(retrieved.robot_ids.tolist())) > 1  # matches come from other robots too
+    kept = retrieve(store, contexts, cfg.model_copy(update={"max_distance_percentile": 50.0}), task="t", seed=0)
+    assert kept.dropped > 0 and kept.distances.max() <= kept.cutoff
+
+
+def test_priority_weights_follow_the_formula():
+    episodes = [_episode(i, np.zeros((10, 2)), True) for i in range(2)]
+    table = FrameTable.from_episodes(episodes, DEMO_VERSION)
+    # two queries hit frames 2..5 of episode 0 (d=1 and d=2); one hits frames 0..3 of episode 1 (d=0)
+    retrieved = Retrieved(
+        query=np.array([0, 1, 1]), query_episode_ids=np.array(["f", "f", "f"], dtype=object),
+        episode_ids=np.array(["ep-0000", "ep-0000", "ep-0001"], dtype=object),
+        robot_ids=np.array(["a", "a", "b"], dtype=object), starts=np.array([2, 2, 0]), ends=np.array([6, 6, 4]),
+        distances=np.array([1.0, 4.0, 0.0]), metric="l2", num_queries=2, cutoff=4.0, dropped=0, store_version=1,
+    )  # l2 distances are squared: plain lengths 1, 2, 0
+    w = priority_weights(table, retrieved, alpha=2.0, sigma=1.0)
+    expected = np.ones(20)
+    expected[2:6] += 2.0 * (np.exp(-1 / 2) + np.exp(-4 / 2))
+    expected[10:14] += 2.0 * 1.0
+    np.testing.assert_allclose(w.weights, expected)
+    assert w.retrieved.sum() == 8
+    uniform = priority_weights(table, retrieved, alpha=2.0, sigma=1.0, uniform=True)
+    np.testing.assert_array_equal(uniform.weights, np.ones(20))
+    np.testing.assert_array_equal(uniform.retrieved, w.retrieved)
+    assert priority_weights(table, retrieved, alpha=1.0).sigma == pytest.approx(1.0)  # median of 1, 2, 0
+    missing = Retrieved(**{**retrieved.__dict__, "episode_ids": np.array(["x", "x", "x"], dtype=object)})
+    with pytest.raises(ValueError, match="not among the successful"):
+        priority_weights(table, missing, alpha=1.0)
+
+
+def test_pool_mix_gives_each_pool_its_share():
+    demo = _episode(0, np.zeros((10, 2)), True, DEMO_VERSION)
+    fleet = [_episode(i, np.zeros((30, 2)), True) for i in (1, 2)]
+    table = FrameTable.from_episodes([demo, *fleet], DEMO_VERSION)
+    weights = np.ones(len(table))
+    weights[40:50] = 3.0
+    retrieved_mask = np.zeros(len(table), bool)
+    retrieved_mask[40:60] = True
+    from components.fert.priority import PriorityWeights
+
+    priority = PriorityWeights(weights, retrieved_mask, 1.0, 1.0, False)
+    cfg = FertConfig(mix_demos=0.2, mix_successes=0.4, mix_retrieved=0.4)
+    shares = pool_shares(cfg, 10, len(table), 20)
+    p = sampling_probabilities(table, priority, shares)
+    assert p.sum() == pytest.approx(1.0)
+    assert p[:10].sum() == pytest.approx(0.2 + 0.4 * 10 / 70)  # demos: own share + their part of all successes
+    assert p[40:50].sum() == pytest.approx(0.4 * 10 / 70 + 0.4 * 30 / 40)  # w = 3 frames get 3/4 of the retrieved pool
+    assert p[50:60].sum() == pytest.approx(0.4 * 10 / 70 + 0.4 * 10 / 40)
+    nothing = pool_shares(cfg, 10, len(table), 0)
+    assert nothing.retrieved == 0 and nothing.demos == pytest.approx(1 / 3)
+
+
+def test_methods_never_imitate_failed_episodes(world):
+    store, encoder, successes, failures = world
+    episodes = successes + failures
+    cfg = FertConfig(calibration_episodes=40)
+    bc = build_training_set("bc", episodes, cfg)
+    assert len(bc.data.states) == 5 * T and bc.data.weights is None  # the 5 demos only, uniform
+    filtered = build_training_set("filtered_bc", episodes, cfg)
+    assert len(filtered.data.states) == 60 * T
+    fert = build_training_set("fert", episodes, cfg, store, encoder, seed=0)
+    for built in (bc, filtered, fert):
+        assert not (built.data.actions == -9.0).any()  # failed episodes' actions never appear
+    assert fert.report.failed_episodes == 6 and fert.report.matches > 0
+    assert fert.data.weights.sum() == pytest.approx(1.0)
+    assert fert.report.retrieved_mass > fert.report.retrieved_frames / fert.report.frames  # retrieval is emphasized
+    uniform = build_training_set("fert_uniform", episodes, cfg, store, encoder, seed=0)
+    np.testing.assert_array_equal(uniform.priority.retrieved, fert.priority.retrieved)
+    assert np.unique(uniform.data.weights[uniform.priority.retrieved]).size <= 3  # no similarity weighting
+    with pytest.raises(ValueError, match="needs the segment store"):
+        build_training_set("fert", episodes, cfg)
+    with pytest.raises(ValueError, match="unknown"):
+        build_training_set("dagger", episodes, cfg)
