@@ -44,6 +44,7 @@ class ChainSpec:
     streaming: dict[tuple[str, str], str] = field(default_factory=dict)  # pair -> "cyclic" | "oneway"
     envs: int = 1
     offload_gb_per_s: float = 10.0  # host<->device bandwidth for offload/onload cost
+    pinned_threads: dict[str, int] = field(default_factory=dict)  # components whose thread count is numerics
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Profile:
 
     samples: dict[tuple[str, int], list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
     switch_s: float = 0.0
+    dispatch_s: float = 0.0  # executor overhead per op (iteration time not covered by op spans)
     forms: tuple[str, ...] = ("power", "exponential", "log", "quadratic")
 
     def curve(self, op: str, threads: int) -> CostCurve:
@@ -100,6 +102,7 @@ def profile_workflow(workflow_at: Callable[[int], Workflow], cfg: SchedulerConfi
     prof = Profile(forms=tuple(cfg.cost_curves))
     switches = 0
     switch_s = 0.0
+    gaps: list[float] = []
     for m in stages:
         wf = workflow_at(m)
         for t in threads:
@@ -113,7 +116,13 @@ def profile_workflow(workflow_at: Callable[[int], Workflow], cfg: SchedulerConfi
                 prof.samples[(s.op, t)].append((op_size(wf, s.op, envs), s.duration))
             switches += res.switch.switches
             switch_s += res.switch.switch_s
+            steady = [s for s in res.timeline.spans if s.iteration > 0] or res.timeline.spans
+            busy = sum(s.duration for s in steady)
+            wall = sum(res.iteration_s[1:] or res.iteration_s)
+            if steady:
+                gaps.append(max(wall - busy, 0.0) / len(steady))
     prof.switch_s = switch_s / switches if switches else 0.0
+    prof.dispatch_s = statistics.median(gaps) if gaps else 0.0
     return prof
 
 
@@ -183,22 +192,38 @@ class M2FlowPlanner:
             n *= wf.loops[loop]
         return n
 
-    def step_cost(self, wf: Workflow, comps: Sequence[str], threads: int) -> float:
+    def threads_for(self, wf: Workflow, comp: str, devices: int) -> int:
+        """The component's thread quota on ``devices`` devices: pinned if its numerics fix it,
+        else the count (≤ devices) with the lowest profiled cost per iteration."""
+        if comp in self.spec.pinned_threads:
+            return self.spec.pinned_threads[comp]
+        options = range(1, max(devices, 1) + 1)
+        return min(options, key=lambda t: (self._comp_cost(wf, comp, t), t))
+
+    def _comp_cost(self, wf: Workflow, comp: str, threads: int) -> float:
+        total = 0.0
+        for op, scope in self._ops(wf, comp):
+            total += self._calls(wf, scope) * self.profile.curve(op, threads)(op_size(wf, op, self.spec.envs))
+        return total
+
+    def step_cost(self, wf: Workflow, comps: Sequence[str], devices: int) -> float:
         """Per micro-batch (one group, one step) cost of the step-loop ops of ``comps``."""
         total = 0.0
         for c in comps:
+            t = self.threads_for(wf, c, devices)
             for op, scope in self._ops(wf, c):
                 if STEP_LOOP in scope:
-                    total += self.profile.curve(op, threads)(op_size(wf, op, self.spec.envs))
+                    total += self.profile.curve(op, t)(op_size(wf, op, self.spec.envs))
         return total
 
-    def iter_cost(self, wf: Workflow, comps: Sequence[str], threads: int) -> float:
+    def iter_cost(self, wf: Workflow, comps: Sequence[str], devices: int) -> float:
         """Per-iteration cost of the ops of ``comps`` outside the step loop."""
         total = 0.0
         for c in comps:
+            t = self.threads_for(wf, c, devices)
             for op, scope in self._ops(wf, c):
                 if STEP_LOOP not in scope:
-                    total += self._calls(wf, scope) * self.profile.curve(op, threads)(op_size(wf, op, self.spec.envs))
+                    total += self._calls(wf, scope) * self.profile.curve(op, t)(op_size(wf, op, self.spec.envs))
         return total
 
     def _memory(self, wf: Workflow, comps: Sequence[str]) -> float:
@@ -266,6 +291,9 @@ class M2FlowPlanner:
 
         return list(seg(0, len(chain) - 1, tuple(range(self.devices))))
 
+    def _ops_per_iteration(self, wf: Workflow) -> int:
+        return sum(self._calls(wf, scope) for _, scope in wf.ops_with_scope())
+
     def side_cost(self, wf: Workflow) -> float:
         side = [c.name for c in wf.components if c.name not in self.spec.chain]
         return self.iter_cost(wf, side, self.devices) + self.step_cost(wf, side, self.devices)
@@ -275,7 +303,7 @@ class M2FlowPlanner:
         cands: list[Candidate] = []
         for m in stages or self.cfg.pipeline_stages:
             wf = self.workflow_at(m)
-            side = self.side_cost(wf)
+            side = self.side_cost(wf) + self.profile.dispatch_s * self._ops_per_iteration(wf)
             seen: set[str] = set()
             for t, node in sorted(self.search(m), key=lambda x: x[0]):
                 key = node.describe()
@@ -313,7 +341,7 @@ class M2FlowPlanner:
         def devices_of(n: Node) -> None:
             if n.kind == "single":
                 c = n.comps[0]
-                threads[c] = len(n.devices)
+                threads[c] = self.threads_for(wf, c, len(n.devices))
                 if wf.component(c).exclusive:
                     placement[c] = tuple(f"cpu{k}" for k in n.devices)
                 return
@@ -323,7 +351,7 @@ class M2FlowPlanner:
 
         devices_of(node)
         for c in side:
-            threads[c] = self.devices
+            threads[c] = self.threads_for(wf, c, self.devices)
             if wf.component(c).exclusive:
                 placement[c] = tuple(f"cpu{k}" for k in range(self.devices))
         specs = []

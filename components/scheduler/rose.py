@@ -11,7 +11,8 @@ Transformations (all plan rewrites; the workflow never changes):
 
 * ``pipeline_env_groups`` — split the envs into groups so env steps of one group overlap
   inference of another within a rollout step;
-* ``side_worker`` — side work (evaluation with the previous weights, retrieval) on its own worker,
+* ``side_worker`` / ``side_process`` — side work (evaluation with the previous weights, retrieval)
+  on its own worker thread, or in its own process (no GIL sharing; pays pickling per op),
   overlapping the rollout tail and the learner;
 * ``split:<component>`` — a component on its own worker (learner-side work such as per-group
   advantages starts as each group's rollout ends);
@@ -149,6 +150,12 @@ def candidate_transformations(workflow: Workflow, plan: Plan) -> list[Transforma
             threads = {**p.threads, **{c: 1 for c in side}}
             return p.with_(workers=(*_workers_without(p, side), WorkerSpec("side", side)), threads=threads)
         out.append(Transformation("side_worker", side_worker))
+        if all(workflow.component(c).process_ok for c in side):
+            def side_process(p: Plan, side: tuple[str, ...] = side) -> Plan:
+                threads = {**p.threads, **{c: 1 for c in side}}
+                return p.with_(workers=(*_workers_without(p, side), WorkerSpec("side", side, kind="process")),
+                               threads=threads)
+            out.append(Transformation("side_process", side_process))
     for w in plan.workers:
         if len(w.components) > 1:
             for c in w.components:

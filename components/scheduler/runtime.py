@@ -99,13 +99,14 @@ class SchedulerRuntime:
         return self._timelines[plan.name]
 
     # ------------------------------------------------------------------ baselines
-    def sequential(self, tuned: bool = True, groups: int = 1) -> Plan:
-        """Default threads (library defaults) or hand-tuned (BLAS 1, torch = all cores)."""
+    def sequential(self, tuned: bool = True, groups: int = 1, threads: int | None = None) -> Plan:
+        """Default threads (library defaults) or hand-tuned (BLAS 1, torch ``threads``, default all cores)."""
         wf = self.workflow_at(groups)
         if not tuned:
             return self._pin(sequential_plan(wf, groups=groups, name="sequential-default"))
-        plan = sequential_plan(wf, threads=self.devices, blas_threads=1, groups=groups, name="sequential-tuned")
-        return self._pin(plan)
+        t = threads or self.devices
+        name = "sequential-tuned" if threads is None else f"sequential-tuned(t={t})"
+        return self._pin(sequential_plan(wf, threads=t, blas_threads=1, groups=groups, name=name))
 
     def coarse(self) -> Plan:
         """RLinf-style hybrid: env and rollout pipelined in 2 stages on separate halves; the
@@ -135,7 +136,8 @@ class SchedulerRuntime:
         return self._profile
 
     def planner(self) -> M2FlowPlanner:
-        spec = ChainSpec(self.roles.chain, dict(self.roles.streaming), envs=self.roles.envs)
+        spec = ChainSpec(self.roles.chain, dict(self.roles.streaming), envs=self.roles.envs,
+                         pinned_threads=dict(self.roles.pinned_threads))
         return M2FlowPlanner(self.workflow_at, spec, self.profile(), self.cfg, self.devices)
 
     def plan(self) -> PlannerResult:

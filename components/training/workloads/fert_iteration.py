@@ -77,6 +77,11 @@ class StoreFertHooks:
         self.batch_size = batch_size
         self._store: SegmentStore | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_store"] = None  # a LanceDB handle never crosses a process boundary; reopened lazily
+        return state
+
     @property
     def store(self) -> SegmentStore:
         if self._store is None:  # opened lazily, in the worker that uses it (never across fork)
