@@ -30,6 +30,7 @@ from components.store.segment_store import SegmentStore
 from components.store.windows import cut_windows
 
 CALIBRATION_STREAM = 11  # salt for the generator that picks calibration episodes
+MIN_SUCCESSES = 4  # two held out for calibration (threshold + false-fire), two in the bank
 
 
 @dataclass(frozen=True)
@@ -94,12 +95,13 @@ def calibrate_threshold(
     seed: int,
 ) -> DivergenceThreshold:
     """Threshold and run length from held-out successful episodes (see the module doc)."""
-    if len(successes) < 2:
+    if len(successes) < MIN_SUCCESSES:
         raise ValueError(
-            "divergence calibration needs >= 2 successful episodes; collect more or set fert.calibrate: false"
+            f"divergence calibration needs >= {MIN_SUCCESSES} successful episodes (half stay in the bank); "
+            "ingest more demos or fleet episodes"
         )
     rng = np.random.default_rng([seed, CALIBRATION_STREAM])
-    count = min(cfg.calibration_episodes, len(successes))
+    count = min(cfg.calibration_episodes, len(successes) // 2)  # the other half is the bank
     chosen = [successes[i] for i in np.sort(rng.choice(len(successes), size=count, replace=False))]
     held_out = [ep.episode_id for ep in chosen]  # the bank never contains a calibration episode
     half = count // 2
@@ -111,7 +113,8 @@ def calibrate_threshold(
     split = np.cumsum([len(v) for v in vectors])[:-1]
     per_episode = np.split(distances, split)
 
-    threshold = float(np.percentile(np.concatenate(per_episode[:half]), cfg.percentile))
+    reference = np.concatenate(per_episode[:half])
+    threshold = float(np.percentile(reference[np.isfinite(reference)], cfg.percentile))
     tested = per_episode[half:]
 
     def false_fire(k: int) -> float:

@@ -10,11 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from components.config import Settings
 from components.episodes.snapshot import read_snapshot
-from components.pipeline.collect import EXPERT_VERSION
+from components.fert.methods import build_training_set
 from components.pipeline.workspace import Workspace
 from components.registry.lineage import Lineage, git_commit, params_hash
 from components.training.imitation import ProgressFn, TrainingSet, TrainResult, train_imitation
@@ -22,23 +20,29 @@ from components.training.imitation import ProgressFn, TrainingSet, TrainResult, 
 
 # -- train -----------------------------------------------------------------------------------
 def training_set(settings: Settings, ws: Workspace) -> TrainingSet:
-    """Frames to imitate for ``train.method``: expert demos only (bc) or every success (filtered_bc)."""
+    """Frames to imitate (and how often) for ``train.method``; see components/fert/methods.py.
+
+    bc: expert demos; filtered_bc: every success; fert / fert_uniform: every success, with the
+    segments retrieved for the champion's failures (``fert.failures_from``) emphasized. Failed
+    episodes' actions are never imitated.
+    """
     method = settings.train.method
-    states, actions = [], []
-    for ep in ws.dataset.episodes():
-        if not ep.success:
-            continue  # failed episodes' actions are never imitated
-        if method == "bc" and ep.policy_version != EXPERT_VERSION:
-            continue
-        states.append(ep.states)
-        actions.append(ep.actions)
-    if not states:
+    episodes = list(ws.dataset.episodes())
+    if not any(ep.success for ep in episodes):
         raise RuntimeError(
             f"no successful episodes to train on in {settings.paths.episodes}; run `fleetloop ingest` with expert demos first"
         )
-    if method not in ("bc", "filtered_bc"):
-        raise NotImplementedError(f"train.method={method!r} is provided by the FERT room; use bc or filtered_bc")
-    return TrainingSet(np.concatenate(states).astype(np.float32), np.concatenate(actions).astype(np.float32))
+    if method in ("bc", "filtered_bc"):
+        return build_training_set(method, episodes, settings.fert).data
+    encoder = ws.store.load_encoder()
+    if encoder is None:
+        raise RuntimeError(f"train.method={method!r} needs the segment store: run `fleetloop ingest` first ({settings.paths.store})")
+    failed = [ep for ep in episodes if not ep.success]
+    champion = ws.registry.champion() if settings.fert.failures_from == "champion" else None
+    if champion is not None:
+        mine = [ep for ep in failed if ep.policy_version == f"v{champion.version}"]
+        failed = mine or failed  # the champion has not run on the fleet yet: every failure queries
+    return build_training_set(method, episodes, settings.fert, ws.store, encoder, failed=failed, seed=settings.seed).data
 
 
 @dataclass
@@ -62,7 +66,12 @@ def current_lineage(settings: Settings, ws: Workspace, frames: int) -> Lineage:
 
 
 def train_policy(settings: Settings, progress: ProgressFn | None = None) -> TrainOutcome:
+    """Train on ``training_set``; fine-tunes the champion when there is one (bootstrap otherwise)."""
     ws = Workspace(settings)
     data = training_set(settings, ws)
-    result = train_imitation(data, settings.policy, settings.train, seed=settings.seed, device=settings.device, on_progress=progress)
+    champion = ws.registry.load("champion") if ws.registry.champion() is not None else None
+    result = train_imitation(
+        data, settings.policy, settings.train, seed=settings.seed, device=settings.device,
+        init_policy=champion, on_progress=progress,
+    )
     return TrainOutcome(result, current_lineage(settings, ws, len(data.states)), len(data.states))
