@@ -79,7 +79,7 @@ def test_bad_inputs_raise_clear_errors():
     env.reset()
     with pytest.raises(ValueError, match="shape"):
         env.step(np.zeros((3, 3), np.float32))
-    with pytest.raises(NotImplementedError, match="sim.name"):
+    with pytest.raises(ValueError, match="sim.task"):  # Meta-World is pick-place-v3 only (tests/test_metaworld.py)
         make_env(SimConfig(name="metaworld"), ROBOTS, seed=0)
     with pytest.raises(ValueError, match="policy returned"):
         collect(lambda o: np.zeros((o.shape[0], 2)), ROBOTS, CFG, 5, 0, "v")

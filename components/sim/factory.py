@@ -3,21 +3,35 @@
 Every env it returns is a ``gymnasium.vector.VectorEnv`` with one sub-env per robot id,
 same-step autoreset, ``info["stage"]``/``info["stage_reached"]``/``info["success"]`` per env,
 float32 observations of ``observation_dim(cfg)`` and actions of ``action_dim(cfg)``
-(motion deltas and a jaw command in [-1, 1], > 0 = close).
+(motion deltas and a jaw command in [-1, 1], > 0 = close). ``sim.name``: ``pickplace`` (the
+built-in 2D task) or ``metaworld`` (Meta-World pick-place-v3 on MuJoCo, components/sim/metaworld.py).
 """
 
 from __future__ import annotations
 
 from gymnasium.vector import VectorEnv
 
+from collections.abc import Callable
+
+import numpy as np
+
 from components.config import SimConfig
 from components.sim import pickplace
+from components.sim.expert import ScriptedExpert
+from components.sim.exploration import SampledGripper, ThresholdedGripper
+
+Policy = Callable[[np.ndarray], np.ndarray]
+METAWORLD_OBS_DIM, METAWORLD_ACT_DIM = 39, 4  # = components.sim.metaworld.OBS_DIM / ACT_DIM
 
 
 def make_env(cfg: SimConfig, robot_ids: list[str], seed: int) -> VectorEnv:
     """A vectorized env with one sub-env per robot, seeded by ``(seed, robot id)``."""
     if cfg.name == "pickplace":
         return pickplace.PickPlaceVecEnv(cfg, list(robot_ids), seed)
+    if cfg.name == "metaworld":
+        from components.sim import metaworld  # imported on demand: MuJoCo loads only when asked for
+
+        return metaworld.MetaWorldVecEnv(cfg, list(robot_ids), seed)
     raise NotImplementedError(
         f"sim.name={cfg.name!r} has no adapter yet; set sim.name: pickplace in params.yaml"
     )
@@ -26,10 +40,43 @@ def make_env(cfg: SimConfig, robot_ids: list[str], seed: int) -> VectorEnv:
 def observation_dim(cfg: SimConfig) -> int:
     if cfg.name == "pickplace":
         return pickplace.OBS_DIM
+    if cfg.name == "metaworld":
+        return METAWORLD_OBS_DIM
     raise NotImplementedError(f"sim.name={cfg.name!r} has no adapter yet")
 
 
 def action_dim(cfg: SimConfig) -> int:
     if cfg.name == "pickplace":
         return pickplace.ACT_DIM
+    if cfg.name == "metaworld":
+        return METAWORLD_ACT_DIM
     raise NotImplementedError(f"sim.name={cfg.name!r} has no adapter yet")
+
+
+def make_expert(cfg: SimConfig) -> Policy:
+    """The simulator's scripted expert: ``obs (B, n) -> actions (B, m)``."""
+    if cfg.name == "pickplace":
+        return ScriptedExpert()
+    if cfg.name == "metaworld":
+        from components.sim import metaworld
+
+        return metaworld.MetaWorldExpert(cfg)
+    raise NotImplementedError(f"sim.name={cfg.name!r} has no expert yet")
+
+
+def make_exploration(cfg: SimConfig, policy: Policy, seed: int) -> Policy:
+    """How the fleet executes a policy while collecting (the exploration that can find fixes)."""
+    if cfg.name == "metaworld":
+        from components.sim import metaworld
+
+        return metaworld.MetaWorldSampledGripper(policy, cfg, seed)
+    return SampledGripper(policy, cfg, seed)
+
+
+def make_thresholded(cfg: SimConfig, policy: Policy) -> Policy:
+    """How the deployed policy is executed (evaluation): jaw thresholded, no exploration."""
+    if cfg.name == "metaworld":
+        from components.sim import metaworld
+
+        return metaworld.MetaWorldThresholdedGripper(policy)
+    return ThresholdedGripper(policy)
