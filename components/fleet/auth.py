@@ -275,7 +275,9 @@ def configure_logging(
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
+    # one line per request from clients that talk every control step is noise, not signal
     logging.getLogger("httpcore").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     return redactor
 
 

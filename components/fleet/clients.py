@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
-from components.fleet.ingest_service import EPISODES_PATH, STATS_PATH
-
+EPISODES_PATH = "/v1/episodes"
+STATS_PATH = "/v1/stats"
 ACT_PATH = "/v1/act"
 POLICY_PATH = "/v1/policy"
 HEARTBEAT_PATH = "/v1/heartbeat"

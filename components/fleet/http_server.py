@@ -69,8 +69,8 @@ def add_health(app: FastAPI, info: Callable[[], dict] = dict) -> None:
         return JSONResponse({"ok": True, **info()})
 
 
-def serve(app: FastAPI, host: str, port: int) -> None:
+def serve(app: FastAPI, host: str, port: int, access_log: bool = True) -> None:
     """Run ``app`` until SIGINT/SIGTERM. Logging is the caller's (tokens redacted), not uvicorn's."""
-    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=True, lifespan="on")
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=access_log, lifespan="on")
     server = uvicorn.Server(config)
     asyncio.run(server.serve())

@@ -9,12 +9,15 @@
 An ``AliasWatcher`` thread polls the registry aliases; when one moves it loads that version (a
 small cache keeps recent ones, so canary -> champion is a pointer move) and swaps it in between
 batches. Requests in flight finish on the model they started with; no request sees a half-loaded
-model. With no champion yet the service answers 503 and robots hold a safe action.
+model. Served models are also cached on local disk: a restarted service serves the last known
+versions at once and reconciles with the registry in the background (and keeps serving while
+the registry is down). With no champion yet the service answers 503 and robots hold a safe action.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import threading
@@ -24,6 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,14 +38,15 @@ from torch import nn
 from components.config import Settings
 from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook
 from components.fleet.canary import assigned_alias
-from components.fleet.clients import ACT_PATH, POLICY_PATH
+from components.fleet.clients import ACT_PATH, POLICY_PATH, STATS_PATH
 from components.fleet.http_server import add_health, auth_dependency, http_error, read_body_limited
+from components.fleet.layout import RuntimeLayout, atomic_write
 
 log = logging.getLogger(__name__)
 
-STATS_PATH = "/v1/stats"
 MAX_ACT_BYTES = 64 * 1024
-MODEL_CACHE = 4  # loaded versions kept in memory
+MODEL_CACHE = 4  # loaded versions kept in memory (and on disk)
+MODEL_CACHE_DIR = "inference-cache"
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,59 @@ class ModelSlots:
             return {alias: m.version for alias, m in self._slots.items()}
 
 
+class ModelCache:
+    """Served models kept on local disk, so a restarted service serves at once (warm restart) and
+    keeps serving the last known champion while the registry is unreachable.
+
+    ``<dir>/v<N>.pt`` is the whole module (pickled like the registry's own pickle-format models,
+    and written only by this service); ``served.json`` is the last alias -> version it served.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, version: int) -> Path:
+        return self.folder / f"v{version}.pt"
+
+    def put(self, version: int, policy: nn.Module) -> None:
+        path = self._path(version)
+        if path.exists():
+            return
+        buffer = io.BytesIO()
+        torch.save(policy, buffer)
+        atomic_write(path, buffer.getvalue())
+        for old in sorted(self.folder.glob("v*.pt"), key=lambda p: p.stat().st_mtime)[:-MODEL_CACHE]:
+            old.unlink(missing_ok=True)
+
+    def get(self, version: int) -> nn.Module | None:
+        path = self._path(version)
+        if not path.exists():
+            return None
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False).eval()
+        except Exception:  # noqa: BLE001 - a bad cache entry is re-fetched from the registry
+            log.exception("model cache entry %s unreadable; ignoring it", path.name)
+            return None
+
+    def remember(self, served: dict[str, int]) -> None:
+        atomic_write(self.folder / "served.json", json.dumps(served).encode())
+
+    def warm_start(self, slots: "ModelSlots") -> dict[str, int]:
+        """Fill ``slots`` from the last served aliases; returns what was restored."""
+        try:
+            served = {str(a): int(v) for a, v in json.loads((self.folder / "served.json").read_text()).items()}
+        except (FileNotFoundError, ValueError, TypeError, AttributeError):
+            return {}
+        restored = {}
+        for alias, version in served.items():
+            policy = self.get(version)
+            if policy is not None:
+                slots.put(ServedModel(alias, version, policy))
+                restored[alias] = version
+        return restored
+
+
 class AliasWatcher:
     """Keeps the slots in step with the registry aliases (polling; loads happen off the hot path)."""
 
@@ -85,7 +143,9 @@ class AliasWatcher:
         slots: ModelSlots,
         watched: tuple[str, ...],
         poll_s: float,
+        cache: ModelCache | None = None,
     ) -> None:
+        self.cache = cache
         self.aliases_fn = aliases_fn
         self.load_fn = load_fn
         self.slots = slots
@@ -101,7 +161,11 @@ class AliasWatcher:
         if version in self._cache:
             self._cache.move_to_end(version)
             return self._cache[version]
-        policy = self.load_fn(version).eval()
+        policy = self.cache.get(version) if self.cache is not None else None
+        if policy is None:
+            policy = self.load_fn(version).eval()
+            if self.cache is not None:
+                self.cache.put(version, policy)
         self._cache[version] = policy
         while len(self._cache) > MODEL_CACHE:
             self._cache.popitem(last=False)
@@ -124,7 +188,10 @@ class AliasWatcher:
                 self.swaps += 1
                 log.info("alias %s -> v%d (was %s)", alias, version, f"v{current.version}" if current else "none")
         self.last_poll = time.time()
-        return self.slots.versions()
+        served = self.slots.versions()
+        if self.cache is not None:
+            self.cache.remember(served)
+        return served
 
     def start(self) -> None:
         self._thread.start()
@@ -235,6 +302,29 @@ class DynamicBatcher:
         return results
 
 
+class _LazyRegistry:
+    """The root's PolicyRegistry, created on first use (importing MLflow takes seconds)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._registry = None
+        self._lock = threading.Lock()
+
+    def _get(self):
+        with self._lock:
+            if self._registry is None:
+                from components.registry.model_registry import PolicyRegistry
+
+                self._registry = PolicyRegistry(self.settings.paths.mlruns, self.settings.registry)
+            return self._registry
+
+    def aliases(self) -> dict[str, int]:
+        return self._get().aliases()
+
+    def load(self, version: int) -> nn.Module:
+        return self._get().load(version)
+
+
 def parse_obs(body: bytes, obs_dim: int) -> np.ndarray:
     """``{"obs": [n floats]}`` -> float32 (n,), or a 422 naming the problem."""
     try:
@@ -264,21 +354,24 @@ def create_inference_app(
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     if aliases_fn is None or load_fn is None:
-        from components.registry.model_registry import PolicyRegistry
-
-        registry = PolicyRegistry(settings.paths.mlruns, reg)
-        aliases_fn, load_fn = registry.aliases, registry.load
+        lazy = _LazyRegistry(settings)  # MLflow is imported on first use, off the startup path
+        aliases_fn, load_fn = lazy.aliases, lazy.load
     obs_dim = observation_dim(settings.sim)
     slots = ModelSlots()
-    watcher = AliasWatcher(aliases_fn, load_fn, slots, (reg.champion_alias, cfg.canary_alias), cfg.alias_poll_s)
+    cache = ModelCache(RuntimeLayout.of(settings).state / MODEL_CACHE_DIR)
+    watcher = AliasWatcher(aliases_fn, load_fn, slots, (reg.champion_alias, cfg.canary_alias), cfg.alias_poll_s, cache)
     batcher = DynamicBatcher(slots, reg.champion_alias, cfg.batch_window_ms / 1000.0, cfg.max_batch)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        try:
-            await asyncio.to_thread(watcher.poll_once)  # serve the champion from the first request
-        except Exception:  # noqa: BLE001 - the watcher thread retries
-            log.exception("initial alias poll failed")
+        restored = cache.warm_start(slots)
+        if restored:
+            log.info("warm start from the local model cache: %s (the watcher reconciles with the registry)", restored)
+        else:
+            try:
+                await asyncio.to_thread(watcher.poll_once)  # serve the champion from the first request
+            except Exception:  # noqa: BLE001 - the watcher thread retries
+                log.exception("initial alias poll failed")
         watcher.start()
         batcher.start()
         yield

@@ -39,12 +39,11 @@ from components.episodes.quarantine import QuarantinedFile, quarantine_bytes
 from components.episodes.schema import EPISODE_ID, PARQUET_MAGIC, ROBOT_ID
 from components.episodes.validation import WHOLE_FILE, EpisodeValidationError, validate_episode_table
 from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook
+from components.fleet.clients import EPISODES_PATH, STATS_PATH
 from components.fleet.http_server import add_health, auth_dependency, http_error, read_body_limited
 
 log = logging.getLogger(__name__)
 
-EPISODES_PATH = "/v1/episodes"
-STATS_PATH = "/v1/stats"
 # An upload may decode to at most this many times its wire size (guards compressed IPC bombs).
 MAX_DECODE_RATIO = 16
 UNREADABLE_FIX = "send one episode as an Arrow IPC stream (components.episodes.schema.episode_to_ipc) or Parquet"

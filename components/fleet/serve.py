@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         from components.fleet.http_server import serve
         from components.fleet.inference_service import create_inference_app
 
-        serve(create_inference_app(settings, book), cfg.host, cfg.inference_port)
+        serve(create_inference_app(settings, book), cfg.host, cfg.inference_port, access_log=False)  # one per control step
     elif args.role == "coordinator":
         from components.fleet.coordinator import run_coordinator
 

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 STATUS_NAME = "trainer.json"
 TRAIN_CHUNK = 10  # optimizer steps between looks at the stop flag / new data
+REFRESH_ATTEMPTS = 3
 LOSS_HISTORY = 20_000  # (step, loss) pairs kept in checkpoints; older ones are dropped
 
 
@@ -91,7 +92,17 @@ class FleetTrainer:
 
     def consume(self) -> int:
         """New episodes since the cursor -> buffer; returns how many; steps become owed."""
-        self.dataset.refresh()
+        for attempt in range(REFRESH_ATTEMPTS):
+            try:
+                self.dataset.refresh()
+                break
+            except (OSError, ValueError) as exc:  # a read racing the ingest writer: try again
+                log.warning("dataset refresh failed (%s); retrying", exc)
+                time.sleep(self.cfg.trainer_poll_s * (attempt + 1))
+        else:
+            return 0
+        if self.dataset.num_episodes <= self.state.cursor:
+            return 0
         new = self._read(self.state.cursor, None)
         self.state.cursor += new
         self.state.owed += new * self.cfg.steps_per_episode
@@ -198,11 +209,15 @@ class FleetTrainer:
     def run(self, stop: threading.Event) -> None:
         """Consume and train until ``stop``; idle (polling) when no steps are owed."""
         self.resume()
+        reported = -1
         while not stop.is_set():
             self.consume()
             if self.ready() and self.state.owed > 0:
                 self.train(min(TRAIN_CHUNK, self.state.owed))
                 continue
+            if self.state.step != reported:  # caught up: say so (checkpoints alone may lag)
+                self.write_status()
+                reported = self.state.step
             stop.wait(self.cfg.trainer_poll_s)
 
 

@@ -1,0 +1,308 @@
+"""The coordinator: starts every fleet process, holds their leases, restarts what dies.
+
+    start: ingest, inference, trainer, one robot agent per robot id (each its own OS process)
+    every heartbeat_s (one supervisor thread):
+      exited?           -> restart (a finite robot that exited 0 is done, not dead)
+      lease expired?    -> robots/trainer renew theirs by POST /v1/heartbeat; silent longer
+                           than lease_s (startup_grace_s before the first beat) = hung: SIGKILL
+                           + restart
+      service unhealthy -> /healthz failing for lease_s: SIGKILL + restart
+      policy staleness  -> the version inference serves must match the registry alias within
+                           max_staleness_s, else inference is restarted (it reloads on start)
+      canary            -> every canary_check_s, CanaryRollout.evaluate() (promote / roll back)
+      status            -> state/status.json (what `fleetloop fleet status` prints)
+    SIGTERM: stop every child (SIGTERM, then SIGKILL after stop_grace_s), then exit.
+
+HTTP (on runtime.coordinator_port): POST /v1/heartbeat (a robot may renew only its own lease;
+the service token renews any), GET /v1/status (service token), GET /healthz.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import httpx
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from components.config import Settings
+from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook
+from components.fleet.clients import HEARTBEAT_PATH, STATUS_PATH, base_url
+from components.fleet.http_server import add_health, auth_dependency, http_error, read_body_limited, serve
+from components.fleet.layout import RuntimeLayout, atomic_write
+from components.fleet.processes import ProcessSpec, kill_pid, start_process, stop_process, write_settings
+
+log = logging.getLogger(__name__)
+
+SERVICES = ("ingest", "inference")
+LEASED = ("robot", "trainer")
+MAX_HEARTBEAT_BYTES = 16 * 1024
+PROBE_TIMEOUT_S = 1.0
+
+
+@dataclass
+class Member:
+    """One supervised process."""
+
+    spec: ProcessSpec
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    last_beat: float | None = None
+    unhealthy_since: float | None = None
+    restarts: int = 0
+    done: bool = False
+    last_exit: int | None = None
+    info: dict = field(default_factory=dict)
+    events: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class Coordinator:
+    """Supervises one root's fleet (thread-safe: the HTTP handlers and the supervisor share it)."""
+
+    def __init__(self, settings: Settings, finite: bool | None = None) -> None:
+        self.settings = settings
+        self.cfg = settings.runtime
+        self.layout = RuntimeLayout.of(settings).ensure()
+        self.settings_file = write_settings(settings)
+        self.finite = self.cfg.robot_episodes > 0 if finite is None else finite
+        specs = [ProcessSpec(role, role) for role in ("ingest", "inference", "trainer")]
+        specs += [ProcessSpec("robot", robot) for robot in settings.fleet.robot_ids()]
+        self.members = {spec.name: Member(spec) for spec in specs}
+        self.lock = threading.Lock()
+        self.stale_since: float | None = None
+        self.served: dict[str, int] = {}
+        self.aliases: dict[str, int] = {}
+        self.canary: dict = {}
+        self._last_canary = 0.0
+        self._last_alias_poll = float("-inf")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
+        self._registry = None
+        self._rollout = None
+
+    # ------------------------------------------------------------------ processes
+    def _start(self, member: Member, reason: str) -> None:
+        member.proc = start_process(member.spec, self.settings_file, self.layout.logs)
+        member.started = time.monotonic()
+        member.last_beat = None
+        member.unhealthy_since = None
+        member.events.append(f"{time.time():.3f} start ({reason}) pid {member.proc.pid}")
+        log.info("started %s pid %d (%s)", member.spec.name, member.proc.pid, reason)
+
+    def _restart(self, member: Member, reason: str, kill: bool) -> None:
+        if kill and member.proc is not None and member.proc.poll() is None:
+            kill_pid(member.proc.pid)
+            member.proc.wait()
+        member.restarts += 1
+        log.warning("restarting %s: %s", member.spec.name, reason)
+        self._start(member, reason)
+
+    def start(self) -> None:
+        with self.lock:
+            for member in self.members.values():
+                self._start(member, "fleet up")
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop supervising, then every child (SIGTERM, SIGKILL after the grace period)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10.0)
+        with self.lock:
+            for member in self.members.values():
+                if member.proc is not None and member.proc.poll() is None:
+                    member.proc.terminate()
+            for member in self.members.values():
+                if member.proc is not None:
+                    stop_process(member.proc, self.cfg.stop_grace_s)
+        self.write_status()
+
+    # ------------------------------------------------------------------ leases
+    def heartbeat(self, name: str, principal: Principal, info: dict) -> None:
+        if principal.role == ROBOT and principal.name != name:
+            raise http_error(403, "name", f"robot {principal.name!r} may renew only its own lease", "send your own robot id")
+        with self.lock:
+            member = self.members.get(name)
+            if member is None:
+                raise http_error(404, "name", f"{name!r} is not a member of this fleet", "check the robot id")
+            member.last_beat = time.monotonic()
+            member.info = info
+
+    def _probe(self, member: Member) -> bool:
+        port = self.cfg.ingest_port if member.spec.role == "ingest" else self.cfg.inference_port
+        try:
+            response = httpx.get(f"{base_url(self.cfg.host, port)}/healthz", timeout=PROBE_TIMEOUT_S)
+        except httpx.HTTPError:
+            return False
+        if response.status_code != 200:
+            return False
+        if member.spec.role == "inference":
+            self.served = {k: int(v) for k, v in response.json().get("served", {}).items()}
+        return True
+
+    def check(self, member: Member, now: float) -> None:
+        """One member's liveness: exit, lease or health; restart when needed."""
+        if member.done or member.proc is None:
+            return
+        code = member.proc.poll()
+        if code is not None:
+            member.last_exit = code
+            if member.spec.role == "robot" and code == 0 and self.finite:
+                member.done = True
+                member.events.append(f"{time.time():.3f} done")
+                log.info("%s finished its episodes", member.spec.name)
+                return
+            self._restart(member, f"exited with code {code}", kill=False)
+            return
+        age = now - (member.last_beat if member.last_beat is not None else member.started)
+        if member.spec.role in LEASED:
+            limit = self.cfg.lease_s if member.last_beat is not None else self.cfg.startup_grace_s
+            if age > limit:
+                self._restart(member, f"lease expired ({age:.1f}s without a heartbeat)", kill=True)
+            return
+        if self._probe(member):
+            member.last_beat, member.unhealthy_since = now, None
+            return
+        if now - member.started < self.cfg.startup_grace_s and member.last_beat is None:
+            return  # still starting
+        member.unhealthy_since = member.unhealthy_since or now
+        if now - member.unhealthy_since > self.cfg.lease_s:
+            self._restart(member, "health check failing", kill=True)
+
+    # ------------------------------------------------------------------ policy
+    def _registry_handle(self):
+        if self._registry is None:
+            from components.episodes.dataset import EpisodeDataset
+            from components.fleet.canary import CanaryRollout
+            from components.registry.model_registry import PolicyRegistry
+
+            self._registry = PolicyRegistry(self.settings.paths.mlruns, self.settings.registry)
+            dataset = EpisodeDataset(self.settings.paths.episodes, self.settings.episodes)
+            self._rollout = CanaryRollout(self._registry, dataset, self.cfg)
+        return self._registry
+
+    def check_policy(self, now: float) -> None:
+        """Bound staleness (served vs registry) and drive the canary."""
+        registry = self._registry_handle()
+        if now - self._last_alias_poll >= self.cfg.alias_poll_s:
+            self.aliases = registry.aliases()
+            self._last_alias_poll = now
+        watched = (self.settings.registry.champion_alias, self.cfg.canary_alias)
+        wanted = {a: v for a, v in self.aliases.items() if a in watched}
+        inference = self.members["inference"]
+        if inference.alive() and self.served != wanted and inference.last_beat is not None:
+            self.stale_since = self.stale_since or now
+            if now - self.stale_since > self.cfg.max_staleness_s:
+                with self.lock:
+                    self._restart(inference, f"serving {self.served}, registry says {wanted}: staleness bound", kill=True)
+                self.stale_since = None
+        else:
+            self.stale_since = None
+        if self._rollout is not None and now - self._last_canary > self.cfg.canary_check_s:
+            self._last_canary = now
+            if self._rollout.live() is not None:
+                decision = self._rollout.evaluate()
+                self.canary = {"action": decision.action, "reason": decision.reason, "time": time.time()}
+
+    # ------------------------------------------------------------------ loop + status
+    def tick(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            for member in self.members.values():
+                self.check(member, now)
+        try:
+            self.check_policy(now)
+        except Exception:  # noqa: BLE001 - a registry hiccup must not stop supervision
+            log.exception("policy check failed; retrying next tick")
+        self.write_status()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.tick()
+            self._stop.wait(self.cfg.heartbeat_s)
+
+    def status(self) -> dict:
+        now = time.monotonic()
+        with self.lock:
+            members = {
+                name: {
+                    "role": m.spec.role,
+                    "pid": m.pid,
+                    "alive": m.alive(),
+                    "done": m.done,
+                    "restarts": m.restarts,
+                    "last_exit": m.last_exit,
+                    "heartbeat_age_s": None if m.last_beat is None else round(now - m.last_beat, 3),
+                    "info": m.info,
+                }
+                for name, m in self.members.items()
+            }
+        robots = [m for m in members.values() if m["role"] == "robot"]
+        return {
+            "coordinator_pid": os.getpid(),
+            "members": members,
+            "robots_done": sum(r["done"] for r in robots),
+            "robots": len(robots),
+            "served": self.served,
+            "aliases": self.aliases,
+            "canary": self.canary,
+            "time": time.time(),
+        }
+
+    def write_status(self) -> None:
+        atomic_write(self.layout.status_file, json.dumps(self.status(), indent=2).encode())
+
+
+def create_coordinator_app(coordinator: Coordinator, book: TokenBook) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        coordinator.start()
+        yield
+        await asyncio.to_thread(coordinator.stop)
+
+    app = FastAPI(title="fleetloop coordinator", lifespan=lifespan)
+    member_auth = auth_dependency(book, [ROBOT, SERVICE])
+    service_only = auth_dependency(book, [SERVICE])
+    add_health(app, lambda: {"service": "coordinator"})
+
+    @app.post(HEARTBEAT_PATH)
+    async def heartbeat(request: Request, principal: Principal = Depends(member_auth)) -> JSONResponse:
+        try:
+            body = json.loads(await read_body_limited(request, MAX_HEARTBEAT_BYTES))
+            name, info = str(body["name"]), dict(body.get("info") or {})
+        except (ValueError, KeyError, TypeError):
+            raise http_error(422, "body", "expected JSON {name, info}", "send {\"name\": <robot id>, \"info\": {}}") from None
+        coordinator.heartbeat(name, principal, info)
+        return JSONResponse({"ok": True, "lease_s": coordinator.cfg.lease_s})
+
+    @app.get(STATUS_PATH)
+    async def status(principal: Principal = Depends(service_only)) -> JSONResponse:
+        return JSONResponse(coordinator.status())
+
+    return app
+
+
+def run_coordinator(settings: Settings, book: TokenBook) -> None:
+    """The coordinator process: supervise the fleet until SIGTERM/SIGINT."""
+    coordinator = Coordinator(settings)
+    atomic_write(coordinator.layout.coordinator_pid_file, str(os.getpid()).encode())
+    try:
+        serve(create_coordinator_app(coordinator, book), settings.runtime.host, settings.runtime.coordinator_port)
+    finally:
+        coordinator.stop()
+        coordinator.layout.coordinator_pid_file.unlink(missing_ok=True)
