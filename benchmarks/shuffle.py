@@ -47,9 +47,17 @@ VARIANTS = {
     "dedup_permute": ShuffleConfig(dispatcher="dedup_permute"),
     "fused_one_level": ShuffleConfig(plan="one_level"),
     "fused_two_level": ShuffleConfig(plan="two_level"),
-    "fused_one_level_c4": ShuffleConfig(plan="one_level", chunks=4),
+    "fused_one_level_c4": ShuffleConfig(plan="one_level", chunks=4),  # pipelining study subset only
 }
 BASELINE = "megatron"
+BIG = 8 * 2**20  # pair elements (T*K*H) per rank from which a config skips the warm-up repetition
+
+
+def variants_for(c: Config) -> list[str]:
+    names = [n for n in VARIANTS if n != "fused_one_level_c4"]
+    if c.routing == "uniform" and c.experts == 16 and c.top_k > 1:  # overlap study: 8 configs per W
+        names.append("fused_one_level_c4")
+    return names
 
 
 @dataclass(frozen=True)
@@ -82,10 +90,11 @@ def _worker(rank: int, world: int, configs: list[Config], reps: int, warmup: int
         x = torch.randn(c.tokens, c.hidden, generator=g)
         stats = dedup_stats(routing, placement, rank, group)
         auto = "fused_two_level" if stats.factor >= DEDUP_THRESHOLD else "fused_one_level"
-        dispatchers = {name: make_dispatcher(placement, group, cfg) for name, cfg in VARIANTS.items()}
-        times: dict[str, list[float]] = {name: [] for name in VARIANTS}
-        names = list(VARIANTS)
-        for it in range(warmup + reps):
+        names = variants_for(c)
+        dispatchers = {name: make_dispatcher(placement, group, VARIANTS[name]) for name in names}
+        times: dict[str, list[float]] = {name: [] for name in names}
+        skip = 0 if c.tokens * c.top_k * c.hidden >= BIG else warmup
+        for it in range(skip + reps):
             shift = it % len(names)
             for name in names[shift:] + names[:shift]:  # rotate the order every repetition
                 disp = dispatchers[name]
@@ -96,11 +105,12 @@ def _worker(rank: int, world: int, configs: list[Config], reps: int, warmup: int
                 y = disp.combine(d.x, d.handle)  # identity experts
                 elapsed = torch.tensor([time.perf_counter() - start])
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
-                if it >= warmup:
+                if it >= skip:
                     times[name].append(float(elapsed))
                 del d, y
         pair_bytes = c.tokens * c.top_k * c.hidden * 4
-        row = {"config": asdict(c), "world": world, "dedup_factor": stats.factor, "auto": auto, "variants": {}}
+        row = {"config": asdict(c), "world": world, "dedup_factor": stats.factor, "auto": auto, "warmup": skip,
+               "variants": {}}
         for name, disp in dispatchers.items():
             m = disp.transport.meter
             meter = torch.tensor([m.bytes_sent, m.bytes_internode, m.bytes_copied, m.bytes_side],
@@ -133,8 +143,9 @@ def _progress(i: int, n: int, row: dict) -> None:
           f"{c['routing']:<13} megatron {base:8.1f} ms | fused({row['auto'][6:]}) {fused:8.1f} ms "
           f"x{base / fused:4.2f} | 1L x{base / v['fused_one_level']['median_ms']:4.2f} "
           f"2L x{base / v['fused_two_level']['median_ms']:4.2f} "
-          f"dedup_permute x{base / v['dedup_permute']['median_ms']:4.2f} "
-          f"c4 x{base / v['fused_one_level_c4']['median_ms']:4.2f}", flush=True)
+          f"dedup_permute x{base / v['dedup_permute']['median_ms']:4.2f}"
+          + (f" c4 x{base / v['fused_one_level_c4']['median_ms']:4.2f}" if "fused_one_level_c4" in v else ""),
+          flush=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,8 +165,8 @@ def end_to_end(world: int, steps: int, quick: bool) -> dict:
         data = Path(tmp) / "data.npz"
         states = rng.normal(size=(4096, 32)).astype(np.float32)
         np.savez(data, states=states, actions=np.tanh(states[:, :8]).astype(np.float32))
-        for name in ("megatron", "fused"):
-            shuffle = ShuffleConfig(dispatcher="megatron" if name == "megatron" else "fused",
+        for name, plan in (("megatron", "auto"), ("fused", "auto"), ("fused_one_level", "one_level")):
+            shuffle = ShuffleConfig(dispatcher="megatron" if name == "megatron" else "fused", plan=plan,
                                     ranks_per_node=world // NODES)
             r = launch_expert_parallel(data, Path(tmp) / f"{name}.pt", policy, train, shuffle, seed=0, nproc=world,
                                        max_steps=steps, timeout_s=900)
@@ -165,7 +176,9 @@ def end_to_end(world: int, steps: int, quick: bool) -> dict:
                                      "final_loss": r.losses[-1], "sent_mib_rank0": r.shuffle_bytes_sent / 2**20}
             print(f"[e2e W={world}] {name}: median step {out['variants'][name]['median_step_ms']:.1f} ms "
                   f"(loss {r.losses[-1]:.4f})", flush=True)
-    out["speedup"] = out["variants"]["megatron"]["median_step_ms"] / out["variants"]["fused"]["median_step_ms"]
+    base = out["variants"]["megatron"]["median_step_ms"]
+    out["speedup"] = base / out["variants"]["fused"]["median_step_ms"]
+    out["speedup_one_level"] = base / out["variants"]["fused_one_level"]["median_step_ms"]
     return out
 
 
@@ -178,7 +191,11 @@ def summarize(rows: list[dict]) -> dict:
         return r["variants"][BASELINE]["median_ms"] / r["variants"][name]["median_ms"]
 
     confined8 = [ratio(r, r["auto"]) for r in rows if r["config"]["routing"] == "node_confined" and r["config"]["top_k"] == 8]
+    confined8_1l = [ratio(r, "fused_one_level") for r in rows
+                    if r["config"]["routing"] == "node_confined" and r["config"]["top_k"] == 8]
     top1 = [ratio(r, r["auto"]) for r in rows if r["config"]["top_k"] == 1]
+    per_variant = {name: statistics.median([ratio(r, name) for r in rows if name in r["variants"]])
+                   for name in VARIANTS if any(name in r["variants"] for r in rows)}
     byte_checks = []
     for r in rows:
         base = r["variants"][BASELINE]["internode_mib"]
@@ -188,7 +205,10 @@ def summarize(rows: list[dict]) -> dict:
     return {
         "node_confined_top8_speedup_min": min(confined8) if confined8 else None,
         "node_confined_top8_speedup_median": statistics.median(confined8) if confined8 else None,
+        "node_confined_top8_one_level_speedup_median": statistics.median(confined8_1l) if confined8_1l else None,
         "top1_speedup_min": min(top1) if top1 else None,
+        "top1_speedup_median": statistics.median(top1) if top1 else None,
+        "median_speedup_per_variant": per_variant,
         "internode_bytes": byte_checks,
         "targets": {"node_confined_top8": ">= 1.5x", "top1": ">= 0.95x", "bytes": "reduced by the dedup factor"},
     }
@@ -224,7 +244,8 @@ def plot(rows: list[dict], e2e: list[dict], path: Path) -> None:
     ax = axes[1]
     names = list(VARIANTS)
     for i, name in enumerate(names):
-        ys = [r["variants"][BASELINE]["median_ms"] / r["variants"][name]["median_ms"] for r in rows]
+        ys = [r["variants"][BASELINE]["median_ms"] / r["variants"][name]["median_ms"] for r in rows
+              if name in r["variants"]]
         ax.scatter(np.full(len(ys), i) + np.random.default_rng(i).uniform(-0.2, 0.2, len(ys)), ys, s=10, alpha=0.6)
         ax.plot([i - 0.3, i + 0.3], [statistics.median(ys)] * 2, color="k")
     ax.set_xticks(range(len(names)), names, rotation=20, fontsize=8)

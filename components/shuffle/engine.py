@@ -195,22 +195,24 @@ def _run_fused(srcs: list[Tensor], stages: list[StagePlan], mode: Mode, t: Trans
                side: bool = False) -> list[Tensor]:
     dsts = [_new_dst(stage, mode, src) for stage, src in zip(stages, srcs)]
     stage = stages[0]
-    sends, recvs = _by_round(stages, sends=True), _by_round(stages, sends=False)
     width = sum(src.shape[1] for src in srcs)
     segmented = stage.segment_rows * width * srcs[0].element_size() >= t.min_segment_bytes
-    post = _post_segmented if segmented else _post_coalesced
+    if segmented:
+        sends, recvs = _by_round(stages, sends=True), _by_round(stages, sends=False)
     send_works: list[list] = [[], []]
-    in_flight = None  # (round, [(recv messages, arrived staging rows or None for self)], works to wait)
+    land_previous = None
     for r in range(stage.rounds + 1):
-        posted = None
+        land = None
         if r < stage.rounds:
             for w in send_works[r % 2]:  # staging slot r%2 was last used by round r-2's sends
                 w.wait()
-            posted, send_works[r % 2] = post(srcs, dsts, stages, sends[r], recvs[r], mode, r % 2, t, side)
-            posted = (r, *posted)
-        if in_flight is not None:
-            _land_round(srcs, dsts, stages, sends[in_flight[0]], in_flight[1], in_flight[2], mode, t.meter)
-        in_flight = posted
+            if segmented:
+                land, send_works[r % 2] = _post_segmented(srcs, dsts, stages, sends[r], recvs[r], mode, r % 2, t, side)
+            else:
+                land, send_works[r % 2] = _post_coalesced(srcs, dsts, stages, r, mode, r % 2, t, side)
+        if land_previous is not None:
+            land_previous()  # round r-1 lands while round r is in flight
+        land_previous = land
     for works in send_works:
         for w in works:
             w.wait()
@@ -218,22 +220,24 @@ def _run_fused(srcs: list[Tensor], stages: list[StagePlan], mode: Mode, t: Trans
 
 
 def _post_segmented(srcs, dsts, stages, sends, recvs, mode, parity, t, side):
-    """One isend/irecv per message (one lane); slot-side rows go straight from/into views."""
+    """One isend/irecv per (peer, segment) message of one lane; slot-side rows go straight
+    from/into views. Returns (land, send works)."""
     (src,), (dst,), (stage,) = srcs, dsts, stages
     me, ops, landing = stage.rank, [], []
     rbuf = t.workspace.get("recv", parity, sum(m.count for (m,) in recvs if m.peer != me), src)
     off = 0
     for (m,) in recvs:
         if m.peer == me:
-            landing.append(((m,), None, None))
+            landing.append((m, None, None))
             continue
         if mode == "copy" and m.start >= 0:
             buf = _rows(dst, m)  # zero-copy: receive straight into the slots
         else:
             buf, off = rbuf[off : off + m.count], off + m.count
-        landing.append(((m,), buf, len(ops)))
+        landing.append((m, buf, len(ops)))
         ops.append(dist.P2POp(dist.irecv, buf, t.global_rank(m.peer), t.group, m.tag))
     out_sends = [m for (m,) in sends if m.peer != me]
+    self_sends = iter([m for (m,) in sends if m.peer == me])
     sbuf = t.workspace.get("send", parity, sum(m.count for m in out_sends if m.start < 0), src)
     off, send_ops = 0, []
     for m in out_sends:
@@ -247,63 +251,87 @@ def _post_segmented(srcs, dsts, stages, sends, recvs, mode, parity, t, side):
         ops.append(dist.P2POp(dist.isend, buf, t.global_rank(m.peer), t.group, m.tag))
     works = dist.batch_isend_irecv(ops) if ops else []
     per_op = len(works) == len(ops)  # a coalescing backend (NCCL) returns one work for the batch
-    items = [(ms, b if i is None else (b, works[i] if per_op else None)) for ms, b, i in landing]
-    if not per_op:
-        return (items, list(works)), list(works)
-    return (items, []), [works[i] for i in send_ops]
+
+    def land() -> None:  # in (peer, segment) order, self at its place
+        if not per_op:
+            for w in works:
+                w.wait()
+        for m, buf, i in landing:
+            if buf is None:
+                _land_self(dst, src, next(self_sends), m, mode, t.meter)
+                continue
+            if per_op:
+                works[i].wait()
+            if not (mode == "copy" and m.start >= 0):  # else it was received in place
+                _land(dst, m, buf, mode, t.meter)
+
+    return land, ([works[i] for i in send_ops] if per_op else list(works))
 
 
-def _post_coalesced(srcs, dsts, stages, sends, recvs, mode, parity, t, side):
-    """One all_to_all_single for the round through peer-major staging, lanes side by side."""
-    me, world = stages[0].rank, len(stages[0].node_of_peer)
+def _post_coalesced(srcs, dsts, stages, r, mode, parity, t, side):
+    """One all_to_all_single for round r: one gather per lane into peer-major staging (self
+    included, so the landing adds in peer order), one scatter/add per lane on arrival."""
+    stage = stages[0]
+    send, recv = stage.send_rounds[r], stage.recv_rounds[r]
     cols = _columns(srcs)
     like = srcs[0].new_empty(0, cols[-1].stop)
-    in_splits, out_splits = [0] * world, [0] * world
-    out_sends = [ms for ms in sends if ms[0].peer != me]
-    sbuf = t.workspace.get("send", parity, sum(ms[0].count for ms in out_sends), like)
-    off = 0
-    for ms in out_sends:  # sorted by peer: the staging is peer-major
-        buf, off = sbuf[off : off + ms[0].count], off + ms[0].count
-        for src, m, c in zip(srcs, ms, cols):
-            _gather(src, m, buf[:, c], t.meter)
-        _count_sent(ms[0], buf[:, cols[0]], stages[0], t.meter, side)
-        if len(cols) > 1:
-            _count_sent(ms[0], buf[:, cols[0].stop :], stages[0], t.meter, True)
-        in_splits[ms[0].peer] += ms[0].count
-    rbuf = t.workspace.get("recv", parity, sum(ms[0].count for ms in recvs if ms[0].peer != me), like)
-    off, landing = 0, []
-    for ms in recvs:
-        if ms[0].peer == me:
-            landing.append((ms, None))
-            continue
-        landing.append((ms, rbuf[off : off + ms[0].count]))
-        off += ms[0].count
-        out_splits[ms[0].peer] += ms[0].count
+    if len(srcs) == 1 and send.start >= 0:  # the round's rows are a range: send a view
+        sbuf = srcs[0][send.start : send.start + len(send.rows)]
+    else:
+        sbuf = t.workspace.get("send", parity, len(send.rows), like)
+        for src, st, c in zip(srcs, stages, cols):
+            _gather_rows(src, st.send_rounds[r], sbuf[:, c], t.meter)
+    for p, n in enumerate(send.splits):
+        if p != stage.rank and n:
+            isz = sbuf.element_size()
+            _count_bytes(n * cols[-1].stop * isz, n * width_of(cols, 0) * isz, stage, p, t.meter, side)
+    direct = len(srcs) == 1 and mode == "copy" and recv.start >= 0
+    rbuf = dsts[0][recv.start : recv.start + len(recv.rows)] if direct else \
+        t.workspace.get("recv", parity, len(recv.rows), like)
     if t.group is None:
-        return (landing, []), []
-    work = dist.all_to_all_single(rbuf, sbuf, out_splits, in_splits, group=t.group, async_op=True)
-    return (landing, [work]), [work]
+        rbuf.copy_(sbuf)
+        work = None
+    else:
+        work = dist.all_to_all_single(rbuf, sbuf, list(recv.splits), list(send.splits), group=t.group,
+                                      async_op=True)
+
+    def land() -> None:
+        if work is not None:
+            work.wait()
+        if direct:
+            return  # received in place
+        for dst, st, c in zip(dsts, stages, cols):
+            rows, arrived = st.recv_rounds[r].rows, rbuf[:, c]
+            if mode == "copy":
+                dst.index_copy_(0, rows, arrived)
+            else:
+                dst.index_add_(0, rows, arrived)  # sequential in peer-major order: exact sums
+            t.meter.copied(arrived)
+
+    return land, ([work] if work is not None else [])
 
 
-def _land_round(srcs, dsts, stages, sends, items, works, mode, meter) -> None:
-    """Wait for a round and put its rows in place, in (peer, segment) order."""
-    for w in works:
-        w.wait()
-    cols = _columns(srcs)
-    self_sends = iter([ms for ms in sends if ms[0].peer == stages[0].rank])
-    for ms, arrived in items:
-        if arrived is None:
-            for src, dst, send, m in zip(srcs, dsts, next(self_sends), ms):
-                _land_self(dst, src, send, m, mode, meter)
-            continue
-        if isinstance(arrived, tuple):  # segmented, one lane: (buffer, its own work)
-            arrived, work = arrived
-            if work is not None:
-                work.wait()
-            if mode == "copy" and ms[0].start >= 0:
-                continue  # it was received in place
-        for dst, m, c in zip(dsts, ms, cols):
-            _land(dst, m, arrived[:, c], mode, meter)
+def width_of(cols: list[slice], lane: int) -> int:
+    return cols[lane].stop - cols[lane].start
+
+
+def _count_bytes(total: int, rows_part: int, stage: StagePlan, peer: int, meter: Meter, side: bool) -> None:
+    """Bytes to one peer: the first lane counts as rows, further lanes as side data."""
+    if side:
+        meter.bytes_side += total
+        return
+    meter.bytes_sent += rows_part
+    meter.bytes_side += total - rows_part
+    if stage.node_of_peer[peer] != stage.node_of_peer[stage.rank]:
+        meter.bytes_internode += rows_part
+
+
+def _gather_rows(src: Tensor, rr, out: Tensor, meter: Meter) -> None:
+    if rr.start >= 0:
+        out.copy_(src[rr.start : rr.start + len(rr.rows)])
+    else:
+        torch.index_select(src, 0, rr.rows, out=out)
+    meter.copied(out)
 
 
 def _run_collective(src: Tensor, stage: StagePlan, mode: Mode, t: Transport, side: bool = False) -> Tensor:

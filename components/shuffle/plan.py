@@ -59,6 +59,27 @@ class Message:
 
 
 @dataclass(frozen=True)
+class RoundRows:
+    """All of one side's rows of a round, peer-major (self included): what one all-to-all moves."""
+
+    rows: Tensor
+    splits: tuple[int, ...]  # rows per peer
+    start: int  # >= 0: rows are the range start..start+len (send/receive a view, no staging)
+
+
+def _round_rows(messages: list[Message], rounds: int, world: int) -> tuple[RoundRows, ...]:
+    out = []
+    for r in range(rounds):
+        ms = [m for m in messages if m.round == r]
+        rows = torch.cat([m.rows for m in ms]) if ms else torch.empty(0, dtype=torch.long)
+        splits = [0] * world
+        for m in ms:
+            splits[m.peer] += m.count
+        out.append(RoundRows(rows, tuple(splits), _range_start(rows) if rows.numel() else 0))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class StagePlan:
     """One all-to-all-like movement of rows, as this rank sees it."""
 
@@ -72,6 +93,8 @@ class StagePlan:
     src_once: bool  # every source row is sent exactly once
     node_of_peer: tuple[int, ...]
     segment_rows: float  # global mean rows per message segment (same on every rank)
+    send_rounds: tuple[RoundRows, ...]  # the same rows, grouped for one all-to-all per round
+    recv_rounds: tuple[RoundRows, ...]
 
     def reversed(self) -> StagePlan:
         """The adjoint movement: destination rows travel back to the source rows they came from."""
@@ -83,6 +106,8 @@ class StagePlan:
             recvs=self.sends,
             dst_covered=self.src_once,
             src_once=self.dst_covered,
+            send_rounds=self.recv_rounds,
+            recv_rounds=self.send_rounds,
         )
 
     def rows_sent(self, internode_only: bool = False) -> int:
@@ -129,11 +154,16 @@ def _messages(peer: Tensor, rnd: Tensor, seg: Tensor, rows: Tensor, segments: in
     keys, counts = torch.unique_consecutive(key, return_counts=True)
     if keys.numel() > 1 and not bool((keys.diff() > 0).all()):
         raise AssertionError("plan: items are not sorted in wire order")
+    # a message is a range iff no step inside it differs from +1 (vectorized over all messages)
+    breaks = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum((rows.diff() != 1).long(), 0)])
+    ends = torch.cumsum(counts, 0)
+    firsts = ends - counts
+    ranged = (breaks[ends - 1] - breaks[firsts] == 0).tolist()
+    starts = rows[firsts].tolist()
     out = []
-    for k, chunk in zip(keys.tolist(), rows.split(counts.tolist())):
+    for k, chunk, is_range, start in zip(keys.tolist(), rows.split(counts.tolist()), ranged, starts):
         r, p = divmod(k // segments, world)
-        start = _range_start(chunk)
-        out.append(Message(p, r, 0, chunk.numel(), start, None if start >= 0 else chunk))
+        out.append(Message(p, r, 0, chunk.numel(), start if is_range else -1, None if is_range else chunk))
     return out
 
 
@@ -163,7 +193,7 @@ def _tagged(messages: list[Message]) -> tuple[Message, ...]:
     for m in sorted(messages, key=lambda m: (m.round, m.peer)):  # stable: keeps segment order
         tag = seen.get(m.peer, 0)
         seen[m.peer] = tag + 1
-        out.append(replace(m, tag=tag))
+        out.append(Message(m.peer, m.round, tag, m.count, m.start, m.index))
     return tuple(out)
 
 
@@ -180,6 +210,8 @@ def _stage(rank: int, rounds: int, src_rows: int, dst_rows: int, sends: list[Mes
         src_once=_exactly_once(sends, src_rows),
         node_of_peer=tuple(placement.node_of(r) for r in range(placement.world_size)),
         segment_rows=segment_rows,
+        send_rounds=_round_rows(sends, rounds, placement.world_size),
+        recv_rounds=_round_rows(recvs, rounds, placement.world_size),
     )
 
 
