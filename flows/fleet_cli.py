@@ -1,0 +1,227 @@
+"""`fleetloop fleet ...`: run the fault-tolerant fleet runtime (components/fleet) from the shell.
+
+    fleet up [--detach]      coordinator + ingest + inference + trainer + one agent per robot
+    fleet status [--json]    who runs, restarts, leases, served versions, canary
+    fleet down               stop everything (SIGTERM, then SIGKILL after the grace period)
+    fleet tokens [--rotate]  issue per-robot tokens into the token file (values never printed)
+    fleet revoke ROBOT       revoke one robot's token (403 from then on)
+    fleet canary VERSION     roll VERSION out to runtime.canary_share of the fleet
+    fleet chaos              the bounded chaos run (scratch root by default), report as JSON
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+fleet_app = typer.Typer(help="FATS: the fault-tolerant asynchronous fleet runtime.", no_args_is_help=True)
+console = Console()
+err = Console(stderr=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+START_TIMEOUT_S = 180.0
+
+
+def _fail(message: str, fix: str) -> None:
+    err.print(f"[red]error:[/red] {message}\n[dim]fix:[/dim] {fix}")
+    raise typer.Exit(code=1)
+
+
+def _settings(robots: int | None = None, episodes: int | None = None):
+    from components.config import load_settings
+
+    settings = load_settings()
+    if robots is not None:
+        settings = settings.model_copy(update={"fleet": settings.fleet.model_copy(update={"num_robots": robots})})
+    if episodes is not None:
+        settings = settings.model_copy(update={"runtime": settings.runtime.model_copy(update={"robot_episodes": episodes})})
+    return settings
+
+
+def _coordinator_pid(settings) -> int | None:
+    from components.fleet.layout import RuntimeLayout
+    from components.fleet.processes import pid_alive
+
+    path = RuntimeLayout.of(settings).coordinator_pid_file
+    try:
+        pid = int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    return pid if pid_alive(pid) else None
+
+
+@fleet_app.command()
+def up(
+    detach: Annotated[bool, typer.Option(help="Start in the background and return.")] = False,
+    robots: Annotated[Optional[int], typer.Option(help="Robots in the fleet (default fleet.num_robots).")] = None,
+    episodes: Annotated[Optional[int], typer.Option(help="Episodes per robot; 0 = until stopped.")] = None,
+) -> None:
+    """Start the fleet on runtime.host (127.0.0.1 by default)."""
+    from components.fleet.auth import issue_tokens
+    from components.fleet.layout import RuntimeLayout
+    from components.fleet.local import service_url
+    from components.fleet.processes import ProcessSpec, start_process, stop_process, wait_healthy, write_settings
+
+    settings = _settings(robots, episodes)
+    if _coordinator_pid(settings) is not None:
+        _fail("the fleet is already up", "run `fleetloop fleet status`, or `fleetloop fleet down` first")
+    layout = RuntimeLayout.of(settings).ensure()
+    issue_tokens(layout.token_file, settings.fleet.robot_ids())  # keeps existing tokens
+    settings_file = write_settings(settings)
+    proc = start_process(ProcessSpec("coordinator", "coordinator"), settings_file, layout.logs)
+    url = service_url(settings, "coordinator")
+    if not wait_healthy(url, START_TIMEOUT_S, proc):
+        stop_process(proc, settings.runtime.stop_grace_s)
+        _fail(f"the coordinator did not start; see {layout.logs / 'coordinator.log'}", "fix the error in that log and retry")
+    console.print(
+        f"fleet up: coordinator pid {proc.pid} at {url}; {settings.fleet.num_robots} robots; "
+        f"logs in {layout.logs}; tokens in {layout.token_file}"
+    )
+    if detach:
+        return
+    console.print("[dim]Ctrl-C stops the fleet[/dim]")
+    try:
+        while proc.poll() is None:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop_process(proc, settings.runtime.stop_grace_s * 4)
+
+
+@fleet_app.command()
+def down() -> None:
+    """Stop the coordinator, which stops every fleet process; leftovers are killed by pid."""
+    from components.fleet.layout import RuntimeLayout
+    from components.fleet.processes import kill_pid, pid_alive
+
+    settings = _settings()
+    layout = RuntimeLayout.of(settings)
+    pid = _coordinator_pid(settings)
+    if pid is not None:
+        import os
+
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + settings.runtime.stop_grace_s * 4 + 5
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    leftovers = []
+    if layout.status_file.exists():
+        for member in json.loads(layout.status_file.read_text())["members"].values():
+            child = member.get("pid")
+            if child and pid_alive(child) and _is_fleet_process(child):
+                kill_pid(child)
+                leftovers.append(child)
+    console.print(f"fleet down{f' (killed leftovers {leftovers})' if leftovers else ''}")
+
+
+def _is_fleet_process(pid: int) -> bool:
+    try:
+        return b"components.fleet.serve" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+@fleet_app.command()
+def status(as_json: JsonOpt = False) -> None:
+    """Members, pids, restarts, heartbeat ages, served versions and the canary."""
+    from components.fleet.layout import RuntimeLayout
+
+    settings = _settings()
+    path = RuntimeLayout.of(settings).status_file
+    if not path.exists():
+        _fail("no fleet status yet", "start the fleet with `fleetloop fleet up`")
+    body = json.loads(path.read_text())
+    body["coordinator_running"] = _coordinator_pid(settings) is not None
+    if as_json:
+        console.print_json(json.dumps(body))
+        return
+    table = Table(title=f"fleet ({'up' if body['coordinator_running'] else 'down'}): served {body['served']}, canary {body.get('canary') or '-'}")
+    for col in ("member", "role", "pid", "alive", "done", "restarts", "heartbeat age (s)", "info"):
+        table.add_column(col)
+    for name, m in body["members"].items():
+        table.add_row(
+            name, m["role"], str(m["pid"]), "yes" if m["alive"] else "no", "yes" if m["done"] else "",
+            str(m["restarts"]), "" if m["heartbeat_age_s"] is None else f"{m['heartbeat_age_s']:.1f}", json.dumps(m["info"])[:60],
+        )
+    console.print(table)
+
+
+@fleet_app.command()
+def tokens(rotate: Annotated[bool, typer.Option(help="Replace every token (old ones are revoked).")] = False) -> None:
+    """Issue per-robot tokens (and the service token) into the token file; prints no token."""
+    from components.fleet.auth import issue_tokens
+    from components.fleet.layout import RuntimeLayout
+
+    settings = _settings()
+    layout = RuntimeLayout.of(settings).ensure()
+    book = issue_tokens(layout.token_file, settings.fleet.robot_ids(), rotate=rotate)
+    console.print(f"{len(book.robots)} robot tokens + 1 service token in {layout.token_file} (mode 0600)")
+
+
+@fleet_app.command()
+def revoke(robot: Annotated[str, typer.Argument(help="Robot id whose token to revoke.")]) -> None:
+    """Revoke a robot's token: its requests get 403 from now on (services re-read the file)."""
+    from components.fleet.auth import revoke_robot
+    from components.fleet.layout import RuntimeLayout
+
+    settings = _settings()
+    try:
+        revoke_robot(RuntimeLayout.of(settings).token_file, robot)
+    except KeyError as exc:
+        _fail(str(exc), "pass a robot id that has a token (`fleetloop fleet tokens`)")
+    console.print(f"revoked the token of {robot}")
+
+
+@fleet_app.command()
+def canary(version: Annotated[int, typer.Argument(help="Registered model version to roll out.")]) -> None:
+    """Start a canary rollout; the coordinator promotes or rolls it back on live outcomes."""
+    from components.episodes.dataset import EpisodeDataset
+    from components.fleet.canary import CanaryRollout
+    from components.registry.model_registry import PolicyRegistry
+
+    settings = _settings()
+    registry = PolicyRegistry(settings.paths.mlruns, settings.registry)
+    dataset = EpisodeDataset(settings.paths.episodes, settings.episodes)
+    decision = CanaryRollout(registry, dataset, settings.runtime).start(version)
+    console.print(f"v{version}: {decision.action} ({decision.reason})")
+
+
+@fleet_app.command()
+def chaos(
+    robots: Annotated[int, typer.Option(help="Robots in the fleet.")] = 4,
+    episodes: Annotated[int, typer.Option(help="Episodes per robot.")] = 10,
+    seed: Annotated[int, typer.Option(help="Seed of the kill schedule.")] = 0,
+    max_steps: Annotated[int, typer.Option(help="Steps per episode (short keeps the run small).")] = 30,
+    root: Annotated[Optional[Path], typer.Option(help="Root to run in (default: a scratch folder).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """SIGKILL robots, inference, ingest and the trainer mid-run; audit what was stored."""
+    from components.config import Settings
+    from components.fleet.chaos import ChaosPlan, chaos_settings, run_chaos
+
+    base = _settings()
+    scratch = root or Path(tempfile.mkdtemp(prefix="fleetloop-chaos-"))
+    settings = Settings(**{**base.model_dump(exclude={"runtime": {"tokens"}}), "root": scratch})
+    settings = settings.model_copy(update={"sim": settings.sim.model_copy(update={"max_steps": max_steps})})
+    plan = ChaosPlan(robots=robots, episodes_per_robot=episodes, seed=seed)
+    report = run_chaos(chaos_settings(settings, plan), plan)
+    if as_json:
+        console.print_json(report.to_json())
+        return
+    console.print(
+        f"robots {robots} x {episodes} episodes in {report.seconds}s ({scratch}): finished {report.finished}, "
+        f"stored {report.stored}, duplicated {report.duplicated}, lost {report.lost}, corrupted {report.corrupted}; "
+        f"faults {len(report.faults)} ({', '.join(f.target for f in report.faults)}); "
+        f"trainer resumed at {report.trainer_resumes}, {report.trainer_steps} steps"
+    )
+    if report.lost or report.duplicated or report.corrupted or not report.completed:
+        raise typer.Exit(code=1)
