@@ -30,11 +30,12 @@ from components.scheduler.channels import Channel, ChannelStats
 from components.scheduler.devices import DeviceRegistry, LockEvent, MemoryBudgetError, SwitchStats
 from components.scheduler.graph import Graph, LegalityError, VersionKey, build_graph, slot_of
 from components.scheduler.plan import Plan, WorkerSpec
-from components.scheduler.profiler import ActivitySampler, GpuTelemetry, Span, Timeline
+from components.scheduler.profiler import ActivitySampler, GpuTelemetry, OpTimer, Span, Timeline
 from components.scheduler.quotas import apply_blas_limit, mps_environment, set_worker_threads
 from components.scheduler.workflow import BuildContext, Workflow
 
 GROUP_LOOP = "group"
+PROCESS_POLL_S = 0.5  # how often a parent checks that a silent process worker is still alive
 
 
 class ExecutionError(RuntimeError):
@@ -167,13 +168,24 @@ class _ProcessHost:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-        kind, _ = self.conn.recv()
+        self.name = spec.name
+        kind, _ = self._recv("start")
         if kind != "ready":  # pragma: no cover
             raise ExecutionError(f"process worker {spec.name} failed to start")
 
+    def _recv(self, what: str) -> tuple[str, Any]:
+        """Wait for the child, failing clearly if it died (e.g. a main module without a __main__ guard)."""
+        while not self.conn.poll(PROCESS_POLL_S):
+            if not self.proc.is_alive():
+                raise ExecutionError(
+                    f"process worker {self.name} died during {what} (exit code {self.proc.exitcode}); spawned "
+                    "workers re-import the main module, so scripts need an `if __name__ == '__main__':` guard"
+                )
+        return self.conn.recv()
+
     def call(self, name: str, idx: dict[str, int], inputs: dict[str, Any]) -> dict[str, Any]:
         self.conn.send(("run", name, idx, inputs))
-        kind, payload = self.conn.recv()
+        kind, payload = self._recv(name)
         if kind == "error":
             raise ExecutionError(payload)
         return payload
@@ -282,6 +294,9 @@ def execute(
     errors: list[BaseException] = []
     origin = time.perf_counter()
 
+    timer = OpTimer() if plan.cuda_streams else None
+    if timer is not None and not timer.cuda:
+        timer = None  # CUDA events only where CUDA is present; spans keep perf_counter times
     prebuilt = components or {}
     states: dict[str, Any] = {}
     hosts: dict[str, _ProcessHost] = {}
@@ -371,9 +386,13 @@ def execute(
                     off = (lambda s=st, h=comp.offload: h(s)) if comp.offload and host is None else None
                     t_lock = registry.acquire(devs, comp.name, comp.memory_mb, on, off)
                 t0 = time.perf_counter()
+                device_s: list[float] = []
                 try:
                     if host is not None:
                         out = host.call(inst.name, inst.indices, args)
+                    elif timer is not None:
+                        with timer.time(device_s.append):
+                            out = inst.op.fn(states[comp.name], inst.indices, args)
                     else:
                         out = inst.op.fn(states[comp.name], inst.indices, args)
                 finally:
@@ -393,7 +412,8 @@ def execute(
                         if k is None and (key.state not in final or final[key.state][0] <= key.version):
                             final[key.state] = (key.version, out[key.state])
                     spans.append(Span(inst.name, inst.label(), comp.name, spec.name, inst.iteration,
-                                      t0 - origin, t1 - origin, current_threads or 0))
+                                      t0 - origin, t1 - origin, current_threads or 0,
+                                      device_s[0] if device_s else None))
                 for key, dests in route[uid]:
                     value = out.get(key.state)
                     if local_readers.get((spec.name, key), 0) > 0:

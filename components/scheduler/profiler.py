@@ -38,6 +38,7 @@ class Span:
     start: float
     end: float
     threads: int
+    device_s: float | None = None  # CUDA-event time of the op on its stream (GPU runs only)
 
     @property
     def duration(self) -> float:

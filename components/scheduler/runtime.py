@@ -84,9 +84,10 @@ class SchedulerRuntime:
         self._timelines[plan.name] = result.timeline
         return result
 
-    def measure(self, plans: list[Plan], iterations: int | None = None, rounds: int = 1) -> list[float]:
+    def measure(self, plans: list[Plan], iterations: int | None = None, rounds: int | None = None) -> list[float]:
         """Median iteration seconds per plan, runs interleaved (A B A B …), warm-up iteration dropped."""
         n = (iterations or self.cfg.validate_iterations) + 1
+        rounds = rounds or self.cfg.validate_rounds
         samples: list[list[float]] = [[] for _ in plans]
         for _ in range(rounds):
             for k, p in enumerate(plans):

@@ -147,6 +147,28 @@ class Evaluator:
         self.spec = spec
 
 
+def _move_optimizer(opt: torch.optim.Optimizer, device: str) -> None:
+    for state in opt.state.values():
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor):
+                state[k] = v.to(device)
+
+
+def onload(component: Inference | Learner) -> None:
+    """Device lock handed to this component: bring its model (and optimizer state) back on device."""
+    component.model.to(component.spec.device)
+    if isinstance(component, Learner):
+        _move_optimizer(component.opt, component.spec.device)
+
+
+def offload(component: Inference | Learner) -> None:
+    """Memory budget pressure: park the model (and optimizer state) in host memory."""
+    if component.spec.device != "cpu":
+        component.model.to("cpu")
+        if isinstance(component, Learner):
+            _move_optimizer(component.opt, "cpu")
+
+
 def _sim(ctx: BuildContext) -> Sim:
     return Sim(ctx.payload, ctx.loops["group"])
 
@@ -294,8 +316,9 @@ def ppo_workflow(spec: PPOSpec, groups: int = 1) -> Workflow:
     """The PPO iteration as a scheduler workflow with ``groups`` env groups."""
     comps = (
         Component("sim", _sim),
-        Component("policy", _inference, exclusive=True, memory_mb=_model_mb(spec)),
-        Component("learner", _learner, exclusive=True, memory_mb=4 * _model_mb(spec)),
+        Component("policy", _inference, exclusive=True, memory_mb=_model_mb(spec), onload=onload, offload=offload),
+        Component("learner", _learner, exclusive=True, memory_mb=4 * _model_mb(spec), onload=onload,
+                  offload=offload),
         Component("evaluator", _evaluator),
     )
     states = (
