@@ -192,3 +192,30 @@ def test_methods_never_imitate_failed_episodes(world):
         build_training_set("fert", episodes, cfg)
     with pytest.raises(ValueError, match="unknown"):
         build_training_set("dagger", episodes, cfg)
+
+
+def test_learned_encoder_is_deterministic_round_trips_and_ignores_what_actions_do_not_need(tmp_path):
+    from components.fert.encoder import ActionPredictiveEncoder
+    from components.store.encoder import encoder_from_state_dict
+
+    rng = np.random.default_rng(1)
+    # state = (placement, phase): the action depends on the phase only
+    placement = rng.uniform(-5, 5, (600, 4, 1))
+    phase = rng.choice([-1.0, 1.0], (600, 1, 1)) * np.ones((1, 4, 1))
+    windows = np.concatenate([placement, phase], axis=2).astype(np.float32)
+    actions = np.repeat(phase, 2, axis=2)
+    a = ActionPredictiveEncoder(4, 2, dim=4, epochs=30, seed=0).fit_supervised(windows, actions)
+    b = ActionPredictiveEncoder(4, 2, dim=4, epochs=30, seed=0).fit_supervised(windows, actions)
+    np.testing.assert_array_equal(a.encode(windows), b.encode(windows))  # seeded: bit-identical
+    rebuilt = encoder_from_state_dict(a.state_dict())  # registered with the store by kind
+    np.testing.assert_array_equal(rebuilt.encode(windows), a.encode(windows))
+    codes = a.encode(windows)
+    same_phase = phase[:, 0, 0] == phase[0, 0, 0]
+    # windows needing the same action are closer than windows needing another, whatever their placement
+    d = np.linalg.norm(codes - codes[0], axis=1)
+    assert np.median(d[same_phase][1:]) < np.median(d[~same_phase])
+    store = SegmentStore.open(tmp_path / "s.lance", StoreConfig(window=4, stride=2), a.dim)
+    episode = _episode(0, np.zeros((12, 2)), True)
+    store.upsert([episode], a, snapshot="s")
+    assert isinstance(store.load_encoder(), ActionPredictiveEncoder)
+    assert ActionPredictiveEncoder(4, 2, dim=3, epochs=1).fit(windows).encode(windows).shape == (600, 3)
