@@ -8,11 +8,15 @@ from components.config import SimConfig
 from components.fleet.chaos import ChaosPlan, chaos_settings, run_chaos
 from tests.conftest import small_settings
 
-PLAN = ChaosPlan(robots=4, episodes_per_robot=8, kills=("inference", "robot", "ingest", "robot", "trainer"), seed=7, timeout_s=240.0)
+# Robots first: they finish fastest, and a kill with no robot left running would be skipped.
+PLAN = ChaosPlan(
+    robots=4, episodes_per_robot=10, kills=("robot", "inference", "robot", "ingest", "trainer"),
+    min_gap_s=1.0, max_gap_s=2.5, seed=7, timeout_s=240.0,
+)
 
 
 def test_fleet_survives_sigkills_with_every_episode_stored_exactly_once(tmp_path):
-    base = small_settings(tmp_path, sim=SimConfig(max_steps=30))
+    base = small_settings(tmp_path, sim=SimConfig(max_steps=40))
     report = run_chaos(chaos_settings(base, PLAN), PLAN)
     (tmp_path / "chaos_report.json").write_text(report.to_json())
     print(json.dumps({k: getattr(report, k) for k in ("finished", "stored", "duplicated", "lost", "corrupted", "seconds")}))

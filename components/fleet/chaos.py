@@ -45,9 +45,9 @@ LOSS_WINDOW = 5  # steps averaged before/after a resume in the report
 class ChaosPlan:
     robots: int = 4
     episodes_per_robot: int = 10
-    kills: tuple[str, ...] = ("inference", "robot", "ingest", "robot", "trainer")
-    min_gap_s: float = 1.5
-    max_gap_s: float = 4.0
+    kills: tuple[str, ...] = ("robot", "inference", "robot", "ingest", "trainer")  # robots finish first
+    min_gap_s: float = 1.0
+    max_gap_s: float = 2.5
     seed: int = 0
     timeout_s: float = 150.0
 
