@@ -115,7 +115,7 @@ def _rose_setup(measure_bias: float = 1.0):
     from components.scheduler.graph import build_graph
     from components.scheduler.simulate import simulate
 
-    def predict(p: Plan) -> float:
+    def predict(p: Plan, basis: Plan | None = None) -> float:
         g = build_graph(plan_workflow(wf, p), range(3), p.buffers)
         return simulate(g, p, lambda i, t: durations[i.name], lambda i, t: 1.0, 2.0).iteration
 

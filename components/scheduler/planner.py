@@ -79,16 +79,11 @@ def _curve(profile: Profile, op: str, threads: int) -> CostCurve:
 
 
 def op_size(workflow: Workflow, op: str, envs: int) -> float:
-    scope = dict(workflow.ops_with_scope())
-    for o, sc in workflow.ops_with_scope():
+    """Rows an op processes per call: one env group's share inside the group loop, else all envs."""
+    for o, scope in workflow.ops_with_scope():
         if o.name == op:
-            scope_ = sc
-            break
-    else:
-        raise KeyError(op)
-    del scope
-    groups = workflow.loops.get(GROUP_LOOP, 1)
-    return envs / groups if GROUP_LOOP in scope_ else float(envs)
+            return envs / workflow.loops.get(GROUP_LOOP, 1) if GROUP_LOOP in scope else float(envs)
+    raise KeyError(f"workflow {workflow.name} has no op {op!r}")
 
 
 def profile_workflow(workflow_at: Callable[[int], Workflow], cfg: SchedulerConfig, payload: Any, envs: int,

@@ -52,7 +52,11 @@ class Window:
 
 def low_activity_windows(timeline: Timeline, capacity: float, threshold: float, min_window_s: float,
                          iteration: int | None = None) -> list[Window]:
-    """Intervals where the spans keep fewer than ``threshold · capacity`` cores busy."""
+    """Intervals where the running ops keep fewer than ``threshold · capacity`` cores busy.
+
+    Something runs at every instant of an iteration, and in such an interval only a few ops do:
+    they are the critical path there, and the idle cores beside them are what a rewrite can fill.
+    """
     spans = [s for s in timeline.spans if iteration is None or s.iteration == iteration]
     if not spans:
         return []
@@ -188,12 +192,13 @@ class RoseOptimizer:
     """Window-guided, validated plan rewriting.
 
     ``measure(plans) -> list of median iteration seconds`` runs the plans interleaved;
-    ``predict(plan) -> seconds`` replays a plan from profiled durations; ``timeline(plan)`` gives
-    a measured timeline to look for windows in.
+    ``predict(plan, basis) -> seconds`` replays a plan from op durations measured on ``basis`` (the
+    current plan), so a proposal and the current plan are predicted on the same footing;
+    ``timeline(plan)`` gives a measured timeline to look for windows in.
     """
 
     def __init__(self, workflow: Workflow, cfg: SchedulerConfig, capacity: int,
-                 measure: Callable[[list[Plan]], list[float]], predict: Callable[[Plan], float],
+                 measure: Callable[[list[Plan]], list[float]], predict: Callable[[Plan, Plan], float],
                  timeline: Callable[[Plan], Timeline], check_iterations: range = range(3)) -> None:
         self.workflow = workflow
         self.cfg = cfg
@@ -210,11 +215,11 @@ class RoseOptimizer:
         result.windows = low_activity_windows(tl, self.capacity, self.cfg.activity_threshold,
                                               self.cfg.min_window_ms / 1e3, iteration=last_it)
         current = plan
-        current_pred = self.predict(current)
         tried: set[str] = set()
         for _ in range(max_rounds):
             if not result.windows:
                 break
+            current_pred = self.predict(current, current)
             scored: list[tuple[float, Transformation, Plan]] = []
             for t in candidate_transformations(self.workflow, current):
                 if t.name in tried:
@@ -225,7 +230,7 @@ class RoseOptimizer:
                 if why:
                     result.decisions.append(Decision(t.name, False, refusal=why[:160]))
                     continue
-                pred = self.predict(proposal)
+                pred = self.predict(proposal, current)
                 if pred >= current_pred * (1 - self.cfg.accept_margin):
                     result.decisions.append(Decision(t.name, True, predicted_before_s=current_pred,
                                                      predicted_after_s=pred, reason=(
@@ -243,8 +248,12 @@ class RoseOptimizer:
                     measured_before_s=before, measured_after_s=after, kept=kept,
                     reason="measured gain confirmed" if kept else "measured gain too small: rolled back"))
                 if kept:
-                    current, current_pred, accepted = proposal, pred, True
+                    current, accepted = proposal, True
                     tried.discard(t.name)
+                    tl = self.timeline(current)  # windows of the new plan guide the next round
+                    last_it = max((s.iteration for s in tl.spans), default=0)
+                    result.windows = low_activity_windows(tl, self.capacity, self.cfg.activity_threshold,
+                                                          self.cfg.min_window_ms / 1e3, iteration=last_it)
                     break
             if not accepted:
                 break

@@ -148,23 +148,29 @@ class SchedulerRuntime:
 
     # ------------------------------------------------------------------ Rose + quotas
     def predict(self, plan: Plan, measured_from: Plan | None = None) -> float:
-        """Replay ``plan`` from op durations: the measured medians of ``measured_from``'s latest run
-        (same group count and thread count), else the profiled cost curves (local prediction)."""
+        """Replay ``plan`` from the profiled cost curves, each scaled by how the op actually ran in
+        ``measured_from``'s latest run (median measured / curve at that run's size and threads):
+        local profiling, calibrated to the machine's current state."""
         wf = plan_workflow(self.workflow_at(plan.groups or 1), plan)
         graph = build_graph(wf, range(3), plan.buffers)
         prof = self.profile()
-        med: dict[tuple[str, int], float] = {}
-        if measured_from is not None and (measured_from.groups or 1) == (plan.groups or 1):
+        calib: dict[str, float] = {}
+        if measured_from is not None:
+            basis = plan_workflow(self.workflow_at(measured_from.groups or 1), measured_from)
             measured: dict[tuple[str, int], list[float]] = {}
             for s in self.timeline(measured_from).spans:
                 if s.iteration > 0:
-                    measured.setdefault((s.op, s.threads), []).append(s.duration)
-            med = {k: statistics.median(v) for k, v in measured.items()}
+                    measured.setdefault((s.op, max(s.threads, 1)), []).append(s.duration)
+            ratios: dict[str, list[float]] = {}
+            for (op, t), xs in measured.items():
+                model = prof.curve(op, t)(op_size(basis, op, self.roles.envs))
+                if model > 0:
+                    ratios.setdefault(op, []).append(statistics.median(xs) / model)
+            calib = {op: statistics.median(r) for op, r in ratios.items()}
 
         def duration(inst: Any, threads: int) -> float:
-            if (inst.name, threads) in med:
-                return med[(inst.name, threads)]
-            return prof.curve(inst.name, threads)(op_size(wf, inst.name, self.roles.envs))
+            base = prof.curve(inst.name, threads)(op_size(wf, inst.name, self.roles.envs))
+            return base * calib.get(inst.name, 1.0)
 
         def demand(inst: Any, threads: int) -> float:
             return float(min(threads, self.devices))
@@ -176,7 +182,7 @@ class SchedulerRuntime:
         rose = RoseOptimizer(
             self.workflow_at(plan.groups or 1), self.cfg, self.devices,
             measure=lambda plans: self.measure(plans),
-            predict=lambda p: self.predict(p, plan),
+            predict=lambda p, basis: self.predict(p, basis),
             timeline=self.timeline,
         )
         result = rose.optimize(plan)

@@ -98,6 +98,8 @@ def simulate(graph: Graph, plan: Plan, duration: Callable[[OpInstance, int], flo
                     for d in plan.placement.get(comp.name, ()):
                         locks[d] = uid
                 q = threads[inst.component]
+                if not inst.op.quota_invariant and inst.component in plan.pinned_threads:
+                    q = plan.pinned_threads[inst.component]
                 running[w] = (uid, duration(inst, q), demand(inst, q), now)
                 progressed = True
         if not running:
