@@ -245,6 +245,8 @@ class M2FlowPlanner:
             d = len(devs)
             if a == b and self._memory(wf, comps) > self.budget:
                 return ()
+            if a == b and self.spec.pinned_threads.get(comps[0], 1) > d:
+                return ()  # its numerics need more threads than these devices have cores
             if a == b:
                 t = steps * m * self.step_cost(wf, comps, d) + self.iter_cost(wf, comps, d)
                 return ((t, Node("single", comps, devs)),)
