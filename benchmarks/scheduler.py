@@ -136,11 +136,11 @@ def main() -> None:
 
     # ---- planner: regret against brute force, prediction error
     log("brute force over the planner's candidate plans ...")
-    cands = sorted(planned.candidates, key=lambda c: c.predicted_s)[: (4 if quick else 10)]
+    cands = sorted(planned.candidates, key=lambda c: c.predicted_s)[: (4 if quick else 8)]
     if planned.best not in cands:
         cands.append(planned.best)
     bf = interleaved(rt, [c.plan.with_(name=f"cand{k}:{c.plan.name}:{c.tree.describe()}") for k, c in enumerate(cands)],
-                     iterations, 1 if quick else 2)
+                     iterations, 1)
     bf_rows = []
     for k, c in enumerate(cands):
         m = bf[f"cand{k}:{c.plan.name}:{c.tree.describe()}"]["median_s"]

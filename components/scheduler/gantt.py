@@ -44,9 +44,9 @@ def plot_timelines(panels: Sequence[tuple[str, Timeline]], path: Path, capacity:
         act = axes[1][col]
         samples = [a for a in tl.activity if t0 <= a.t <= t1]
         if samples:
-            act.plot([(a.t - t0) * 1e3 for a in samples], [a.process_cores for a in samples], lw=0.8,
-                     label="this process (sampled)")
-            act.plot([(a.t - t0) * 1e3 for a in samples], [a.machine_cores for a in samples], lw=0.8, alpha=0.6,
+            ts = [(a.t - t0) * 1e3 for a in samples]
+            act.plot(ts, _smooth([a.process_cores for a in samples]), lw=0.9, label="this process (sampled)")
+            act.plot(ts, _smooth([a.machine_cores for a in samples]), lw=0.9, alpha=0.6,
                      label="whole machine (sampled)")
             if any(a.sm_activity is not None for a in samples):
                 act.plot([(a.t - t0) * 1e3 for a in samples], [(a.sm_activity or 0) / 100 * capacity for a in samples],
@@ -72,3 +72,12 @@ def plot_timelines(panels: Sequence[tuple[str, Timeline]], path: Path, capacity:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _smooth(xs: list[float], k: int = 3) -> list[float]:
+    """Centered moving average over ``2k+1`` samples (/proc CPU times are coarse)."""
+    out = []
+    for i in range(len(xs)):
+        window = xs[max(0, i - k): i + k + 1]
+        out.append(sum(window) / len(window))
+    return out
