@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT := true
 
-.PHONY: setup demo test bench ui clean
+.PHONY: setup demo test bench ui clean deploy
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,3 +34,8 @@ ui: setup
 
 clean:
 	rm -rf $(VENV) .prefect mlruns/mlflow.db mlruns/artifacts artifacts metrics
+
+# Deployments for a process work pool (needs a Prefect server, e.g. `make ui` in another shell).
+deploy: setup
+	$(BIN)/prefect work-pool create fleetloop-process --type process || true
+	FLEETLOOP_REPO=$(CURDIR) $(BIN)/prefect --no-prompt deploy --all

@@ -203,13 +203,14 @@ class SchedulerConfig(Section):
     memory_budget_mb: float = 0.0  # per device; 0 = unlimited
     gil_switch_interval_us: float = 200.0  # while >1 worker thread runs (Python default 5000); 0 = leave
     # profiler
-    sample_interval_ms: float = 5.0
+    sample_interval_ms: float = 20.0  # /proc CPU times tick every 10 ms: sample slower than that
     gpu_telemetry: bool = True
     # M2Flow planner
     pipeline_stages: tuple[int, ...] = (1, 2, 4)  # candidate env-group counts m
     cost_curves: tuple[str, ...] = ("power", "exponential", "log", "quadratic")
     # Rose graph optimizer + quotas
-    validate_iterations: int = 3  # measured iterations per accept/rollback decision
+    validate_iterations: int = 3  # measured iterations per run in an accept/rollback decision
+    validate_rounds: int = 2  # interleaved runs (A B A B ...) per plan in such a decision
     accept_margin: float = 0.02  # a change is kept only if measured faster by this fraction
     activity_threshold: float = 0.75  # busy fraction of devices below which a window is low-activity
     min_window_ms: float = 2.0
@@ -225,7 +226,7 @@ class OpsConfig(Section):
     max_workers: int = 4
     io_retries: int = 3
     retry_delays_s: tuple[float, ...] = (1.0, 5.0, 20.0)
-    task_timeout_s: float = 3600.0
+    flow_timeout_s: float = 4 * 3600.0
     eval_robots_per_task: int = 4
     retrain_cron: str = "0 3 * * *"  # nightly at 03:00
     fleet_round_interval_s: int = 6 * 3600

@@ -24,9 +24,15 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whatever the terminal width
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def _mount_fleet() -> None:
+    from flows.fleet_cli import fleet_app
+
+    app.add_typer(fleet_app, name="fleet", help="The fault-tolerant asynchronous fleet runtime (FATS): up, down, status, tokens, canary, chaos.")
 
 
 class CliError(Exception):
@@ -107,7 +113,7 @@ def ingest(
 
 @app.command()
 def retrain(
-    files: Annotated[Optional[list[Path]], typer.Argument(help="New episode files to ingest first.")] = None,
+    files: Annotated[Optional[list[Path]], typer.Argument(help="Episode files to ingest first (default: all of datasets/incoming).")] = None,
     bootstrap: Annotated[bool, typer.Option("--bootstrap", help="Collect scripted-expert demos first.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -122,14 +128,14 @@ def retrain(
         else:
             from flows.retrain import retrain as retrain_flow
 
-            promotion = retrain_flow(list(files or []), "retrain", settings)
+            promotion = retrain_flow(files or None, "retrain", settings)
     _print({"version": promotion.candidate.version, "promoted": promotion.decision.promote,
             "champion": promotion.champion_after, "gate": promotion.decision.reason}, as_json)
 
 
 @app.command("fleet-round")
 def fleet_round(
-    round_index: Annotated[int, typer.Option("--round", help="Round number (seeds the fleet).", min=1)] = 1,
+    round_index: Annotated[Optional[int], typer.Option("--round", help="Round number (seeds the fleet); default: the next one.", min=1)] = None,
     robots: Annotated[Optional[int], typer.Option(help="Fleet size (default: fleet.num_robots).", min=1)] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -138,7 +144,7 @@ def fleet_round(
 
     settings = _settings()
     with _progress() as progress:
-        progress.add_task(f"fleet round {round_index}", total=None)
+        progress.add_task("fleet round", total=None)
         collected, promotion = fleet_round_flow(round_index, robots, settings)
     _print({"episodes": collected.episodes, "fleet_success": collected.success_rate, "version": promotion.candidate.version,
             "promoted": promotion.decision.promote, "champion": promotion.champion_after}, as_json)
@@ -236,21 +242,35 @@ def ui() -> None:
     run_uis(_settings(), console)
 
 
-def main() -> None:
+_mount_fleet()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (errors: one line + the fix, code 1; usage errors: 2)."""
     try:
-        app()
+        result = app(args=argv, standalone_mode=False)
+        return result if isinstance(result, int) else 0
     except CliError as exc:
         err.print(f"[red]error:[/red] {exc}\n[dim]fix:[/dim] {exc.fix}")
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
+        return 1
+    except typer.Exit as exc:
+        return exc.exit_code
+    except (KeyboardInterrupt, typer.Abort):
+        return 130
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence: one line, not a traceback
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):  # usage errors (typer's vendored click)
+            exc.show()
+            return exc.exit_code
         if os.environ.get("FLEETLOOP_DEBUG"):
             raise
         err.print(f"[red]error:[/red] {type(exc).__name__}: {exc}")
         err.print("[dim]fix:[/dim] follow the message above; set FLEETLOOP_DEBUG=1 to see the traceback")
-        sys.exit(1)
+        return 1
+
+
+def entry() -> None:
+    sys.exit(main())
 
 
 if __name__ == "__main__":
-    main()
+    entry()

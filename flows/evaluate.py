@@ -10,7 +10,7 @@ from components.config import Settings
 from components.evaluation.heldout import EvaluationReport
 from components.pipeline import evaluate as step
 from components.policy.normalizer import NormalizedPolicy
-from flows.runtime import compute_options, policy_fingerprint, prepare_environment
+from flows.runtime import policy_fingerprint, prepare_environment
 
 
 def _rollout_key(context, parameters) -> str:
@@ -33,7 +33,7 @@ def rollout_task(settings: Settings, policy: NormalizedPolicy, robot_ids: list[s
 def evaluate(policy: NormalizedPolicy, version: str, settings: Settings | None = None) -> EvaluationReport:
     settings = prepare_environment(settings)
     groups = step.robot_groups(settings)
-    futures = rollout_task.with_options(**compute_options(settings)).map(unmapped(settings), unmapped(policy), groups, unmapped(version))
+    futures = rollout_task.map(unmapped(settings), unmapped(policy), groups, unmapped(version))
     episodes = [ep for future in futures for ep in future.result()]
     report = step.report(settings, episodes, version)
     get_run_logger().info("%s: held-out success %s", version, report.overall)

@@ -6,11 +6,12 @@ import hashlib
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task, unmapped
-from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
+from prefect.cache_policies import NO_CACHE
 
 from components.config import Settings
 from components.pipeline import ingest as step
-from flows.runtime import io_options, prepare_environment, task_runner
+from components.store.encoder import encoder_fingerprint
+from flows.runtime import flow_options, io_options, prepare_environment, task_runner
 
 
 def _file_key(context, parameters) -> str:
@@ -35,7 +36,19 @@ def snapshot_task(settings: Settings, changed: bool):
     return step.take_snapshot(settings, changed)
 
 
-@task(name="embed-episode", cache_policy=INPUTS + TASK_SOURCE, persist_result=True)
+def _embed_key(context, parameters) -> str:
+    """An episode's segment rows depend only on its content, the encoder and the window config."""
+    episode, settings = parameters["episode"], parameters["settings"]
+    digest = hashlib.sha256()
+    for array in (episode.states, episode.actions):
+        digest.update(array.tobytes())
+    fields = (episode.episode_id, episode.robot_id, episode.task, episode.success, episode.policy_version, parameters["snapshot"])
+    digest.update(repr(fields).encode())
+    digest.update(settings.store.model_dump_json().encode())
+    return f"embed:{settings.root}:{digest.hexdigest()[:24]}:{encoder_fingerprint(parameters['encoder'])}"
+
+
+@task(name="embed-episode", cache_key_fn=_embed_key, persist_result=True)
 def embed_task(settings: Settings, episode, encoder, snapshot: str):
     return step.embed(settings, [episode], encoder, snapshot)
 
@@ -47,10 +60,14 @@ def upsert_task(settings: Settings, rows: list, encoder):
 
 @flow(name="ingest")
 def ingest(files: list[Path] | None = None, settings: Settings | None = None) -> step.IngestResult:
-    """Validate and store episode files; bad files go to quarantine, good ones are kept."""
+    """Validate and store episode files; bad files go to quarantine, good ones are kept.
+
+    Without ``files`` it takes everything under ``datasets/incoming`` (what a scheduled run
+    does): files already stored are recognized as duplicates and change nothing.
+    """
     settings = prepare_environment(settings)
     logger = get_run_logger()
-    files = [Path(f) for f in (files or [])]
+    files = step.incoming_files(settings) if files is None else [Path(f) for f in files]
     io = io_options(settings)
     items = [f.result() for f in read_task.with_options(**io).map(unmapped(settings), files)]
     report = store_task.with_options(**io)(settings, items)
@@ -70,4 +87,4 @@ def ingest(files: list[Path] | None = None, settings: Settings | None = None) ->
 
 
 def run_ingest(files: list[Path], settings: Settings) -> step.IngestResult:
-    return ingest.with_options(task_runner=task_runner(settings))(files, settings)
+    return ingest.with_options(task_runner=task_runner(settings), **flow_options(settings))(files, settings)

@@ -13,18 +13,18 @@ from flows import artifacts
 from flows.evaluate import evaluate
 from flows.ingest import ingest
 from flows.promote import promote
-from flows.runtime import prepare_environment, task_runner
+from flows.runtime import flow_options, prepare_environment, task_runner
 from flows.train import train
 
 
 @flow(name="retrain")
 def retrain(files: list[Path] | None = None, run_name: str = "retrain", settings: Settings | None = None) -> PromotionOutcome:
     settings = prepare_environment(settings)
-    runner = task_runner(settings)
-    ingested = ingest.with_options(task_runner=runner)(files or [], settings)
-    outcome = train(settings)
-    report = evaluate.with_options(task_runner=runner)(outcome.result.policy, "candidate", settings)
-    promotion = promote.with_options(task_runner=runner)(outcome, report, run_name, settings)
+    options = {"task_runner": task_runner(settings), **flow_options(settings)}
+    ingested = ingest.with_options(**options)(files, settings)
+    outcome = train.with_options(**flow_options(settings))(settings)
+    report = evaluate.with_options(**options)(outcome.result.policy, "candidate", settings)
+    promotion = promote.with_options(**options)(outcome, report, run_name, settings)
     registry = Workspace(settings).registry
     run_url = f"http://127.0.0.1:{settings.ops.mlflow_port}/#/experiments/{registry.experiment_id}/runs/{promotion.candidate.run_id}"
     artifacts.retrain_summary(ingested, report, promotion, run_url, outcome.result.losses)

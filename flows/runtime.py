@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
+import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -48,16 +51,34 @@ def task_runner(settings: Settings) -> Any:
 
 
 def io_options(settings: Settings) -> dict[str, Any]:
-    """Retries with backoff and a timeout, for tasks that touch disk, databases or the network."""
-    return {
-        "retries": settings.ops.io_retries,
-        "retry_delay_seconds": list(settings.ops.retry_delays_s),
-        "timeout_seconds": settings.ops.task_timeout_s,
-    }
+    """Retries with backoff, for tasks that touch disk, databases or the network."""
+    return {"retries": settings.ops.io_retries, "retry_delay_seconds": list(settings.ops.retry_delays_s)}
 
 
-def compute_options(settings: Settings) -> dict[str, Any]:
-    return {"timeout_seconds": settings.ops.task_timeout_s}
+def flow_options(settings: Settings) -> dict[str, Any]:
+    """A wall-clock limit per flow run (flows run in the main thread, where a timeout can interrupt)."""
+    return {"timeout_seconds": settings.ops.flow_timeout_s}
+
+
+def settings_cache_key(*sections: str) -> Callable[[Any, dict[str, Any]], str]:
+    """A Prefect cache key over the task's source, its other inputs and only the named settings.
+
+    Keying on the whole Settings would make, say, a change of learning rate invalidate cached
+    data collection; keying on what the task reads keeps the cache both safe and useful.
+    """
+
+    def key(context: Any, parameters: dict[str, Any]) -> str:
+        settings: Settings = parameters["settings"]
+        digest = hashlib.sha256(inspect.getsource(context.task.fn).encode())
+        digest.update(str(settings.root).encode())
+        for name in sections:
+            digest.update(json.dumps(settings.model_dump(mode="json", include={name}), sort_keys=True).encode())
+        for name, value in sorted(parameters.items()):
+            if name != "settings":
+                digest.update(f"{name}={value!r}".encode())
+        return f"{context.task.name}:{digest.hexdigest()[:24]}"
+
+    return key
 
 
 def policy_fingerprint(policy: torch.nn.Module) -> str:

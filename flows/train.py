@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from prefect import flow, get_run_logger, task
-from prefect.cache_policies import INPUTS, TASK_SOURCE
 
 from components.config import Settings
 from components.episodes.snapshot import read_snapshot
 from components.pipeline import steps
 from flows.artifacts import ProgressArtifact
-from flows.runtime import compute_options, prepare_environment
+from components.pipeline.workspace import Workspace
+from flows.runtime import prepare_environment, settings_cache_key
 
 
-@task(name="train-policy", cache_policy=INPUTS + TASK_SOURCE, persist_result=True)
-def train_task(settings: Settings, snapshot_hash: str) -> steps.TrainOutcome:
-    """``snapshot_hash`` pins the data: same data + same params = the same model (CPU determinism)."""
+TRAIN_INPUTS = ("seed", "device", "sim", "store", "policy", "train", "fert")
+
+
+@task(name="train-policy", cache_key_fn=settings_cache_key(*TRAIN_INPUTS), persist_result=True)
+def train_task(settings: Settings, snapshot_hash: str, champion_version: int | None) -> steps.TrainOutcome:
+    """Same data (``snapshot_hash``) + same params + same starting point = the same model
+    (CPU determinism), so a re-run takes the cached one."""
     progress = ProgressArtifact("train-progress", f"training {settings.train.method}")
     logger = get_run_logger()
 
@@ -30,7 +34,8 @@ def train_task(settings: Settings, snapshot_hash: str) -> steps.TrainOutcome:
 def train(settings: Settings | None = None) -> steps.TrainOutcome:
     settings = prepare_environment(settings)
     snapshot = read_snapshot(settings.paths.episodes)
-    outcome = train_task.with_options(**compute_options(settings))(settings, snapshot.hash if snapshot else "none")
+    champion = Workspace(settings).registry.champion()
+    outcome = train_task(settings, snapshot.hash if snapshot else "none", champion.version if champion else None)
     get_run_logger().info(
         "trained %s on %d frames in %.1fs (final loss %.4f)",
         settings.train.method, outcome.frames, outcome.result.seconds, outcome.result.final_loss,

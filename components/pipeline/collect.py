@@ -62,6 +62,15 @@ def collect_expert_demos(settings: Settings, out_dir: Path) -> CollectResult:
     return CollectResult(files, len(episodes), sum(ep.success for ep in episodes), steps, time.perf_counter() - start, EXPERT_VERSION)
 
 
+ROUND_DIR = "round-{:03d}"
+
+
+def next_round(settings: Settings) -> int:
+    """1 + the highest round already collected under ``datasets/incoming``."""
+    done = [int(p.name.split("-")[1]) for p in settings.paths.incoming.glob("round-*") if p.name.split("-")[1].isdigit()]
+    return max(done, default=0) + 1
+
+
 def collect_fleet(
     settings: Settings, policy: NormalizedPolicy, policy_version: str, out_dir: Path, round_index: int,
     num_robots: int | None = None,

@@ -35,6 +35,15 @@ class IngestResult:
     segments_upserted: int
 
 
+EPISODE_SUFFIXES = (".parquet", ".arrow", ".arrows")
+
+
+def incoming_files(settings: Settings) -> list[Path]:
+    """Every episode file waiting under ``datasets/incoming`` (sorted, so runs are reproducible)."""
+    root = settings.paths.incoming
+    return sorted(p for p in root.rglob("*") if p.suffix in EPISODE_SUFFIXES) if root.exists() else []
+
+
 def read_file(settings: Settings, path: Path) -> IncomingEpisode | QuarantinedFile:
     return read_incoming(Path(path), settings.paths.quarantine)
 

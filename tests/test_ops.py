@@ -1,0 +1,162 @@
+"""Operations against a real Prefect server on a loopback port: runs + artifacts read back through
+the client, a killed flow re-run from its cached tasks, and fan-out on a 2-process Dask cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterName, TaskRunFilter, TaskRunFilterName
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from components.config import OpsConfig
+from flows.services import _wait, start_prefect_server
+from tests.conftest import small_settings
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """`prefect server start` on a free loopback port, its own home; yields the API URL."""
+    home = tmp_path_factory.mktemp("prefect-server")
+    port = _free_port()
+    settings = small_settings(home, ops=OpsConfig(prefect_port=port))
+    old_home = os.environ.get("PREFECT_HOME")
+    os.environ["PREFECT_HOME"] = str(home / ".prefect")
+    try:
+        proc = start_prefect_server(settings, port)
+    finally:
+        os.environ["PREFECT_HOME"] = old_home or ""
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        assert _wait(f"{api}/health", 120), "Prefect server did not become healthy"
+        with temporary_settings(updates={PREFECT_API_URL: api}):
+            yield api
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def _flow_run(client, name: str):
+    runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=None), limit=200)
+    return [r for r in runs if r.name and r.flow_id and client.read_flow(r.flow_id).name == name]
+
+
+@pytest.mark.slow
+def test_runs_and_artifacts_are_read_back_from_the_server(tmp_path, prefect_server):
+    from flows.fleet_round import bootstrap
+
+    settings = small_settings(tmp_path)
+    _, promotion = bootstrap(settings)
+    with get_client(sync_client=True) as client:
+        retrains = _flow_run(client, "retrain")
+        assert retrains, "the retrain flow run is recorded on the server"
+        run = retrains[0]
+        assert run.state.is_completed()
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+        keys = {a.key for a in artifacts}
+        assert {"retrain-summary", "heldout-by-robot", "failures-by-stage"} <= keys
+        summary = next(a for a in artifacts if a.key == "retrain-summary")
+        assert f"version {promotion.candidate.version}" in summary.data and "data:image/png;base64," in summary.data
+        progress = client.read_artifacts(artifact_filter=ArtifactFilter(type={"any_": ["progress"]}))
+        assert any(a.data == 100.0 for a in progress), "training reports progress up to 100%"
+
+
+BOOTSTRAP_RUN = """
+import os, sys
+prefect_env = {k: v for k, v in os.environ.items() if k.startswith("PREFECT_")}
+from tests.conftest import small_settings  # (it resets Prefect's env for in-process tests)
+os.environ.update(prefect_env)  # same server, same result storage as the test
+from components.config import TrainConfig
+from flows.fleet_round import bootstrap
+epochs = int(sys.argv[2])
+settings = small_settings(__import__('pathlib').Path(sys.argv[1]), train=TrainConfig(method='filtered_bc', epochs=epochs, batch_size=64))
+_, promotion = bootstrap(settings)
+print('PROMOTED', promotion.decision.promote)
+"""
+
+
+def _bootstrap_process(root: Path, api: str, epochs: int) -> subprocess.Popen:
+    env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_LOGGING_LEVEL": "INFO", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-c", BOOTSTRAP_RUN, str(root), str(epochs)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+@pytest.mark.slow
+def test_killed_flow_reruns_from_cached_tasks(tmp_path, prefect_server):
+    """SIGKILL a bootstrap while it trains; the re-run (a new process, as a user would) completes,
+    taking collection and file reads from the cache instead of recomputing them."""
+    started = datetime.now(timezone.utc)
+    proc = _bootstrap_process(tmp_path, prefect_server, epochs=4000)
+    deadline = time.monotonic() + 240
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "train-policy" in line or time.monotonic() > deadline:
+                break
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert any("train-policy" in line for line in seen), "".join(seen[-30:])
+
+    rerun = _bootstrap_process(tmp_path, prefect_server, epochs=3)  # other training params: data steps stay cached
+    out, _ = rerun.communicate(timeout=400)
+    assert rerun.returncode == 0 and "PROMOTED True" in out, out[-3000:]
+    with get_client(sync_client=True) as client:
+        def states(name: str) -> list[str]:
+            runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=name)))
+            return sorted(r.state.name for r in runs if r.created >= started)  # this test's runs only
+
+        collect, reads, trains = states("collect-expert"), states("read-episode"), states("train-policy")
+    n_files = 2 * 6  # small_settings: 2 expert robots x 6 episodes
+    assert collect == ["Cached", "Completed"], collect
+    assert reads.count("Cached") == n_files and reads.count("Completed") == n_files, reads
+    assert "Completed" in trains  # the killed training ran again (its inputs changed), to completion
+
+
+@pytest.mark.slow
+def test_ingest_and_evaluation_fan_out_on_a_dask_cluster(tmp_path, prefect_server):
+    """The same flows on a 2-process Dask LocalCluster (prefect-dask), configured by address only."""
+    from distributed import LocalCluster
+
+    from components.pipeline.collect import collect_expert_demos
+    from components.pipeline.workspace import Workspace
+    from flows.evaluate import evaluate
+    from flows.ingest import run_ingest
+    from flows.runtime import task_runner
+    from flows.train import train
+
+    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster:
+        settings = small_settings(tmp_path, ops=OpsConfig(dask_address=cluster.scheduler_address, eval_robots_per_task=1))
+        demos = collect_expert_demos(settings, settings.paths.incoming / "expert")
+        result = run_ingest(demos.files, settings)
+        assert len(result.report.added) == demos.episodes
+        ws = Workspace(settings)
+        assert ws.store.episode_ids() == set(result.report.added)
+        outcome = train(settings)
+        report = evaluate.with_options(task_runner=task_runner(settings))(outcome.result.policy, "candidate", settings)
+        assert report.overall.trials == settings.fleet.num_heldout_robots * settings.evaluation.trials_per_robot
+        workers = cluster.scheduler_info["workers"]
+        assert len(workers) == 2
+    # the Dask run gives exactly what the in-process evaluation gives (seeded, per-robot streams)
+    from components.pipeline.evaluate import evaluate_policy
+
+    local = evaluate_policy(settings, outcome.result.policy, "candidate")
+    assert local.overall.successes == report.overall.successes
+    assert local.by_robot.keys() == report.by_robot.keys()
