@@ -190,6 +190,9 @@ class RegistryConfig(Section):
     champion_alias: str = "champion"
     previous_alias: str = "previous"
     gate_alpha: float = 0.05
+    # direct: a model that passes the offline gate becomes champion; canary: it first serves
+    # runtime.canary_share of the live fleet and the fleet runtime promotes or rolls it back.
+    rollout: Literal["direct", "canary"] = "direct"
     tracking_uri: str = ""  # empty = sqlite under <root>/mlruns
 
 

@@ -59,3 +59,26 @@ def test_loaded_champion_is_trainable_and_equal(tmp_path):
     assert torch.equal(loaded(x), policy(x))
     loaded.train()  # a pickled model can be fine-tuned (a pt2 export could not)
     assert any(p.requires_grad for p in loaded.parameters())
+
+
+def test_canary_rollout_leaves_champion_until_live_outcomes(tmp_path):
+    """rollout: canary — a model that passes the offline gate first becomes `canary`, not `champion`."""
+    from components.config import RegistryConfig as RC
+    from components.evaluation.heldout import EvaluationReport
+    from components.evaluation.intervals import wilson_interval
+    from components.pipeline.promote import gate_candidate
+    from components.pipeline.workspace import Workspace
+    from tests.conftest import small_settings
+
+    settings = small_settings(tmp_path, registry=RC(rollout="canary"))
+    registry = Workspace(settings).registry
+    first = _log(registry, 0, 90)
+    assert gate_candidate(settings, first, None).champion_after == first.version  # no champion yet: direct
+
+    challenger = _log(registry, 1, 118)
+    champion_eval = EvaluationReport(wilson_interval(90, 120), {}, {}, f"v{first.version}", 120)
+    outcome = gate_candidate(settings, challenger, champion_eval)
+    assert outcome.decision.promote
+    assert outcome.champion_after == first.version  # the champion still serves most of the fleet
+    assert outcome.canary == challenger.version
+    assert registry.aliases()["canary"] == challenger.version

@@ -206,6 +206,8 @@ def _atomic_write_parquet(path: Path, table: pa.Table, compression: str) -> None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + TMP_SUFFIX)
     pq.write_table(table, tmp, compression=compression)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())  # the bytes are on disk before the name points at them
     os.replace(tmp, path)
 
 
@@ -271,7 +273,8 @@ class EpisodeDataset:
         info_path = self.root / INFO_PATH
         self._info = json.loads(info_path.read_text()) if info_path.exists() else None
         meta_path = self.root / EPISODES_META_PATH
-        self._meta = pq.read_table(meta_path) if meta_path.exists() else None
+        # One read of the whole file: a writer may os.replace it between pyarrow's reads of a path.
+        self._meta = pq.read_table(pa.BufferReader(meta_path.read_bytes())) if meta_path.exists() else None
         tasks_path = self.root / TASKS_PATH
         self._tasks = read_tasks(tasks_path) if tasks_path.exists() else []
 

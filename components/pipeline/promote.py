@@ -19,6 +19,7 @@ class PromotionOutcome:
     champion_before: int | None
     champion_after: int | None
     champion_eval: dict | None = None
+    canary: int | None = None  # the version now rolling out as canary (rollout: canary)
 
 
 def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: EvaluationReport, run_name: str) -> PolicyVersion:
@@ -36,15 +37,24 @@ def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: Ev
 
 def gate_candidate(settings: Settings, candidate: PolicyVersion, champion_eval: EvaluationReport | None) -> PromotionOutcome:
     """Move ``champion`` to the candidate only if the gate says it is better on the same trials."""
-    registry = Workspace(settings).registry
+    ws = Workspace(settings)
+    registry = ws.registry
     before = registry.champion()
+    canary_rollout = settings.registry.rollout == "canary"
     decision = registry.promote_if_better(
         candidate,
         champion_eval.overall.successes if champion_eval else None,
         champion_eval.overall.trials if champion_eval else None,
+        move_alias=not canary_rollout,
     )
+    canary = None
+    if decision.promote and canary_rollout:
+        from components.fleet.canary import CanaryRollout  # the live half of the gate
+
+        CanaryRollout(registry, ws.dataset, settings.runtime).start(candidate.version)
+        canary = registry.aliases().get(settings.runtime.canary_alias)
     after = registry.champion()
     return PromotionOutcome(
         candidate, decision, before.version if before else None, after.version if after else None,
-        champion_eval.to_dict() if champion_eval else None,
+        champion_eval.to_dict() if champion_eval else None, canary,
     )

@@ -163,13 +163,15 @@ class PolicyRegistry:
         candidate: PolicyVersion,
         champion_successes: int | None,
         champion_trials: int | None,
+        move_alias: bool = True,
     ) -> GateDecision:
-        """Gate the candidate against the champion's evaluation on the same trials; move aliases."""
+        """Gate the candidate against the champion's evaluation on the same trials; move aliases
+        (unless ``move_alias`` is False: a canary rollout moves them after live outcomes)."""
         decision = two_proportion_gate(
             candidate.successes, candidate.trials, champion_successes, champion_trials, self.cfg.gate_alpha
         )
         self.client.set_model_version_tag(self.cfg.model_name, str(candidate.version), "fleetloop.gate", decision.reason)
-        if decision.promote:
+        if decision.promote and move_alias:
             self.set_champion(candidate.version)
         return decision
 
