@@ -32,9 +32,15 @@ def learning_curve_png(losses: list[float]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    import numpy as np
+
     fig, ax = plt.subplots(figsize=(6, 3), dpi=100)
-    ax.plot(losses, lw=0.8)
+    ax.plot(losses, lw=0.6, alpha=0.4, label="per step")
+    window = max(1, len(losses) // 50)
+    smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+    ax.plot(np.arange(len(smooth)) + window - 1, smooth, lw=1.6, label=f"mean of {window}")
     ax.set(xlabel="step", ylabel="loss", yscale="log", title="training loss")
+    ax.legend(loc="upper right", fontsize=8)
     ax.grid(alpha=0.3)
     buf = io.BytesIO()
     fig.tight_layout()

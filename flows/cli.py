@@ -68,9 +68,9 @@ def _print(data: dict, as_json: bool) -> None:
 @app.command()
 def demo() -> None:
     """Bootstrap from scripted-expert demos, then run fleet rounds on @champion; print a per-round table."""
+    settings = _settings()
     from flows.demo import run_demo
 
-    settings = _settings()
     rows = []
     with _progress() as progress:
         bar = progress.add_task("closed-loop rounds", total=settings.demo.rounds + 1)
@@ -94,12 +94,12 @@ def ingest(
     as_json: JsonOpt = False,
 ) -> None:
     """Validate and ingest episode files; bad files go to quarantine with a reason, good ones are kept."""
-    from flows.ingest import run_ingest
-
     missing = [str(f) for f in files if not f.exists()]
     if missing:
         raise CliError(f"no such file: {', '.join(missing)}", "pass existing episode files")
     settings = _settings()
+    from flows.ingest import run_ingest
+
     with _progress() as progress:
         progress.add_task(f"ingesting {len(files)} files", total=None)
         result = run_ingest(files, settings)
@@ -140,9 +140,9 @@ def fleet_round(
     as_json: JsonOpt = False,
 ) -> None:
     """The fleet runs @champion for its time budget, then retrain on what it did."""
+    settings = _settings()
     from flows.fleet_round import fleet_round as fleet_round_flow
 
-    settings = _settings()
     with _progress() as progress:
         progress.add_task("fleet round", total=None)
         collected, promotion = fleet_round_flow(round_index, robots, settings)
@@ -153,11 +153,12 @@ def fleet_round(
 @app.command()
 def rollback(as_json: JsonOpt = False) -> None:
     """Restore the previous champion (alias `previous` → `champion`)."""
+    settings = _settings()
     from components.registry.model_registry import RegistryError
     from flows.rollback import rollback as rollback_flow
 
     try:
-        restored = rollback_flow(_settings())
+        restored = rollback_flow(settings)
     except RegistryError as exc:
         raise CliError(str(exc), "promote at least two models before rolling back") from exc
     _print({"champion": restored.version}, as_json)
@@ -223,9 +224,9 @@ def lineage(version: Annotated[str, typer.Argument(help="Model version number, o
 @app.command()
 def serve() -> None:
     """Serve `retrain` on a cron schedule and `fleet_round` on an interval (needs a Prefect server: `make ui`)."""
+    settings = _settings()
     from flows.schedules import serve_deployments
 
-    settings = _settings()
     if "PREFECT_API_URL" not in os.environ:
         raise CliError(
             f"no Prefect server answers on 127.0.0.1:{settings.ops.prefect_port}",
@@ -237,9 +238,10 @@ def serve() -> None:
 @app.command()
 def ui() -> None:
     """Start the Prefect server and the MLflow UI on 127.0.0.1 (Ctrl-C stops both)."""
+    settings = _settings()
     from flows.services import run_uis
 
-    run_uis(_settings(), console)
+    run_uis(settings, console)
 
 
 _mount_fleet()

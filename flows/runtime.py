@@ -1,4 +1,8 @@
-"""Flow-side plumbing: settings + Prefect environment, task runners, per-task options from config."""
+"""Flow-side plumbing: settings + Prefect environment, task runners, per-task options from config.
+
+``prepare_environment`` must run before Prefect is imported: Prefect reads its settings from the
+environment once, at import. So this module imports Prefect (and torch) only inside functions.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-import torch
-from prefect.task_runners import ThreadPoolTaskRunner
 
 from components.config import Settings, load_settings
 
@@ -27,6 +29,8 @@ def prepare_environment(settings: Settings | None = None) -> Settings:
     os.environ.setdefault("PREFECT_HOME", str(home))
     os.environ.setdefault("PREFECT_RESULTS_LOCAL_STORAGE_PATH", str(home / "storage"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # a cold temporary server migrates its database first: give busy laptops time
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     if "PREFECT_API_URL" not in os.environ:
         api = f"http://127.0.0.1:{settings.ops.prefect_port}/api"
         if _healthy(api):
@@ -36,7 +40,7 @@ def prepare_environment(settings: Settings | None = None) -> Settings:
 
 def _healthy(api: str) -> bool:
     try:
-        return httpx.get(f"{api}/health", timeout=0.5).status_code == 200
+        return httpx.get(f"{api}/health", timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -47,6 +51,8 @@ def task_runner(settings: Settings) -> Any:
         from prefect_dask import DaskTaskRunner
 
         return DaskTaskRunner(address=settings.ops.dask_address)
+    from prefect.task_runners import ThreadPoolTaskRunner
+
     return ThreadPoolTaskRunner(max_workers=settings.ops.max_workers)
 
 
@@ -81,7 +87,7 @@ def settings_cache_key(*sections: str) -> Callable[[Any, dict[str, Any]], str]:
     return key
 
 
-def policy_fingerprint(policy: torch.nn.Module) -> str:
+def policy_fingerprint(policy: Any) -> str:
     """Content hash of a model's weights: a safe cache key for work that depends only on them."""
     digest = hashlib.sha256()
     for name, tensor in sorted(policy.state_dict().items()):

@@ -27,6 +27,11 @@ def train_task(settings: Settings, snapshot_hash: str, champion_version: int | N
         if step == total or step % max(1, total // 10) < settings.train.log_every:
             logger.info("step %d/%d loss %.4f", step, total, loss)
 
+    if settings.train.world_size > 1:
+        from components.pipeline.distributed import train_expert_parallel
+
+        logger.info("expert-parallel training on %d torchrun processes", settings.train.world_size)
+        return train_expert_parallel(settings)
     return steps.train_policy(settings, report)
 
 

@@ -44,7 +44,7 @@ def test_import_of_a_non_lerobot_folder_is_refused(scratch_root, capsys):
     assert "not a LeRobot v3 dataset" in capsys.readouterr().err
 
 
-def test_rollback_without_history_and_unknown_lineage(scratch_root, capsys):
+def test_rollback_without_history_and_unknown_lineage(scratch_root, capsys, prefect_harness):
     assert main(["rollback"]) == 1
     assert "nothing to roll back" in capsys.readouterr().err
     assert main(["lineage", "42"]) == 1

@@ -32,3 +32,28 @@ def test_bootstrap_then_fleet_round_registers_champion(tmp_path, prefect_harness
     # champion moves only through the gate; either way one version holds the alias
     assert Workspace(settings).registry.champion().version in (champion.version, second.candidate.version)
     assert Workspace(settings).dataset.num_episodes == demos.episodes + collected.episodes
+
+
+@pytest.mark.slow
+def test_train_flow_launches_expert_parallel_for_world_size_2(tmp_path, prefect_harness):
+    """train.world_size > 1: the Prefect train task runs torchrun (2 gloo ranks) on the MoE policy."""
+    from components.config import PolicyConfig, TrainConfig
+    from components.pipeline.collect import collect_expert_demos
+    from components.pipeline.evaluate import evaluate_policy
+    from components.pipeline.ingest import ingest_files
+    from components.policy.moe import MoETransformerPolicy
+    from flows.train import train
+
+    settings = small_settings(
+        tmp_path,
+        policy=PolicyConfig(kind="moe_transformer", d_model=16, heads=2, hidden=16, layers=1, num_experts=4, top_k=2, context=4),
+        train=TrainConfig(method="filtered_bc", epochs=1, batch_size=32, world_size=2),
+    )
+    demos = collect_expert_demos(settings, settings.paths.incoming / "expert")
+    ingest_files(settings, demos.files)
+    outcome = train(settings)
+    assert isinstance(outcome.result.policy.core, MoETransformerPolicy)
+    assert outcome.result.steps == len(outcome.result.losses) > 0
+    assert all(loss == loss for loss in outcome.result.losses)  # finite, no NaN
+    report = evaluate_policy(settings, outcome.result.policy, "moe")
+    assert report.overall.trials == settings.fleet.num_heldout_robots * settings.evaluation.trials_per_robot
