@@ -1,0 +1,41 @@
+"""`make bench`: every benchmark in turn, each writing benchmarks/results/NAME.json + NAME.png.
+
+    python -m benchmarks.run_all            # full sizes (tens of minutes on a 2-core laptop)
+    python -m benchmarks.run_all --quick    # smoke sizes
+    python -m benchmarks.run_all ingest shuffle
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+BENCHMARKS = ("ingest", "shuffle", "scheduler", "fleet_load", "fleet_scaling")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {', '.join(BENCHMARKS)})")
+    parser.add_argument("--quick", action="store_true", help="smoke-sized runs")
+    args = parser.parse_args()
+    unknown = sorted(set(args.names) - set(BENCHMARKS))
+    if unknown:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    failed = []
+    for name in args.names or BENCHMARKS:
+        cmd = [sys.executable, "-m", f"benchmarks.{name}", *(["--quick"] if args.quick else [])]
+        print(f"== {' '.join(cmd[1:])}", flush=True)
+        start = time.perf_counter()
+        code = subprocess.call(cmd)
+        print(f"== {name}: exit {code} after {time.perf_counter() - start:.0f}s", flush=True)
+        if code:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
