@@ -49,3 +49,14 @@ def test_failures_truncate_and_exploration_samples_the_gripper():
     assert (make_thresholded(CFG, half_open)(np.zeros((3, OBS_DIM), np.float32))[:, GRIPPER_ACTION] == -1).all()
     with pytest.raises(ValueError, match="sim.task"):
         make_env(SimConfig(name="metaworld"), ROBOTS, seed=0)
+
+
+def test_layouts_keep_object_and_goal_apart():
+    # Meta-World loops forever on a frozen layout with object and goal closer than 0.15 in xy
+    env = make_env(CFG, [f"robot-{i:04d}" for i in range(12)], seed=0)
+    for i in range(env.num_envs):
+        for _ in range(50):
+            vec = env._placement(i)
+            assert np.linalg.norm(vec[0:2] - vec[3:5]) >= 0.15
+            assert (vec >= env._low).all() and (vec <= env._high).all()
+    env.close()

@@ -39,6 +39,8 @@ HAND = slice(0, 3)
 OBJECT = slice(4, 7)
 NOISE_SCALE = 0.2  # built-in task is a unit square; Meta-World's reachable box is ~0.2 m across
 REGION_FRACTION = 0.5  # a robot's placement box is this fraction of Meta-World's reset box
+MIN_SEPARATION = 0.16  # object-goal xy distance; Meta-World itself insists on >= 0.15
+PLACEMENT_TRIES = 100
 _RESET_STREAM, _STEP_STREAM = 1, 2
 EXPLORATION_STREAM = 4
 
@@ -48,7 +50,16 @@ def _check(cfg: SimConfig) -> None:
         raise ValueError(f"sim.task={cfg.task!r}: the Meta-World adapter provides {TASK!r}; set sim.task: {TASK}")
 
 
+# Building a MuJoCo Sawyer env takes ~1 s; envs are kept and reused (every reset restores the
+# full simulator state from our placement vector, so a reused env behaves like a new one).
+_IDLE_ENVS: list[Any] = []
+
+
 def _make_raw_env(max_steps: int) -> Any:
+    if _IDLE_ENVS:
+        env = _IDLE_ENVS.pop()
+        env.max_path_length = max_steps + 1
+        return env
     from metaworld.envs.sawyer_pick_place_v3 import SawyerPickPlaceEnvV3
 
     env = SawyerPickPlaceEnvV3()
@@ -106,10 +117,23 @@ class MetaWorldVecEnv(VectorEnv):
         self._reset_rngs = [np.random.default_rng([seed, h, _RESET_STREAM]) for h in self._hashes]
         self._step_rngs = [np.random.default_rng([seed, h, _STEP_STREAM]) for h in self._hashes]
 
+    def _placement(self, i: int) -> np.ndarray:
+        """Object xyz + goal xyz from robot i's region, >= MIN_SEPARATION apart in xy.
+
+        Meta-World re-draws a too-close layout in a loop, which never ends with a frozen vector,
+        so the layout is redrawn here: from the robot's region first, then the whole reset box.
+        """
+        rng = self._reset_rngs[i]
+        for attempt in range(2 * PLACEMENT_TRIES):
+            low, high = self._regions[i] if attempt < PLACEMENT_TRIES else (self._low, self._high)
+            vec = low + (high - low) * rng.random(6)
+            if np.linalg.norm(vec[0:2] - vec[3:5]) >= MIN_SEPARATION:
+                return vec
+        raise RuntimeError("could not place object and goal apart; check the Meta-World reset space")
+
     def _reset_one(self, i: int) -> np.ndarray:
-        low, high = self._regions[i]
         env = self.envs[i]
-        env._last_rand_vec = low + (high - low) * self._reset_rngs[i].random(6)
+        env._last_rand_vec = self._placement(i)
         obs, _ = env.reset()
         self.elapsed[i] = 0
         self.stage_reached[i] = REACH
@@ -163,8 +187,9 @@ class MetaWorldVecEnv(VectorEnv):
         return obs, success.astype(np.float32), success, truncated, info
 
     def close(self, **kwargs: Any) -> None:
-        for env in self.envs:
-            env.close()
+        """Hands the envs back for reuse (see ``_IDLE_ENVS``)."""
+        _IDLE_ENVS.extend(self.envs)
+        self.envs = []
 
 
 class MetaWorldExpert:
