@@ -96,11 +96,14 @@ def test_planner_stays_collocated_when_per_call_overhead_dominates():
 def test_planner_respects_the_memory_budget():
     prof = _profile(env_per_row=2e-5, infer_fixed=1e-5, learn=0.05)
     # policy (10 MB) + learner (30 MB) cannot be resident together in 35 MB: collocating them pays offloads
-    tight = {(c.stages, c.tree.describe()): c.predicted_s for c in _planner(prof, budget=35.0).plan().candidates}
-    free = {(c.stages, c.tree.describe()): c.predicted_s for c in _planner(prof).plan().candidates}
-    shared = (1, "((sim@[0,1] + policy@[0,1]) + learner@[0,1])")
+    def by_layout(result):
+        return {(c.stages, tuple(sorted(c.plan.placement.items())), len(c.plan.workers)): c.predicted_s
+                for c in result.candidates}
+
+    tight, free = by_layout(_planner(prof, budget=35.0).plan()), by_layout(_planner(prof).plan())
+    shared = (1, (("learner", ("cpu0", "cpu1")), ("policy", ("cpu0", "cpu1"))), 1)  # all on one worker
     assert tight[shared] > free[shared]  # the offload/onload cost is charged
-    split = (1, "((sim@[0] + policy@[0]) | learner@[1])")
+    split = (1, (("learner", ("cpu1",)), ("policy", ("cpu0",))), 2)
     assert tight[split] == pytest.approx(free[split])  # on separate devices nothing is swapped
     with pytest.raises(ValueError, match="memory budget"):
         _planner(prof, budget=20.0).plan()  # the learner alone does not fit anywhere

@@ -303,11 +303,12 @@ class M2FlowPlanner:
             side = self.side_cost(wf) + self.profile.dispatch_s * self._ops_per_iteration(wf)
             seen: set[str] = set()
             for t, node in sorted(self.search(m), key=lambda x: x[0]):
-                key = node.describe()
+                plan = self.to_plan(wf, node, m, t + side)
+                # ((a + b) + c) and (a + (b + c)) are the same execution: keep one of each layout
+                key = repr((plan.workers, sorted(plan.threads.items()), sorted(plan.placement.items())))
                 if key in seen:
                     continue
                 seen.add(key)
-                plan = self.to_plan(wf, node, m, t + side)
                 cands.append(Candidate(m, node, t + side, plan))
         if not cands:
             raise ValueError("no placement fits the memory budget (scheduler.memory_budget_mb); raise it")
