@@ -1,0 +1,558 @@
+"""Fleet scaling: does the shared policy get better from the fleet's own executions, and with more robots?
+
+    python -m benchmarks.fleet_scaling                   # built-in pick-place task (~25 min, 2 cores)
+    python -m benchmarks.fleet_scaling --sim metaworld   # Meta-World pick-place-v3 (smaller)
+    python -m benchmarks.fleet_scaling --quick           # smoke run (~2 min)
+
+Protocol, one run per simulator (every figure of a run is measured side by side in that run):
+
+1. Expert-supervised initialization: ``demo.expert_robots`` x ``demo.expert_episodes_per_robot``
+   scripted-expert demos, BC with the project's bootstrap recipe (``train:`` of params.yaml).
+2. CEL rounds for fleet sizes 1, 8, 32, 96: each round the current policy runs on the fleet for a
+   fixed time per robot (``--steps-per-robot``; jaw sampled = exploration), the episodes go into
+   a real LanceDB segment store, and the policy is fine-tuned *from the current one* on the
+   method's training set for about ``--finetune-steps`` gradient steps (same budget for every
+   method). The fine-tuned policy collects the next round (no gate: the gate is tested apart).
+3. Methods: ``bc`` (expert demos only: it cannot use the fleet, so it is one line, trained with
+   the same per-round budget), ``filtered_bc`` (all successes, uniform), ``fert`` (failure
+   contexts of the round's failures -> retrieval -> priority weights -> pool mix), optionally
+   ``fert_uniform`` (``--ablation``, largest fleet only).
+4. Held-out evaluation on robots never used for collection: thresholded jaw (the deployed
+   policy; the headline) and sampled jaw, Wilson 95% CIs on pooled trials, plus the spread over
+   seeds (each seed redraws demos, fleet luck and training).
+
+Writes benchmarks/results/fleet_scaling_<sim>.json + .png and the ``## Fleet scaling (FERT)``
+section of docs/results.md (other sections are left as they are).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from components.config import Settings, load_settings
+from components.episodes.record import Episode
+from components.evaluation.heldout import summarize
+from components.evaluation.intervals import wilson_interval
+from components.fert import DEMO_VERSION, build_training_set
+from components.policy.actor import PolicyActor
+from components.policy.normalizer import NormalizedPolicy
+from components.sim.collect import collect, run_episodes
+from components.sim.factory import make_expert, make_exploration, make_thresholded
+from components.fert.encoder import ActionPredictiveEncoder
+from components.store.encoder import NormalizedStateEncoder, WindowEncoder
+from components.store.segment_store import SegmentStore
+from components.store.windows import cut_windows
+from components.training.imitation import TrainingSet, train_imitation
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "results.md"
+SECTION = "## Fleet scaling (FERT)"
+SECTION_INTRO = (
+    "Does the shared policy get better from the fleet's own executions (binary outcome labels, no new "
+    "expert data), and more so with more robots? Protocol: `benchmarks/fleet_scaling.py` (module doc)."
+)
+FLEET_METHODS = ("filtered_bc", "fert")
+SEED_STRIDE = 1000  # keeps the streams of different seeds / rounds apart
+EVAL_STREAM = 7919
+MOTION_STREAM = 5  # salt for the motion-exploration generator
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything that sizes a run; written into the JSON."""
+
+    sim: str
+    seeds: int
+    rounds: int
+    fleet_sizes: tuple[int, ...]
+    steps_per_robot: int
+    finetune_steps: int
+    heldout_robots: int
+    trials_per_robot: int
+    ablation: bool
+    sim_overrides: dict = field(default_factory=dict)
+    fert_overrides: dict = field(default_factory=dict)
+    methods: tuple[str, ...] = FLEET_METHODS
+    motion_noise: float = 0.0  # std of Gaussian noise on executed motion commands while collecting
+
+
+PLANS = {
+    "pickplace": Plan("pickplace", 3, 3, (1, 8, 32, 96), 400, 600, 16, 12, True),
+    "metaworld": Plan("metaworld", 2, 1, (1, 8, 32, 96), 150, 300, 12, 4, False, {"bias_spread": 0.15}),
+}
+QUICK = {
+    "pickplace": Plan("pickplace", 1, 1, (1, 8), 200, 150, 8, 4, False),
+    "metaworld": Plan("metaworld", 1, 1, (1, 4), 60, 60, 2, 2, False),
+}
+
+
+class MotionExploration:
+    """Adds N(0, std) to the executed motion commands (every action dim but the last, the jaw).
+
+    The sim's exploration samples only the jaw, so fleet successes can only ever fix jaw
+    decisions; with motion noise, successes also select motions that work (FERT-NOTES item 1).
+    The logged action is the executed command, noise included.
+    """
+
+    def __init__(self, policy, std: float, seed: int) -> None:
+        self.policy, self.std = policy, std
+        self.rng = np.random.default_rng([seed, MOTION_STREAM])
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        actions = np.array(self.policy(obs), dtype=np.float32)
+        noise = self.rng.standard_normal((actions.shape[0], actions.shape[1] - 1)) * self.std
+        actions[:, :-1] = np.clip(actions[:, :-1] + noise, -1.0, 1.0)
+        return actions
+
+
+@dataclass
+class Score:
+    """Held-out result of one policy: thresholded (deployed) and sampled jaw."""
+
+    successes: int
+    trials: int
+    sampled_successes: int
+    failures_by_stage: dict[str, int]
+
+    @property
+    def rate(self) -> float:
+        return self.successes / self.trials
+
+    @property
+    def sampled_rate(self) -> float:
+        return self.sampled_successes / self.trials
+
+
+@dataclass
+class RunRow:
+    seed: int
+    method: str
+    fleet: int
+    score: Score
+    rounds: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# ------------------------------------------------------------------------------- the loop pieces
+def evaluate(settings: Settings, plan: Plan, policy: NormalizedPolicy, seed: int) -> Score:
+    robots = settings.fleet.heldout_ids(plan.heldout_robots)
+    eval_seed = seed * SEED_STRIDE + EVAL_STREAM
+    actor = PolicyActor(policy)
+    thresholded = run_episodes(make_thresholded(settings.sim, actor), robots, settings.sim, plan.trials_per_robot, eval_seed, "eval")
+    sampled = run_episodes(make_exploration(settings.sim, actor, eval_seed), robots, settings.sim, plan.trials_per_robot, eval_seed, "eval")
+    report = summarize(thresholded, settings.sim, settings.evaluation.confidence, "eval")
+    return Score(
+        report.overall.successes, report.overall.trials, sum(e.success for e in sampled), dict(report.failures_by_stage)
+    )
+
+
+def finetune_config(settings: Settings, frames: int, steps: int):
+    """Epochs so that one round is ~``steps`` gradient steps whatever the data size."""
+    per_epoch = max(1, frames // settings.train.batch_size)
+    return settings.train.model_copy(update={"epochs": max(1, round(steps / per_epoch))})
+
+
+def fresh_store(root: Path, settings: Settings, episodes: list[Episode], seed: int) -> tuple[SegmentStore, WindowEncoder]:
+    """A LanceDB store holding ``episodes``; its encoder is fitted on their successes (first ingest)."""
+    window, stride = settings.store.window, settings.store.stride
+    successes = [e for e in episodes if e.success]
+    windows = np.concatenate([cut_windows(e.states, window, stride).windows for e in successes])
+    if settings.fert.encoder == "learned":
+        actions = np.concatenate([cut_windows(e.actions, window, stride).windows for e in successes])
+        encoder = ActionPredictiveEncoder(window, windows.shape[2], settings.fert.learned_dim, settings.fert.learned_epochs, seed)
+        encoder = encoder.fit_supervised(windows, actions)
+    else:
+        encoder = NormalizedStateEncoder(window, windows.shape[2]).fit(windows)
+    store = SegmentStore.open(root, settings.store, encoder.dim)
+    store.upsert(episodes, encoder, snapshot="first-ingest")
+    return store, encoder
+
+
+def cel_run(
+    settings: Settings, plan: Plan, method: str, fleet: int, seed: int, init: NormalizedPolicy,
+    demos: list[Episode], scratch: Path,
+) -> RunRow:
+    """``plan.rounds`` CEL rounds of ``method`` on ``fleet`` robots, starting from ``init``."""
+    start = time.perf_counter()
+    if method == "fert_learned":  # FERT with the learned window encoder (ablation)
+        settings = settings.model_copy(update={"fert": settings.fert.model_copy(update={"encoder": "learned"})})
+    build_method = "fert" if method == "fert_learned" else method
+    policy = init
+    episodes = list(demos)
+    store_dir = scratch / f"store-{seed}-{method}-{fleet}"
+    store, encoder = None, None
+    rounds = []
+    for r in range(1, plan.rounds + 1):
+        round_seed = seed * SEED_STRIDE + r
+        actor = make_exploration(settings.sim, PolicyActor(policy), round_seed)
+        if plan.motion_noise > 0:
+            actor = MotionExploration(actor, plan.motion_noise, round_seed)
+        robots = settings.fleet.robot_ids(fleet)
+        collected = collect(actor, robots, settings.sim, plan.steps_per_robot, round_seed, f"{method}-r{r}")
+        episodes += collected.episodes
+        failed = [e for e in collected.episodes if not e.success]
+        if build_method.startswith("fert"):
+            if store is None:  # first ingest: the encoder is fitted on demos + this round's successes
+                store, encoder = fresh_store(store_dir, settings, episodes, round_seed)
+            else:
+                store.upsert(collected.episodes, encoder, snapshot=f"round-{r}")
+        built = build_training_set(build_method, episodes, settings.fert, store, encoder, failed=failed, seed=round_seed)
+        cfg = finetune_config(settings, len(built.data.states), plan.finetune_steps)
+        trained = train_imitation(built.data, settings.policy, cfg, seed=round_seed, device="cpu", init_policy=policy)
+        policy = trained.policy
+        info = {
+            "round": r, "episodes": len(collected.episodes), "collected_success": collected.success_rate,
+            "failed": len(failed), "train_frames": built.report.frames, "train_steps": trained.steps,
+            "train_seconds": trained.seconds, "build_seconds": built.report.seconds,
+        }
+        if built.priority is not None:
+            info.update(_fert_diagnostics(built, episodes))
+        rounds.append(info)
+    score = evaluate(settings, plan, policy, seed)
+    if store is not None:
+        shutil.rmtree(store_dir, ignore_errors=True)
+    return RunRow(seed, method, fleet, score, rounds, time.perf_counter() - start)
+
+
+def _fert_diagnostics(built, episodes: list[Episode]) -> dict:
+    """Where the retrieved mass lands: share on stuck (jaw closed on nothing) frames vs uniform."""
+    report = built.report
+    out = {
+        "failures_fallback_rate": report.fallback_rate, "queries": report.queries, "matches": report.matches,
+        "matched_robots": report.matched_robots, "retrieved_frames": report.retrieved_frames,
+        "retrieved_mass": report.retrieved_mass, "sigma": report.sigma,
+    }
+    if report.threshold is not None:
+        out.update(threshold_consecutive=report.threshold.consecutive, threshold_false_fire=report.threshold.false_fire_rate)
+    stages = [e.extras.get("stage") for e in episodes if e.success]
+    if all(s is not None for s in stages) and stages:
+        failed_stage = np.concatenate(stages) <= 1  # reach/grasp frames: where the fleet's failures happen
+        out["mass_on_reach_grasp"] = float(built.data.weights[failed_stage].sum())
+        out["uniform_on_reach_grasp"] = float(failed_stage.mean())
+    return out
+
+
+# ------------------------------------------------------------------------------- the run
+def run(plan: Plan, out_name: str) -> dict:
+    torch.set_num_threads(1)
+    settings = load_settings()
+    settings = settings.model_copy(update={
+        "sim": settings.sim.model_copy(update={"name": plan.sim, **plan.sim_overrides}),
+        "fert": settings.fert.model_copy(update=plan.fert_overrides),
+    })
+    if plan.sim == "metaworld":
+        settings = settings.model_copy(update={"sim": settings.sim.model_copy(update={"task": "pick-place-v3", "max_steps": 150})})
+    scratch = Path(tempfile.mkdtemp(prefix="fleet_scaling_"))
+    rows: list[RunRow] = []
+    initial: list[Score] = []
+    started = time.perf_counter()
+    expert = make_expert(settings.sim)
+    for seed in range(plan.seeds):
+        demos = run_episodes(
+            expert, settings.fleet.robot_ids(settings.demo.expert_robots), settings.sim,
+            settings.demo.expert_episodes_per_robot, seed * SEED_STRIDE, DEMO_VERSION,
+        )
+        demo_set = TrainingSet(np.concatenate([e.states for e in demos]), np.concatenate([e.actions for e in demos]))
+        init = train_imitation(demo_set, settings.policy, settings.train, seed=seed, device="cpu").policy
+        initial.append(evaluate(settings, plan, init, seed))
+        log(f"seed {seed}: {len(demos)} demos ({np.mean([e.success for e in demos]):.0%} expert success), "
+            f"initial policy {initial[-1].rate:.1%} held-out (sampled {initial[-1].sampled_rate:.1%})")
+
+        # bc: demos only, same per-round budget, so it is one line whatever the fleet size
+        policy, t0 = _copy(init), time.perf_counter()  # train_imitation fine-tunes in place
+        for r in range(1, plan.rounds + 1):
+            cfg = finetune_config(settings, len(demo_set.states), plan.finetune_steps)
+            policy = train_imitation(demo_set, settings.policy, cfg, seed=seed * SEED_STRIDE + r, device="cpu", init_policy=policy).policy
+        for fleet in plan.fleet_sizes:  # the same policy for every fleet size (it never sees the fleet)
+            rows.append(RunRow(seed, "bc", fleet, evaluate(settings, plan, policy, seed) if fleet == plan.fleet_sizes[0] else rows[-1].score,
+                               seconds=time.perf_counter() - t0))
+        log(f"seed {seed}: bc (demos only) {rows[-1].score.rate:.1%}")
+
+        methods = [(m, n) for n in plan.fleet_sizes for m in plan.methods]
+        if plan.ablation and seed == 0:  # ablations: largest fleet, first seed only (time)
+            methods += [("fert_uniform", plan.fleet_sizes[-1]), ("fert_learned", plan.fleet_sizes[-1])]
+        for method, fleet in methods:
+            row = cel_run(settings, plan, method, fleet, seed, _copy(init), demos, scratch)
+            rows.append(row)
+            last = row.rounds[-1]
+            log(f"seed {seed}: {method:12s} fleet {fleet:3d}: {row.score.rate:.1%} held-out "
+                f"(sampled {row.score.sampled_rate:.1%}); last round collected {last['collected_success']:.1%} "
+                f"of {last['episodes']} episodes; {row.seconds:.0f}s")
+    shutil.rmtree(scratch, ignore_errors=True)
+    result = summarize_run(plan, settings, rows, initial, time.perf_counter() - started)
+    write_outputs(result, out_name)
+    return result
+
+
+def _copy(policy: NormalizedPolicy) -> NormalizedPolicy:
+    import copy
+
+    return copy.deepcopy(policy)
+
+
+# ------------------------------------------------------------------------------- reporting
+def pooled(scores: list[Score], confidence: float, sampled: bool = False) -> dict:
+    successes = sum(s.sampled_successes if sampled else s.successes for s in scores)
+    trials = sum(s.trials for s in scores)
+    p = wilson_interval(successes, trials, confidence)
+    per_seed = [(s.sampled_rate if sampled else s.rate) for s in scores]
+    return {
+        "rate": p.rate, "ci_low": p.low, "ci_high": p.high, "successes": successes, "trials": trials,
+        "per_seed": per_seed, "seed_min": min(per_seed), "seed_max": max(per_seed),
+        "seed_std": float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else 0.0,
+    }
+
+
+def summarize_run(plan: Plan, settings: Settings, rows: list[RunRow], initial: list[Score], seconds: float) -> dict:
+    conf = settings.evaluation.confidence
+    methods = sorted({r.method for r in rows}, key=["bc", "filtered_bc", "fert", "fert_uniform", "fert_learned"].index)
+    table = {}
+    for method in methods:
+        for fleet in plan.fleet_sizes:
+            scores = [r.score for r in rows if r.method == method and r.fleet == fleet]
+            if scores:
+                table.setdefault(method, {})[str(fleet)] = {
+                    "thresholded": pooled(scores, conf), "sampled": pooled(scores, conf, sampled=True),
+                    "failures_by_stage": _sum_dicts([s.failures_by_stage for s in scores]),
+                }
+    largest = str(plan.fleet_sizes[-1])
+    fert, fbc = table.get("fert", {}).get(largest), table.get("filtered_bc", {}).get(largest)
+    init = pooled(initial, conf)
+    targets = {}
+    if fert and fbc:
+        fert_curve = [table["fert"][str(n)]["thresholded"]["rate"] for n in plan.fleet_sizes]
+        targets = {
+            "initial_in_70_85": 0.70 <= init["rate"] <= 0.85,
+            "fert_largest_fleet_ge_97": fert["thresholded"]["rate"] >= 0.97,
+            "fert_minus_filtered_bc_points": 100 * (fert["thresholded"]["rate"] - fbc["thresholded"]["rate"]),
+            "fert_beats_filtered_bc_by_3": fert["thresholded"]["rate"] - fbc["thresholded"]["rate"] >= 0.03,
+            "fert_grows_with_fleet": bool(all(b >= a for a, b in zip(fert_curve, fert_curve[1:], strict=False))),
+            "fert_largest_minus_smallest_points": 100 * (fert_curve[-1] - fert_curve[0]),
+        }
+    return {
+        "benchmark": "fleet_scaling",
+        "plan": asdict(plan),
+        "settings": {
+            "sim": settings.sim.model_dump(mode="json"), "train": settings.train.model_dump(mode="json"),
+            "policy": settings.policy.model_dump(mode="json"), "fert": settings.fert.model_dump(mode="json"),
+            "store": {"window": settings.store.window, "stride": settings.store.stride, "metric": settings.store.metric},
+            "demo": settings.demo.model_dump(mode="json"),
+        },
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "load_avg_end": os.getloadavg()},
+        "seconds": seconds,
+        "initial": {"thresholded": init, "sampled": pooled(initial, conf, sampled=True)},
+        "results": table,
+        "targets": targets,
+        "runs": [
+            {"seed": r.seed, "method": r.method, "fleet": r.fleet, "rate": r.score.rate, "sampled_rate": r.score.sampled_rate,
+             "trials": r.score.trials, "seconds": r.seconds, "rounds": r.rounds}
+            for r in rows
+        ],
+    }
+
+
+def _sum_dicts(dicts: list[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def write_outputs(result: dict, out_name: str) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{out_name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, RESULTS / f"{out_name}.png")
+    log(f"wrote {RESULTS / (out_name + '.json')} and .png")
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fleets = result["plan"]["fleet_sizes"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    colors = {"bc": "tab:gray", "filtered_bc": "tab:blue", "fert": "tab:red", "fert_uniform": "tab:orange", "fert_learned": "tab:purple"}
+    for ax, mode in zip(axes, ("thresholded", "sampled"), strict=True):
+        init = result["initial"][mode]
+        ax.axhline(100 * init["rate"], color="black", ls=":", lw=1, label=f"initial BC ({100 * init['rate']:.1f}%)")
+        for method, by_fleet in result["results"].items():
+            xs = [n for n in fleets if str(n) in by_fleet]
+            ys = np.array([100 * by_fleet[str(n)][mode]["rate"] for n in xs])
+            lo = np.array([100 * by_fleet[str(n)][mode]["ci_low"] for n in xs])
+            hi = np.array([100 * by_fleet[str(n)][mode]["ci_high"] for n in xs])
+            offset = {"bc": 0.97, "filtered_bc": 0.99, "fert": 1.01, "fert_uniform": 1.03, "fert_learned": 1.05}[method]
+            xo = np.array(xs) * offset
+            ax.errorbar(xo, ys, yerr=[ys - lo, hi - ys], marker="o", capsize=3, color=colors[method], label=method,
+                        ls="-" if len(xs) > 1 else "none")
+            for n, x in zip(xs, xo, strict=True):
+                seeds = by_fleet[str(n)][mode]["per_seed"]
+                ax.scatter([x] * len(seeds), [100 * s for s in seeds], s=8, color=colors[method], alpha=0.4)
+        ax.set_xscale("log")
+        ax.set_xticks(fleets, [str(n) for n in fleets])
+        ax.set_xlabel("robots collecting (fixed time per robot)")
+        ax.set_title(f"held-out success, {mode} jaw")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("success % (Wilson 95% CI; dots = seeds)")
+    axes[0].legend(fontsize=8, loc="lower right")
+    plan = result["plan"]
+    fig.suptitle(f"{plan['sim']}: {plan['rounds']} CEL rounds, {plan['seeds']} seeds, "
+                 f"{plan['heldout_robots']} held-out robots x {plan['trials_per_robot']} trials per seed")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------- CLI
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sim", choices=sorted(PLANS), default="pickplace")
+    parser.add_argument("--quick", action="store_true", help="small smoke run")
+    parser.add_argument("--seeds", type=int)
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--fleet-sizes", type=int, nargs="+")
+    parser.add_argument("--steps-per-robot", type=int)
+    parser.add_argument("--finetune-steps", type=int)
+    parser.add_argument("--heldout-robots", type=int)
+    parser.add_argument("--trials-per-robot", type=int)
+    parser.add_argument("--no-ablation", action="store_true")
+    parser.add_argument("--sim-set", nargs="*", default=[], metavar="KEY=VALUE", help="override sim: fields")
+    parser.add_argument("--fert-set", nargs="*", default=[], metavar="KEY=VALUE", help="override fert: fields")
+    parser.add_argument("--methods", nargs="+", help="fleet methods (default filtered_bc fert)")
+    parser.add_argument("--motion-noise", type=float, help="std of exploration noise on executed motion")
+    parser.add_argument("--out", help="results file stem (default fleet_scaling_<sim>[_quick])")
+    args = parser.parse_args()
+    plan = (QUICK if args.quick else PLANS)[args.sim]
+    updates = {k: v for k, v in {
+        "seeds": args.seeds, "rounds": args.rounds, "steps_per_robot": args.steps_per_robot,
+        "finetune_steps": args.finetune_steps, "heldout_robots": args.heldout_robots,
+        "trials_per_robot": args.trials_per_robot,
+        "fleet_sizes": tuple(args.fleet_sizes) if args.fleet_sizes else None,
+    }.items() if v is not None}
+    if args.sim_set:
+        updates["sim_overrides"] = {k: float(v) for k, v in (item.split("=", 1) for item in args.sim_set)}
+    if args.fert_set:
+        updates["fert_overrides"] = {k: _value(v) for k, v in (item.split("=", 1) for item in args.fert_set)}
+    if args.motion_noise is not None:
+        updates["motion_noise"] = args.motion_noise
+    if args.methods:
+        updates["methods"] = tuple(args.methods)
+    if args.no_ablation:
+        updates["ablation"] = False
+    plan = Plan(**{**asdict(plan), **updates})
+    out = args.out or f"fleet_scaling_{args.sim}" + ("_quick" if args.quick else "")
+    log(f"plan: {plan}")
+    result = run(plan, out)
+    log(f"targets: {json.dumps(result['targets'])}")
+    if not args.quick and not args.out:
+        write_docs(result)
+
+
+def _value(text: str) -> float | int | str:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def write_docs(result: dict) -> None:
+    """Replace (or add) this simulator's part of the ``## Fleet scaling (FERT)`` section."""
+    update_results_md(DOCS, result["plan"]["sim"], render_section(result))
+
+
+def _pct(cell: dict) -> str:
+    return f"{100 * cell['rate']:.1f} [{100 * cell['ci_low']:.1f}, {100 * cell['ci_high']:.1f}]"
+
+
+def _spread(cell: dict) -> str:
+    return f"{100 * cell['seed_min']:.1f}–{100 * cell['seed_max']:.1f}"
+
+
+def render_section(result: dict) -> str:
+    """This simulator's sub-section: the table, the targets, and how the run was sized."""
+    plan, sim = result["plan"], result["plan"]["sim"]
+    fleets = plan["fleet_sizes"]
+    lines = [
+        f"### {sim}",
+        "",
+        f"`python -m benchmarks.fleet_scaling --sim {sim}` → `benchmarks/results/fleet_scaling_{sim}.json`, "
+        f"`fleet_scaling_{sim}.png`; {result['seconds'] / 60:.0f} min on the shared 2-core machine.",
+        "",
+        f"Plan: {plan['seeds']} seeds × {plan['rounds']} CEL rounds; fleet sizes {', '.join(map(str, fleets))}; "
+        f"{plan['steps_per_robot']} steps per robot per round (fixed collection time); ~{plan['finetune_steps']} "
+        f"fine-tuning steps per round for every method, starting from the current policy; held-out: "
+        f"{plan['heldout_robots']} robots × {plan['trials_per_robot']} trials per seed "
+        f"({plan['heldout_robots'] * plan['trials_per_robot'] * plan['seeds']} pooled per cell). "
+        f"Motion exploration noise: {plan.get('motion_noise', 0.0)}; FERT overrides: {plan.get('fert_overrides') or 'none'}.",
+        "",
+        "Held-out success, % [Wilson 95% CI of pooled trials] and (min–max over seeds). "
+        "*Thresholded* = the deployed policy (jaw command thresholded); *sampled* = jaw sampled as in collection.",
+        "",
+        "| method | jaw | " + " | ".join(f"{n} robots" for n in fleets) + " |",
+        "|---|---|" + "---|" * len(fleets),
+    ]
+    init = result["initial"]
+    for mode in ("thresholded", "sampled"):
+        cell = init[mode]
+        lines.append(f"| initial BC | {mode} | " + " | ".join(
+            [f"{_pct(cell)} ({_spread(cell)})"] + ["″"] * (len(fleets) - 1)) + " |")
+    for method, by_fleet in result["results"].items():
+        for mode in ("thresholded", "sampled"):
+            cells = [f"{_pct(by_fleet[str(n)][mode])} ({_spread(by_fleet[str(n)][mode])})" if str(n) in by_fleet else "–"
+                     for n in fleets]
+            lines.append(f"| {method} | {mode} | " + " | ".join(cells) + " |")
+    targets = result.get("targets") or {}
+    if targets:
+        lines += [
+            "",
+            "Targets (thresholded): initial in 70–85%: **{}**; FERT at {} robots ≥ 97%: **{}**; FERT − filtered BC at {} "
+            "robots: **{:+.1f} pts** (target ≥ +3: {}); FERT grows with fleet size: **{}** ({:+.1f} pts from {} to {} robots).".format(
+                targets["initial_in_70_85"], fleets[-1], targets["fert_largest_fleet_ge_97"], fleets[-1],
+                targets["fert_minus_filtered_bc_points"], targets["fert_beats_filtered_bc_by_3"],
+                targets["fert_grows_with_fleet"], targets["fert_largest_minus_smallest_points"], fleets[0], fleets[-1]),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def update_results_md(path: Path, sim: str, body: str) -> None:
+    """Put ``body`` under ``## Fleet scaling (FERT)`` / ``### <sim>``, leaving everything else as it is."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n\nOne section per benchmark.\n"
+    if SECTION not in text:
+        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{SECTION_INTRO}\n"
+    start = text.index(SECTION)
+    next_section = text.find("\n## ", start + len(SECTION))
+    end = len(text) if next_section == -1 else next_section + 1
+    section = text[start:end]
+    header = f"### {sim}"
+    if header in section:
+        a = section.index(header)
+        b = section.find("\n### ", a + len(header))
+        section = section[:a] + body + ("" if b == -1 else "\n" + section[b + 1:])
+    else:
+        section = section.rstrip("\n") + "\n\n" + body
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text[:start] + section.rstrip("\n") + "\n" + ("\n" + text[end:] if end < len(text) else ""))
+
+
+if __name__ == "__main__":
+    main()
