@@ -160,3 +160,34 @@ def test_ingest_and_evaluation_fan_out_on_a_dask_cluster(tmp_path, prefect_serve
     local = evaluate_policy(settings, outcome.result.policy, "candidate")
     assert local.overall.successes == report.overall.successes
     assert local.by_robot.keys() == report.by_robot.keys()
+
+
+def test_schedules_come_from_params(tmp_path):
+    from flows.schedules import FLEET_ROUND_DEPLOYMENT, RETRAIN_DEPLOYMENT, deployments
+
+    settings = small_settings(tmp_path, ops=OpsConfig(retrain_cron="15 2 * * *", fleet_round_interval_s=3600))
+    by_name = {d.name: d for d in deployments(settings)}
+    assert set(by_name) == {RETRAIN_DEPLOYMENT, FLEET_ROUND_DEPLOYMENT}
+    assert by_name[RETRAIN_DEPLOYMENT].schedules[0].schedule.cron == "15 2 * * *"
+    assert by_name[FLEET_ROUND_DEPLOYMENT].schedules[0].schedule.interval.total_seconds() == 3600
+
+
+@pytest.mark.slow
+def test_prefect_yaml_deploys_both_schedules_to_a_process_pool(prefect_server):
+    """`make deploy`'s two commands against a real server: the deployments land with their schedules."""
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "FLEETLOOP_REPO": str(REPO)}
+    for cmd in (
+        [str(bin_dir / "prefect"), "work-pool", "create", "fleetloop-process", "--type", "process"],
+        [str(bin_dir / "prefect"), "--no-prompt", "deploy", "--all"],
+    ):
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    with get_client(sync_client=True) as client:
+        found = client.read_deployments(deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["nightly-retrain", "fleet-round"])))
+        schedules = {d.name: d.schedules[0].schedule for d in found}
+        assert schedules["nightly-retrain"].cron == "0 3 * * *"
+        assert schedules["fleet-round"].interval.total_seconds() == 21600
+        assert all(d.work_pool_name == "fleetloop-process" for d in found)
