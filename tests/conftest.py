@@ -43,7 +43,7 @@ def small_settings(root: Path, **overrides) -> Settings:
         demo=DemoConfig(expert_robots=2, expert_episodes_per_robot=6, rounds=1),
         fleet=FleetConfig(num_robots=2, num_heldout_robots=2, steps_per_robot=300),
         train=TrainConfig(method="filtered_bc", epochs=3, batch_size=64),
-        evaluation=EvaluationConfig(trials_per_robot=3),
+        evaluation=EvaluationConfig(trials_per_robot=3, trials_per_task=6),
     )
     base.update(overrides)
     return Settings(**base)

@@ -15,7 +15,7 @@ SMALL_PARAMS = {
     "demo": {"expert_robots": 2, "expert_episodes_per_robot": 4},
     "fleet": {"num_heldout_robots": 2},
     "train": {"epochs": 2, "batch_size": 64, "method": "filtered_bc"},
-    "evaluation": {"trials_per_robot": 2},
+    "evaluation": {"trials_per_robot": 2, "trials_per_task": 4},
     "device": "cpu",
 }
 

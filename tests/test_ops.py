@@ -151,7 +151,7 @@ def test_ingest_and_evaluation_fan_out_on_a_dask_cluster(tmp_path, prefect_serve
         assert ws.store.episode_ids() == set(result.report.added)
         outcome = train(settings)
         report = evaluate.with_options(task_runner=task_runner(settings))(outcome.result.policy, "candidate", settings)
-        assert report.overall.trials == settings.fleet.num_heldout_robots * settings.evaluation.trials_per_robot
+        assert report.overall.trials == settings.fleet.num_heldout_robots * settings.evaluation.trials_for(settings.fleet.num_heldout_robots)
         workers = cluster.scheduler_info["workers"]
         assert len(workers) == 2
     # the Dask run gives exactly what the in-process evaluation gives (seeded, per-robot streams)

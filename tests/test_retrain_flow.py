@@ -56,4 +56,4 @@ def test_train_flow_launches_expert_parallel_for_world_size_2(tmp_path, prefect_
     assert outcome.result.steps == len(outcome.result.losses) > 0
     assert all(loss == loss for loss in outcome.result.losses)  # finite, no NaN
     report = evaluate_policy(settings, outcome.result.policy, "moe")
-    assert report.overall.trials == settings.fleet.num_heldout_robots * settings.evaluation.trials_per_robot
+    assert report.overall.trials == settings.fleet.num_heldout_robots * settings.evaluation.trials_for(settings.fleet.num_heldout_robots)

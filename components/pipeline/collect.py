@@ -12,8 +12,7 @@ from components.episodes.schema import write_episode_file
 from components.policy.actor import PolicyActor
 from components.policy.normalizer import NormalizedPolicy
 from components.sim.collect import Policy, collect, run_episodes
-from components.sim.expert import ScriptedExpert
-from components.sim.exploration import SampledGripper, ThresholdedGripper
+from components.sim.factory import make_expert, make_exploration, make_thresholded
 
 EXPERT_VERSION = "expert"
 
@@ -45,16 +44,16 @@ def fleet_actor(settings: Settings, policy: NormalizedPolicy, seed: int, explore
     """The policy as the fleet executes it: gripper sampled when exploring, thresholded otherwise."""
     actor = PolicyActor(policy)
     if explore and settings.fleet.sample_gripper:
-        return SampledGripper(actor, settings.sim, seed)
-    return ThresholdedGripper(actor)
+        return make_exploration(settings.sim, actor, seed)
+    return make_thresholded(settings.sim, actor)
 
 
 def collect_expert_demos(settings: Settings, out_dir: Path) -> CollectResult:
-    """Scripted-expert demonstrations from the first ``demo.expert_robots`` robots."""
+    """Expert demonstrations (the simulator's scripted expert) from the first ``demo.expert_robots`` robots."""
     start = time.perf_counter()
     robots = settings.fleet.robot_ids(settings.demo.expert_robots)
     episodes = run_episodes(
-        ScriptedExpert(), robots, settings.sim, settings.demo.expert_episodes_per_robot,
+        make_expert(settings.sim), robots, settings.sim, settings.demo.expert_episodes_per_robot,
         seed=settings.seed, policy_version=EXPERT_VERSION,
     )
     files = write_episodes(episodes, out_dir)

@@ -16,6 +16,11 @@ from components.sim.collect import run_episodes
 EVAL_SEED_OFFSET = 7919  # keeps evaluation streams apart from collection streams of the same seed
 
 
+def trials_per_robot(settings: Settings) -> int:
+    """Enough trials per held-out robot that the task gets ``evaluation.trials_per_task`` in all."""
+    return settings.evaluation.trials_for(settings.fleet.num_heldout_robots)
+
+
 def robot_groups(settings: Settings) -> list[list[str]]:
     robots = settings.fleet.heldout_ids()
     size = max(1, settings.ops.eval_robots_per_task)
@@ -25,7 +30,7 @@ def robot_groups(settings: Settings) -> list[list[str]]:
 def rollouts(settings: Settings, policy: NormalizedPolicy, robot_ids: list[str], version: str) -> list[Episode]:
     actor = fleet_actor(settings, policy, seed=settings.seed, explore=settings.evaluation.sample_gripper)
     return run_episodes(
-        actor, robot_ids, settings.sim, settings.evaluation.trials_per_robot,
+        actor, robot_ids, settings.sim, trials_per_robot(settings),
         seed=settings.seed + EVAL_SEED_OFFSET, policy_version=version,
     )
 

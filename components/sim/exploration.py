@@ -21,31 +21,37 @@ EXPLORATION_STREAM = 4  # salt for the exploration generator
 
 
 class ThresholdedGripper:
-    """Jaw command > 0 closes, else opens; motion passes through unchanged."""
+    """Jaw command > 0 closes, else opens; motion passes through unchanged.
 
-    def __init__(self, policy: Policy) -> None:
+    ``gripper_index`` is the jaw's position in the action vector (the built-in task's by default).
+    """
+
+    def __init__(self, policy: Policy, gripper_index: int = GRIPPER_ACTION) -> None:
         self.policy = policy
+        self.gripper_index = gripper_index
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         actions = np.array(self.policy(obs), dtype=np.float32)
-        actions[:, GRIPPER_ACTION] = np.where(actions[:, GRIPPER_ACTION] > 0.0, 1.0, -1.0)
+        g = self.gripper_index
+        actions[:, g] = np.where(actions[:, g] > 0.0, 1.0, -1.0)
         return actions
 
 
 class SampledGripper:
     """Jaw close with probability sigmoid(gain * g), then flipped with ``flip_prob``."""
 
-    def __init__(self, policy: Policy, cfg: SimConfig, seed: int) -> None:
+    def __init__(self, policy: Policy, cfg: SimConfig, seed: int, gripper_index: int = GRIPPER_ACTION) -> None:
         self.policy = policy
+        self.gripper_index = gripper_index
         self.gain = cfg.gripper_sample_gain
         self.flip_prob = cfg.gripper_flip_prob
         self.rng = np.random.default_rng([seed, EXPLORATION_STREAM])
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         actions = np.array(self.policy(obs), dtype=np.float32)
-        g = actions[:, GRIPPER_ACTION].astype(np.float64)
+        g = actions[:, self.gripper_index].astype(np.float64)
         p_close = 1.0 / (1.0 + np.exp(-self.gain * g))
         close = self.rng.random(g.shape) < p_close
         flip = self.rng.random(g.shape) < self.flip_prob
-        actions[:, GRIPPER_ACTION] = np.where(close ^ flip, 1.0, -1.0)
+        actions[:, self.gripper_index] = np.where(close ^ flip, 1.0, -1.0)
         return actions

@@ -69,7 +69,7 @@ def make_exploration(cfg: SimConfig, policy: Policy, seed: int) -> Policy:
     if cfg.name == "metaworld":
         from components.sim import metaworld
 
-        return metaworld.MetaWorldSampledGripper(policy, cfg, seed)
+        return SampledGripper(policy, cfg, seed, gripper_index=metaworld.GRIPPER_ACTION)
     return SampledGripper(policy, cfg, seed)
 
 
@@ -78,5 +78,5 @@ def make_thresholded(cfg: SimConfig, policy: Policy) -> Policy:
     if cfg.name == "metaworld":
         from components.sim import metaworld
 
-        return metaworld.MetaWorldThresholdedGripper(policy)
+        return ThresholdedGripper(policy, gripper_index=metaworld.GRIPPER_ACTION)
     return ThresholdedGripper(policy)

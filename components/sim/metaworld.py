@@ -42,7 +42,6 @@ REGION_FRACTION = 0.5  # a robot's placement box is this fraction of Meta-World'
 MIN_SEPARATION = 0.16  # object-goal xy distance; Meta-World itself insists on >= 0.15
 PLACEMENT_TRIES = 100
 _RESET_STREAM, _STEP_STREAM = 1, 2
-EXPLORATION_STREAM = 4
 
 
 def _check(cfg: SimConfig) -> None:
@@ -207,31 +206,3 @@ class MetaWorldExpert:
         return np.clip(actions, -1.0, 1.0).astype(np.float32)
 
 
-class MetaWorldThresholdedGripper:
-    """Gripper effort > 0 closes (+1), else opens (-1); motion passes through (evaluation)."""
-
-    def __init__(self, policy: Any) -> None:
-        self.policy = policy
-
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        actions = np.array(self.policy(obs), dtype=np.float32)
-        actions[:, GRIPPER_ACTION] = np.where(actions[:, GRIPPER_ACTION] > 0.0, 1.0, -1.0)
-        return actions
-
-
-class MetaWorldSampledGripper:
-    """Fleet exploration, as the built-in task's ``SampledGripper`` on the 4th action dimension."""
-
-    def __init__(self, policy: Any, cfg: SimConfig, seed: int) -> None:
-        self.policy = policy
-        self.gain = cfg.gripper_sample_gain
-        self.flip_prob = cfg.gripper_flip_prob
-        self.rng = np.random.default_rng([seed, EXPLORATION_STREAM])
-
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        actions = np.array(self.policy(obs), dtype=np.float32)
-        g = actions[:, GRIPPER_ACTION].astype(np.float64)
-        close = self.rng.random(g.shape) < 1.0 / (1.0 + np.exp(-self.gain * g))
-        flip = self.rng.random(g.shape) < self.flip_prob
-        actions[:, GRIPPER_ACTION] = np.where(close ^ flip, 1.0, -1.0)
-        return actions
