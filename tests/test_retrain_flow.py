@@ -24,6 +24,15 @@ def test_bootstrap_then_fleet_round_registers_champion(tmp_path, prefect_harness
     assert (tmp_path / "datasets" / "episodes.dvc").exists()
     assert ws.store.episode_ids() == {ep.episode_id for ep in ws.dataset.episodes()}
 
+    from flows.reports import lineage_report, status_report
+
+    report = lineage_report(settings, "champion")  # what `fleetloop lineage champion` prints
+    assert report["model"] == f"fleetloop-policy v{champion.version}" and "champion" in report["aliases"]
+    assert report["dvc_snapshot"] == lineage.snapshot_hash and report["lancedb_version"] == lineage.lancedb_version
+    assert report["mlflow_run"]["id"] == champion.run_id and report["git_commit"]
+    assert report["episodes_per_robot"] == ws.dataset.robots()
+    assert status_report(settings, 5)["champion"]["version"] == champion.version
+
     collected, second = fleet_round(1, None, settings)
     assert collected.episodes > 0
     assert second.candidate.version == champion.version + 1
