@@ -8,9 +8,10 @@ from components.config import SimConfig
 from components.fleet.chaos import ChaosPlan, chaos_settings, run_chaos
 from tests.conftest import small_settings
 
-# Robots first: they finish fastest, and a kill with no robot left running would be skipped.
+# A robot first (robots finish fastest; a kill with no robot left running would be skipped), then the
+# trainer while data is still arriving: killed after it has caught up, it would have nothing left to resume.
 PLAN = ChaosPlan(
-    robots=4, episodes_per_robot=10, kills=("robot", "inference", "robot", "ingest", "trainer"),
+    robots=4, episodes_per_robot=10, kills=("robot", "trainer", "inference", "robot", "ingest"),
     min_gap_s=1.0, max_gap_s=2.5, seed=7, timeout_s=480.0,  # bounded; generous for a loaded CI machine
 )
 
