@@ -29,7 +29,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from components.config import SimConfig
 from components.sim.pickplace import CARRY, GRASP, PLACE, REACH
-from components.sim.profile import GOAL_CENTER, OBJECT_CENTER, RobotProfile, stable_robot_hash
+from components.sim.profile import check_robot_ids, GOAL_CENTER, OBJECT_CENTER, RobotProfile, stable_robot_hash
 
 TASK = "pick-place-v3"
 OBS_DIM = 39
@@ -77,10 +77,7 @@ class MetaWorldVecEnv(VectorEnv):
 
     def __init__(self, cfg: SimConfig, robot_ids: list[str], seed: int = 0) -> None:
         _check(cfg)
-        if not robot_ids:
-            raise ValueError("robot_ids is empty: pass at least one robot id")
-        if len(set(robot_ids)) != len(robot_ids):
-            raise ValueError(f"robot_ids has duplicates: {robot_ids}; each env is one robot")
+        check_robot_ids(robot_ids)
         self.cfg = cfg
         self.robot_ids = list(robot_ids)
         self.num_envs = len(robot_ids)

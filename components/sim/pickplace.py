@@ -35,7 +35,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from components.config import SimConfig
-from components.sim.profile import RobotProfile, stable_robot_hash
+from components.sim.profile import check_robot_ids, RobotProfile, stable_robot_hash
 
 STAGES: tuple[str, ...] = ("reach", "grasp", "carry", "place")
 REACH, GRASP, CARRY, PLACE = range(len(STAGES))
@@ -79,10 +79,7 @@ class PickPlaceVecEnv(VectorEnv):
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP}
 
     def __init__(self, cfg: SimConfig, robot_ids: list[str], seed: int = 0) -> None:
-        if not robot_ids:
-            raise ValueError("robot_ids is empty: pass at least one robot id")
-        if len(set(robot_ids)) != len(robot_ids):
-            raise ValueError(f"robot_ids has duplicates: {robot_ids}; each env is one robot")
+        check_robot_ids(robot_ids)
         self.cfg = cfg
         self.robot_ids = list(robot_ids)
         self.num_envs = len(robot_ids)

@@ -57,3 +57,11 @@ class RobotProfile:
             grasp_miss=float(cfg.grasp_miss_max * frac[1]),
             slip_rate=float(cfg.slip_rate_max * frac[2]),
         )
+
+
+def check_robot_ids(robot_ids: list[str]) -> None:
+    """A fleet env is one sub-env per robot: at least one id, no repeats."""
+    if not robot_ids:
+        raise ValueError("robot_ids is empty: pass at least one robot id")
+    if len(set(robot_ids)) != len(robot_ids):
+        raise ValueError(f"robot_ids has duplicates: {robot_ids}; each env is one robot")
