@@ -115,10 +115,13 @@ class ShuffleConfig(Section):
     """FUSCO MoE token shuffle for expert-parallel training (components/shuffle)."""
 
     dispatcher: Literal["fused", "megatron", "dedup_permute"] = "fused"
-    plan: Literal["auto", "one_level", "two_level"] = "auto"  # auto: two-level when dedup pays
+    # auto: rank_dedup unless the cost model below says two-level moves fewer weighted bytes
+    plan: Literal["auto", "rank_dedup", "one_level", "two_level"] = "auto"
     grouping: Literal["static", "balanced"] = "balanced"  # two-level forwarder groups
     chunks: int = 1  # pipeline rounds (token blocks) per call; 1 = one round, no overlap
-    dedup_threshold: float = 1.5  # auto picks two-level at >= this many pairs per node crossing
+    dedup_threshold: float = 1.5  # auto considers two-level only at >= this many pairs per node crossing
+    internode_cost: float = 1.0  # cost of an inter-node byte / an intra-node byte; 1 = one host (two-level never pays)
+    collective_cost_kib: int = 256  # auto's price of one extra collective, in KiB of intra-node traffic
     min_segment_kib: int = 1024  # per-expert messages (zero-copy slots) when segments are this big
     ranks_per_node: int = 0  # 0 = every rank on one node (torchrun --standalone)
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: NCCL when CUDA is present

@@ -51,6 +51,8 @@ VARIANTS = (
     Variant("fused_two_level_static", ShuffleConfig(plan="two_level", grouping="static", chunks=2), False),
     Variant("fused_two_level_segmented", ShuffleConfig(plan="two_level", chunks=3, min_segment_kib=0), False),
     Variant("fused_two_level_balanced", ShuffleConfig(plan="two_level", grouping="balanced"), False),
+    Variant("fused_rank_dedup", ShuffleConfig(plan="rank_dedup"), False),  # fused multiply-add reductions
+    Variant("fused_auto_costly_links", ShuffleConfig(plan="auto", internode_cost=16.0, collective_cost_kib=0), False),
     Variant("megatron", ShuffleConfig(dispatcher="megatron"), True),
     Variant("dedup_permute", ShuffleConfig(dispatcher="dedup_permute"), False),
 )

@@ -25,8 +25,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from components.config import ShuffleConfig
+from components.shuffle import rank_dedup
 from components.shuffle.engine import Transport, shuffle
-from components.shuffle.plan import ShufflePlan, build_plan
+from components.shuffle.plan import ShufflePlan, build_plan, prefer_two_level
 from components.shuffle.routing import Placement, Routing
 
 
@@ -57,8 +58,18 @@ class _PlanHandle:
     slot_probs: Tensor
 
 
+@dataclass(frozen=True)
+class _RankDedupHandle:
+    inner: rank_dedup.RankDedupHandle
+    slot_probs: Tensor
+
+
 class FusedDispatcher:
-    """Plan descriptors + pipelined isend/irecv (``collective=False``) -- the FUSCO path.
+    """Plan descriptors + fused transfers (``collective=False``) -- the FUSCO path.
+
+    ``shuffle.plan``: rank_dedup (``rank_dedup.py``: one coalesced all-to-all per direction, each
+    token once per expert rank), one_level / two_level (``plan.py`` + the pipelined ``engine.py``),
+    or auto (rank_dedup unless ``prefer_two_level``'s cost model says two-level moves less).
 
     With ``collective=True`` and a two-level plan it is the dedup_permute baseline: the same
     deduplicated rows, moved as permute -> all_to_all_single -> permute.
@@ -71,11 +82,24 @@ class FusedDispatcher:
         self.plan_kind = plan_kind or cfg.plan
         segment = cfg.min_segment_kib * 1024
         self.transport = Transport(group=group, collective=collective, min_segment_bytes=segment)
-        self.last_plan: ShufflePlan | None = None
+        self.last_plan: ShufflePlan | rank_dedup.RankDedupPlan | None = None
 
     def dispatch(self, x: Tensor, routing: Routing) -> Dispatched:
+        kind = self.plan_kind
+        if kind in ("auto", "rank_dedup") and not self.transport.collective:
+            routing.check(self.placement)
+            # auto reads global routing stats only where two-level could pay (several nodes, costly links);
+            # they ride in the rank-dedup count exchange, so deciding costs no extra collective
+            with_stats = kind == "auto" and self.placement.num_nodes > 1 and self.cfg.internode_cost > 1.0
+            rd = rank_dedup.build_rank_dedup(routing, self.placement, self.rank, self.group, with_stats)
+            row_bytes = x.shape[1] * x.element_size()
+            if not (with_stats and prefer_two_level(rd.stats, self.placement, self.cfg, row_bytes)):
+                self.last_plan = rd
+                slots, handle, slot_probs = rank_dedup.dispatch(x, routing, rd, self.transport)
+                return Dispatched(slots, rd.tokens_per_expert, _RankDedupHandle(handle, slot_probs))
+            kind = "two_level"
         rounds = 1 if self.transport.collective else self.cfg.chunks
-        plan = build_plan(routing, self.placement, self.rank, self.group, self.plan_kind, rounds,
+        plan = build_plan(routing, self.placement, self.rank, self.group, kind, rounds,
                           self.cfg.grouping, self.cfg.dedup_threshold)
         self.last_plan = plan
         rows, probs = x, routing.probs.reshape(-1, 1)
@@ -87,7 +111,9 @@ class FusedDispatcher:
                 (probs,) = shuffle((probs,), ((pair_stage,),), "copy", self.transport)
         return Dispatched(rows, plan.tokens_per_expert, _PlanHandle(plan, probs))
 
-    def combine(self, y: Tensor, handle: _PlanHandle) -> Tensor:
+    def combine(self, y: Tensor, handle: _PlanHandle | _RankDedupHandle) -> Tensor:
+        if isinstance(handle, _RankDedupHandle):
+            return rank_dedup.combine(y, handle.slot_probs, handle.inner, self.transport)
         weighted = y * handle.slot_probs
         self.transport.meter.copied(weighted)
         hops = tuple((s,) for s in handle.plan.token_stages)

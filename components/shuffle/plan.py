@@ -501,6 +501,30 @@ def dedup_stats(routing: Routing, placement: Placement, rank: int, group: dist.P
     return DedupStats(int(counts[0]), int(counts[1]))
 
 
+TWO_LEVEL_EXTRA_COLLECTIVES = 6  # load all-gather, 2 metadata exchanges, 3 more row hops than rank_dedup
+
+
+def prefer_two_level(stats: Tensor | None, placement: Placement, cfg, row_bytes: int) -> bool:
+    """Auto's cost model, from global routing stats (``rank_dedup.STAT_FIELDS``), same on every rank.
+
+    Two level is considered only on several nodes with a node dedup factor >= ``dedup_threshold``;
+    it is chosen when its weighted bytes -- unique (token, node) rows x ``internode_cost`` plus
+    the intra-node expansion hop (one row per pair) plus its extra collectives -- undercut rank
+    dedup's unique (token, rank) rows (inter-node ones x ``internode_cost``). With
+    ``internode_cost = 1`` (one host) the expansion hop alone outweighs the saving.
+    """
+    if stats is None or placement.num_nodes < 2:
+        return False
+    pairs_offrank, pairs_inter, rank_rows, rank_rows_inter, node_rows_inter = (float(v) for v in stats.tolist())
+    if node_rows_inter == 0 or pairs_inter / node_rows_inter < cfg.dedup_threshold:
+        return False
+    c, R = cfg.internode_cost, placement.ranks_per_node
+    one = rank_rows_inter * c + (rank_rows - rank_rows_inter)
+    hop_b = (pairs_offrank - pairs_inter) + pairs_inter * (R - 1) / R
+    two = node_rows_inter * c + hop_b + TWO_LEVEL_EXTRA_COLLECTIVES * cfg.collective_cost_kib * 1024 / row_bytes
+    return two < one
+
+
 def build_plan(
     routing: Routing,
     placement: Placement,

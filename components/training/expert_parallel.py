@@ -79,6 +79,60 @@ def load_npz(path: Path) -> _Data:
                  None if weights is None else torch.from_numpy(weights))
 
 
+class ExpertParallelTrainer:
+    """One rank's model, optimizer and batch stream; ``step()`` runs one training step.
+
+    Two trainers can share a process group and alternate steps (the benchmark times the fused
+    and baseline shuffles side by side that way); ``train_expert_parallel`` drives one.
+    """
+
+    def __init__(self, data: _Data, policy_cfg: PolicyConfig, train_cfg: TrainConfig, shuffle_cfg: ShuffleConfig,
+                 seed: int, group: dist.ProcessGroup | None = None) -> None:
+        self.group, self.data, self.shuffle_cfg = group, data, shuffle_cfg
+        self.world = 1 if group is None else dist.get_world_size(group)
+        self.rank = 0 if group is None else dist.get_rank(group)
+        self.batch = train_cfg.batch_size
+        if self.batch % self.world:
+            raise ValueError(f"train.batch_size={self.batch} must be a multiple of the {self.world} ranks")
+        self.generator = seed_everything(seed)
+        self.model = make_policy(data.states.shape[1], data.actions.shape[1], policy_cfg)
+        self.model.obs_norm.fit(data.states)
+        self.model.act_norm.fit(data.actions)
+        self.targets = self.model.act_norm.normalize(data.actions)
+        if group is not None:
+            enable_expert_parallel(self.model, group, shuffle_cfg)
+        experts = expert_parameter_names(self.model)
+        self.dense = [p for name, p in self.model.named_parameters() if name not in experts]
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=train_cfg.lr,
+                                           weight_decay=train_cfg.weight_decay)
+        self.model.train()
+        self.local = slice(self.rank * self.batch // self.world, (self.rank + 1) * self.batch // self.world)
+
+    def step(self) -> tuple[float, float]:
+        """One step on this rank's slice of the next global batch -> (global loss, seconds)."""
+        n = len(self.data.states)
+        if self.data.weights is None:
+            idx = torch.randint(n, (self.batch,), generator=self.generator)
+        else:
+            idx = torch.multinomial(self.data.weights, self.batch, replacement=True, generator=self.generator)
+        idx = idx[self.local]
+        start = time.perf_counter()
+        pred = self.model.forward_normalized(self.data.states[idx])
+        mse = nn.functional.mse_loss(pred, self.targets[idx], reduction="sum") / (self.batch * pred.shape[1])
+        loss = mse + self.model.aux_loss
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        total_loss = loss.detach().clone()
+        if self.group is not None:
+            _all_reduce_grads(self.dense, self.group)
+            dist.all_reduce(total_loss, group=self.group)
+        self.optimizer.step()
+        return float(total_loss), time.perf_counter() - start
+
+    def shuffle_bytes_sent(self) -> int:
+        return sum(layer.dispatcher.transport.meter.bytes_sent for layer in moe_layers(self.model) if layer.dispatcher)
+
+
 def train_expert_parallel(
     data_path: Path,
     out_path: Path,
@@ -91,56 +145,22 @@ def train_expert_parallel(
 ) -> ExpertParallelResult:
     """One rank's training loop (``group=None``: a single process, experts local)."""
     world = 1 if group is None else dist.get_world_size(group)
-    rank = 0 if group is None else dist.get_rank(group)
-    batch = train_cfg.batch_size
-    if batch % world:
-        raise ValueError(f"train.batch_size={batch} must be a multiple of the {world} ranks")
     data = load_npz(data_path)
-    generator = seed_everything(seed)
     torch.set_num_threads(max(1, train_cfg.threads) if world > 1 else (train_cfg.threads or torch.get_num_threads()))
-    model = make_policy(data.states.shape[1], data.actions.shape[1], policy_cfg)
-    model.obs_norm.fit(data.states)
-    model.act_norm.fit(data.actions)
-    targets = model.act_norm.normalize(data.actions)
-    if group is not None:
-        enable_expert_parallel(model, group, shuffle_cfg)
-    experts = expert_parameter_names(model)
-    dense = [p for name, p in model.named_parameters() if name not in experts]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
-    model.train()
-
-    n = len(data.states)
-    total = max(1, n // batch) * train_cfg.epochs
+    trainer = ExpertParallelTrainer(data, policy_cfg, train_cfg, shuffle_cfg, seed, group)
+    total = max(1, len(data.states) // train_cfg.batch_size) * train_cfg.epochs
     total = min(total, max_steps) if max_steps else total
-    local = slice(rank * batch // world, (rank + 1) * batch // world)
     losses, times = [], []
     for _ in range(total):
-        if data.weights is None:
-            idx = torch.randint(n, (batch,), generator=generator)
-        else:
-            idx = torch.multinomial(data.weights, batch, replacement=True, generator=generator)
-        idx = idx[local]
-        start = time.perf_counter()
-        pred = model.forward_normalized(data.states[idx])
-        mse = nn.functional.mse_loss(pred, targets[idx], reduction="sum") / (batch * pred.shape[1])
-        loss = mse + model.aux_loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        total_loss = loss.detach().clone()
-        if group is not None:
-            _all_reduce_grads(dense, group)
-            dist.all_reduce(total_loss, group=group)
-        optimizer.step()
-        times.append(time.perf_counter() - start)
-        losses.append(float(total_loss))
-
-    state = full_expert_state(model, group)
-    bytes_sent = sum(layer.dispatcher.transport.meter.bytes_sent for layer in moe_layers(model) if layer.dispatcher)
-    if rank == 0:
+        loss, seconds = trainer.step()
+        losses.append(loss)
+        times.append(seconds)
+    state = full_expert_state(trainer.model, group)
+    if trainer.rank == 0:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(state, out_path)
     return ExpertParallelResult(out_path, losses, times, world, shuffle_cfg.dispatcher if world > 1 else "local",
-                                bytes_sent)
+                                trainer.shuffle_bytes_sent())
 
 
 def _all_reduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup) -> None:
