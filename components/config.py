@@ -138,6 +138,9 @@ class TrainConfig(Section):
     world_size: int = 1
     threads: int = 0  # 0 = leave torch's default
     log_every: int = 50
+    # what the train task runs: imitation (method above), or a workload through the embedded
+    # scheduler (components/pipeline/scheduled.py; sizes and plan in the scheduler section)
+    workload: Literal["imitation", "ppo", "fert_iteration"] = "imitation"
 
 
 class FertConfig(Section):
@@ -208,8 +211,11 @@ class SchedulerConfig(Section):
     devices: int = 0  # CPU devices (cores) the plan may use; 0 = all cores
     memory_budget_mb: float = 0.0  # per device; 0 = unlimited
     gil_switch_interval_us: float = 200.0  # while >1 worker thread runs (Python default 5000); 0 = leave
+    op_threads: int = 1  # intra-op threads per op in the baselines, the profile and the plans; 0 = all cores
+    pin_cores: bool = False  # pin disaggregated workers to their cores (hurts on a machine shared with other jobs)
     # profiler
     sample_interval_ms: float = 20.0  # /proc CPU times tick every 10 ms: sample slower than that
+    profile_iterations: int = 3  # per profiled stage count; the first is warm-up and dropped
     gpu_telemetry: bool = True
     # M2Flow planner
     pipeline_stages: tuple[int, ...] = (1, 2, 4)  # candidate env-group counts m
@@ -223,6 +229,14 @@ class SchedulerConfig(Section):
     quota_max_steps: int = 4
     # which schedule the training workloads use by default
     plan: Literal["sequential", "coarse", "planner", "rose"] = "planner"
+    # workloads the Prefect train task runs through the scheduler (train.workload)
+    iterations: int = Field(default=10, ge=1)
+    ppo_steps: int = Field(default=64, ge=1)  # rollout steps per iteration (all fleet robots as envs)
+    ppo_epochs: int = Field(default=2, ge=1)
+    ppo_minibatches: int = Field(default=4, ge=1)
+    ppo_eval_steps: int = Field(default=32, ge=1)  # held-out evaluation of the previous weights
+    fert_learn_steps: int = Field(default=8, ge=1)  # BC steps per FERT iteration
+    fert_eval_steps: int = Field(default=60, ge=1)
 
 
 class OpsConfig(Section):

@@ -12,14 +12,15 @@ from components.pipeline.workspace import Workspace
 from flows.runtime import prepare_environment, settings_cache_key
 
 
-TRAIN_INPUTS = ("seed", "device", "sim", "store", "policy", "train", "fert")
+TRAIN_INPUTS = ("seed", "device", "sim", "store", "policy", "train", "fert", "scheduler")
 
 
 @task(name="train-policy", cache_key_fn=settings_cache_key(*TRAIN_INPUTS), persist_result=True)
 def train_task(settings: Settings, snapshot_hash: str, champion_version: int | None) -> steps.TrainOutcome:
     """Same data (``snapshot_hash``) + same params + same starting point = the same model
     (CPU determinism), so a re-run takes the cached one."""
-    progress = ProgressArtifact("train-progress", f"training {settings.train.method}")
+    what = settings.train.method if settings.train.workload == "imitation" else settings.train.workload
+    progress = ProgressArtifact("train-progress", f"training {what}")
     logger = get_run_logger()
 
     def report(step: int, total: int, loss: float) -> None:
@@ -32,6 +33,16 @@ def train_task(settings: Settings, snapshot_hash: str, champion_version: int | N
 
         logger.info("expert-parallel training on %d torchrun processes", settings.train.world_size)
         return train_expert_parallel(settings)
+    if settings.train.workload != "imitation":
+        from components.pipeline.scheduled import train_scheduled
+
+        logger.info("%s through the embedded scheduler (plan %s, %d iterations)", settings.train.workload,
+                    settings.scheduler.plan, settings.scheduler.iterations)
+        outcome = train_scheduled(settings, report)
+        if outcome.schedule is not None:
+            logger.info("%s\niteration seconds: %s", outcome.schedule.plan_text,
+                        ", ".join(f"{x:.3f}" for x in outcome.schedule.iteration_s))
+        return outcome
     return steps.train_policy(settings, report)
 
 

@@ -12,7 +12,8 @@ from components.training.workloads.ppo import PPOSpec, ppo_runtime, run_ppo
 
 POLICY = PolicyConfig(hidden=32, layers=2)
 SIM = SimConfig(max_steps=12)
-CFG = SchedulerConfig(pipeline_stages=(1, 2), validate_iterations=1, validate_rounds=1, quota_max_steps=1)
+CFG = SchedulerConfig(pipeline_stages=(1, 2), validate_iterations=1, validate_rounds=1, quota_max_steps=1,
+                      profile_iterations=2)
 
 
 def _spec() -> PPOSpec:

@@ -220,13 +220,16 @@ def execute(
     record: tuple[str, ...] = (),
     components: dict[str, Any] | None = None,
     gpu: GpuTelemetry | None = None,
+    on_iteration: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> RunResult:
     """Run ``iterations`` of ``workflow`` under ``plan``.
 
     ``payload`` goes to component factories; ``components`` may pass already-built component
     states (thread workers only) so a caller can keep them across calls. ``record`` names states
     whose every version is returned in ``RunResult.records``; ``final`` always holds the latest
-    version of every immutable state.
+    version of every immutable state. ``on_iteration(i, recorded)`` is called (from a worker
+    thread, one call at a time) when every op of iteration ``i`` is done, with that iteration's
+    recorded states — live progress for a caller.
     """
     wf = plan_workflow(workflow, plan)
     graph = build_graph(wf, iterations, plan.buffers)
@@ -282,6 +285,7 @@ def execute(
     per_iter_done: dict[int, int] = defaultdict(int)
     barrier = {it: threading.Event() for it in iterations}
     meta = threading.Lock()
+    progress_lock = threading.Lock()
     records: dict[VersionKey, Any] = {}
     final: dict[str, tuple[tuple[int, ...], Any]] = {}
     slots: dict[tuple[str, int | None, int], VersionKey] = {}
@@ -420,12 +424,18 @@ def execute(
                         local[key] = value
                     for d in dests:
                         channels[d].put(key, value)
+                finished_iteration = False
                 with meta:
                     completion.append(uid)
                     per_iter_done[inst.iteration] += 1
                     if per_iter_done[inst.iteration] == per_iter_total[inst.iteration]:
                         barrier[inst.iteration].set()
+                        finished_iteration = True
+                        recorded = {k.state: v for k, v in records.items() if k.version[:1] == (inst.iteration,)}
                 done[uid].set()
+                if finished_iteration and on_iteration is not None:
+                    with progress_lock:
+                        on_iteration(inst.iteration, recorded)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
             fail(exc)
 

@@ -20,6 +20,7 @@ stage count ``m`` (RLinf sets it by hand). Per-op costs come from curves fitted 
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from components.config import SchedulerConfig
 from components.scheduler.costmodel import CostCurve, fit_curve
 from components.scheduler.executor import GROUP_LOOP, RunResult, execute
 from components.scheduler.plan import Plan, WorkerSpec, sequential_plan
+from components.scheduler.profiler import Span
 from components.scheduler.workflow import Workflow
 
 STEP_LOOP = "step"
@@ -54,7 +56,9 @@ class Profile:
     samples: dict[tuple[str, int], list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
     switch_s: float = 0.0
     dispatch_s: float = 0.0  # executor overhead per op (iteration time not covered by op spans)
+    thread_slowdown: float = 1.0  # κ: slowdown of ops overlapping on thread workers (shared interpreter lock)
     forms: tuple[str, ...] = ("power", "exponential", "log", "quadratic")
+    curves: dict[tuple[str, int], CostCurve] = field(default_factory=dict, repr=False)  # fitted, memoized
 
     def curve(self, op: str, threads: int) -> CostCurve:
         return _curve(self, op, threads)
@@ -63,11 +67,9 @@ class Profile:
         return sorted(t for (o, t) in self.samples if o == op)
 
 
-_curve_cache: dict[tuple[int, str, int], CostCurve] = {}
-
-
 def _curve(profile: Profile, op: str, threads: int) -> CostCurve:
-    key = (id(profile), op, threads)
+    key = (op, threads)
+    _curve_cache = profile.curves
     if key not in _curve_cache:
         options = profile.threads_for(op)
         if not options:
@@ -121,6 +123,40 @@ def profile_workflow(workflow_at: Callable[[int], Workflow], cfg: SchedulerConfi
     return prof
 
 
+def thread_slowdown(spans: Sequence[Span], alone: dict[str, float], max_kappa: float = 4.0) -> float:
+    """κ from a run whose thread workers overlapped: fit ``duration = alone · (1 + f · (κ − 1))``
+    by least squares, ``f`` being the fraction of a span that overlapped another worker's span.
+
+    Two Python threads only overlap where their ops release the interpreter lock (large kernels);
+    small numpy/torch calls hold it, so κ ≈ 2 means threads give no parallelism at all.
+    """
+    by_worker: dict[str, list[Span]] = defaultdict(list)
+    for s in spans:
+        by_worker[s.worker].append(s)
+    for xs in by_worker.values():
+        xs.sort(key=lambda s: s.start)
+    starts = {w: [s.start for s in xs] for w, xs in by_worker.items()}
+    num = den = 0.0
+    for s in spans:
+        base = alone.get(s.op, 0.0)
+        if base <= 0 or s.duration <= 0:
+            continue
+        overlap = 0.0
+        for w, xs in by_worker.items():
+            if w == s.worker:
+                continue
+            k = max(bisect.bisect_left(starts[w], s.start) - 1, 0)
+            while k < len(xs) and xs[k].start < s.end:
+                overlap += max(0.0, min(s.end, xs[k].end) - max(s.start, xs[k].start))
+                k += 1
+        f = min(overlap / s.duration, 1.0)
+        num += f * (s.duration / base - 1.0)
+        den += f * f
+    if den <= 0:
+        return 1.0
+    return min(max(1.0 + num / den, 1.0), max_kappa)
+
+
 # ------------------------------------------------------------------------------------- the search
 @dataclass(frozen=True)
 class Node:
@@ -149,6 +185,7 @@ class Candidate:
     tree: Node
     predicted_s: float
     plan: Plan
+    formula_s: float = 0.0  # the cut-search cost formula (before the replay refinement)
 
 
 @dataclass(frozen=True)
@@ -157,10 +194,10 @@ class PlannerResult:
     candidates: tuple[Candidate, ...]
 
     def table(self) -> str:
-        rows = [f"{'m':>2}  {'predicted ms':>12}  placement"]
+        rows = [f"{'m':>2}  {'predicted ms':>12}  {'formula ms':>10}  placement"]
         for c in sorted(self.candidates, key=lambda c: c.predicted_s):
             mark = "  <- chosen" if c is self.best else ""
-            rows.append(f"{c.stages:>2}  {c.predicted_s * 1e3:>12.1f}  {c.tree.describe()}{mark}")
+            rows.append(f"{c.stages:>2}  {c.predicted_s * 1e3:>12.1f}  {c.formula_s * 1e3:>10.1f}  {c.tree.describe()}{mark}")
         return "\n".join(rows)
 
 
@@ -295,8 +332,14 @@ class M2FlowPlanner:
         side = [c.name for c in wf.components if c.name not in self.spec.chain]
         return self.iter_cost(wf, side, self.devices) + self.step_cost(wf, side, self.devices)
 
-    def plan(self, stages: Sequence[int] | None = None) -> PlannerResult:
-        """The best plan over placements × device splits × stage counts, and every alternative."""
+    def plan(self, stages: Sequence[int] | None = None,
+             replay: Callable[[Plan], float] | None = None) -> PlannerResult:
+        """The best plan over placements × device splits × stage counts, and every alternative.
+
+        The cut search enumerates and prices layouts with the M2Flow formula; with ``replay`` each
+        distinct layout is then re-priced by replaying its worker programs (barriers, device
+        locks, core sharing, interpreter-lock contention — ``simulate``) and the best replay wins.
+        """
         cands: list[Candidate] = []
         for m in stages or self.cfg.pipeline_stages:
             wf = self.workflow_at(m)
@@ -309,10 +352,17 @@ class M2FlowPlanner:
                 if key in seen:
                     continue
                 seen.add(key)
-                cands.append(Candidate(m, node, t + side, plan))
+                cands.append(Candidate(m, node, t + side, plan, formula_s=t + side))
         if not cands:
             raise ValueError("no placement fits the memory budget (scheduler.memory_budget_mb); raise it")
-        best = min(cands, key=lambda c: c.predicted_s)
+        if replay is not None:
+            priced = []
+            for c in cands:
+                r = replay(c.plan)
+                priced.append(Candidate(c.stages, c.tree, r, c.plan.with_(predicted_s=r), formula_s=c.formula_s))
+            cands = priced
+        # an extra worker must earn its keep: ties (e.g. a split that cannot overlap) go to fewer workers
+        best = min(cands, key=lambda c: c.predicted_s * (1 + self.cfg.accept_margin * (len(c.plan.workers) - 1)))
         return PlannerResult(best, tuple(cands))
 
     def to_plan(self, wf: Workflow, node: Node, m: int, predicted: float) -> Plan:
@@ -355,7 +405,8 @@ class M2FlowPlanner:
         specs = []
         for k, (comps, devs) in enumerate(workers):
             disagg = len(devs) < self.devices
-            specs.append(WorkerSpec(f"w{k}-{comps[0]}", tuple(comps), cores=devs if disagg else None))
+            pin = disagg and self.cfg.pin_cores
+            specs.append(WorkerSpec(f"w{k}-{comps[0]}", tuple(comps), cores=devs if pin else None))
         return Plan(f"m2flow(m={m})", tuple(specs), groups=m, placement=placement, threads=threads,
                     blas_threads=self.blas_threads, predicted_s=predicted, notes=(node.describe(),))
 

@@ -23,7 +23,15 @@ from components.config import SchedulerConfig
 from components.scheduler.executor import RunResult, execute, plan_workflow
 from components.scheduler.graph import build_graph
 from components.scheduler.plan import Plan, WorkerSpec, sequential_plan
-from components.scheduler.planner import ChainSpec, M2FlowPlanner, PlannerResult, Profile, op_size, profile_workflow
+from components.scheduler.planner import (
+    ChainSpec,
+    M2FlowPlanner,
+    PlannerResult,
+    Profile,
+    op_size,
+    profile_workflow,
+    thread_slowdown,
+)
 from components.scheduler.profiler import GpuTelemetry, Timeline
 from components.scheduler.quotas import Branch, ForkJoin, QuotaResult, SlackQuotaManager
 from components.scheduler.rose import RoseOptimizer, RoseResult
@@ -76,11 +84,13 @@ class SchedulerRuntime:
     def _pin(self, plan: Plan) -> Plan:
         return plan.with_(pinned_threads={**self.roles.pinned_threads, **plan.pinned_threads})
 
-    def run(self, plan: Plan, iterations: int | range, start: int = 0) -> RunResult:
+    def run(self, plan: Plan, iterations: int | range, start: int = 0,
+            on_iteration: Callable[[int, dict[str, Any]], None] | None = None) -> RunResult:
         its = iterations if isinstance(iterations, range) else range(start, start + iterations)
         plan = self._pin(plan)
         wf = self.workflow_at(plan.groups or 1)
-        result = execute(wf, plan, self.cfg, self.payload, its, inputs=self.inputs, record=self.record, gpu=self.gpu)
+        result = execute(wf, plan, self.cfg, self.payload, its, inputs=self.inputs, record=self.record, gpu=self.gpu,
+                         on_iteration=on_iteration)
         self._timelines[plan.name] = result.timeline
         return result
 
@@ -101,17 +111,23 @@ class SchedulerRuntime:
 
     # ------------------------------------------------------------------ baselines
     def sequential(self, tuned: bool = True, groups: int = 1, threads: int | None = None) -> Plan:
-        """Default threads (library defaults) or hand-tuned (BLAS 1, torch ``threads``, default all cores)."""
+        """Library-default threads, or tuned: BLAS 1 thread and torch ``threads`` per op (default
+        ``scheduler.op_threads``, the quota every plan uses, so the reference is not handicapped)."""
         wf = self.workflow_at(groups)
         if not tuned:
             return self._pin(sequential_plan(wf, groups=groups, name="sequential-default"))
-        t = threads or self.devices
-        name = "sequential-tuned" if threads is None else f"sequential-tuned(t={t})"
+        t = threads or self.op_threads
+        name = "sequential" if threads is None else f"sequential(t={t})"
         return self._pin(sequential_plan(wf, threads=t, blas_threads=1, groups=groups, name=name))
+
+    @property
+    def op_threads(self) -> int:
+        """Per-op thread quota of the baselines and of the planner's profile (0 in config: all cores)."""
+        return self.cfg.op_threads or self.devices
 
     def coarse(self) -> Plan:
         """RLinf-style hybrid: env and rollout pipelined in 2 stages on separate halves; the
-        learner (and everything else) then runs on all devices. Same thread tuning as
+        learner (and everything else) then runs on all devices. Same per-op thread quota as
         ``sequential(tuned=True)``."""
         wf = self.workflow_at(2)
         sim, policy = self.roles.chain[0], self.roles.chain[1]
@@ -121,20 +137,43 @@ class SchedulerRuntime:
         placement = {c.name: tuple(f"cpu{k}" for k in range(self.devices)) for c in wf.components if c.exclusive}
         if wf.component(policy).exclusive:
             placement[policy] = tuple(f"cpu{k}" for k in hi)
-        threads = {c: self.devices for c in rest}
-        threads.update({sim: len(lo), policy: len(hi)})
-        workers = (WorkerSpec("env", (sim,), cores=lo), WorkerSpec("rollout", (policy,), cores=hi),
+        threads = {c: min(self.op_threads, self.devices) for c in rest}
+        threads.update({sim: min(self.op_threads, len(lo)), policy: min(self.op_threads, len(hi))})
+        pin = self.cfg.pin_cores
+        workers = (WorkerSpec("env", (sim,), cores=lo if pin else None),
+                   WorkerSpec("rollout", (policy,), cores=hi if pin else None),
                    WorkerSpec("actor", rest))
         return self._pin(Plan("coarse-pipeline(m=2)", workers, groups=2, placement=placement, threads=threads,
                               blas_threads=1))
 
     # ------------------------------------------------------------------ planner
-    def profile(self) -> Profile:
-        if self._profile is None:
-            threads = sorted({1, self.devices})
-            self._profile = profile_workflow(self.workflow_at, self.cfg, self.payload, self.roles.envs,
-                                             self.cfg.pipeline_stages, threads, self.inputs)
+    def profile(self, refresh: bool = False) -> Profile:
+        """Per-op cost curves (sequential runs at each stage count, each op at the per-op quota the
+        plans give it) and κ, the interpreter-lock slowdown of overlapping thread workers, from a probe run
+        with every component on its own thread. ``refresh``: profile again (e.g. right before a
+        measurement, so prediction and measurement see the same machine load)."""
+        if self._profile is None or refresh:
+            prof = profile_workflow(self.workflow_at, self.cfg, self.payload, self.roles.envs,
+                                    self.cfg.pipeline_stages, [self.op_threads], self.inputs,
+                                    iterations=self.cfg.profile_iterations)
+            prof.thread_slowdown = self._probe_thread_slowdown(prof)
+            self._profile = prof
         return self._profile
+
+    def _probe_thread_slowdown(self, prof: Profile) -> float:
+        m = 2 if 2 in self.cfg.pipeline_stages else max(self.cfg.pipeline_stages)
+        wf = self.workflow_at(m)
+        t = self.op_threads
+        probe = Plan("probe:thread-per-component", tuple(WorkerSpec(c.name, (c.name,)) for c in wf.components),
+                     groups=m, threads={c.name: t for c in wf.components}, blas_threads=1)
+        res = self.run(probe, 2)
+        alone = {op.name: prof.curve(op.name, t)(op_size(wf, op.name, self.roles.envs)) for op, _ in wf.ops_with_scope()}
+        pinned = {op.name for op, _ in wf.ops_with_scope() if not op.quota_invariant}
+        for name in pinned:  # pinned ops ran with their pinned count in the probe
+            comp = wf.op(name).component
+            q = self._pin(probe).pinned_threads.get(comp, t)
+            alone[name] = prof.curve(name, q)(op_size(wf, name, self.roles.envs))
+        return thread_slowdown([s for s in res.timeline.spans if s.iteration > 0], alone)
 
     def planner(self) -> M2FlowPlanner:
         spec = ChainSpec(self.roles.chain, dict(self.roles.streaming), envs=self.roles.envs,
@@ -142,40 +181,29 @@ class SchedulerRuntime:
         return M2FlowPlanner(self.workflow_at, spec, self.profile(), self.cfg, self.devices)
 
     def plan(self) -> PlannerResult:
-        result = self.planner().plan()
+        result = self.planner().plan(replay=self.predict)
         self.log(result.best.plan.describe())
         return result
 
     # ------------------------------------------------------------------ Rose + quotas
     def predict(self, plan: Plan, measured_from: Plan | None = None) -> float:
-        """Replay ``plan`` from the profiled cost curves, each scaled by how the op actually ran in
-        ``measured_from``'s latest run (median measured / curve at that run's size and threads):
-        local profiling, calibrated to the machine's current state."""
+        """Replay ``plan`` from the profiled cost curves (each op at the thread quota the plan gives
+        it, plus the measured per-op dispatch overhead) on ``devices`` cores shared by processor
+        sharing, with κ slowing ops that overlap on thread workers. ``measured_from`` is accepted
+        for Rose's interface; the profile is the only basis, so every plan is predicted alike."""
+        del measured_from
         wf = plan_workflow(self.workflow_at(plan.groups or 1), plan)
         graph = build_graph(wf, range(3), plan.buffers)
         prof = self.profile()
-        calib: dict[str, float] = {}
-        if measured_from is not None:
-            basis = plan_workflow(self.workflow_at(measured_from.groups or 1), measured_from)
-            measured: dict[tuple[str, int], list[float]] = {}
-            for s in self.timeline(measured_from).spans:
-                if s.iteration > 0:
-                    measured.setdefault((s.op, max(s.threads, 1)), []).append(s.duration)
-            ratios: dict[str, list[float]] = {}
-            for (op, t), xs in measured.items():
-                model = prof.curve(op, t)(op_size(basis, op, self.roles.envs))
-                if model > 0:
-                    ratios.setdefault(op, []).append(statistics.median(xs) / model)
-            calib = {op: statistics.median(r) for op, r in ratios.items()}
 
         def duration(inst: Any, threads: int) -> float:
-            base = prof.curve(inst.name, threads)(op_size(wf, inst.name, self.roles.envs))
-            return base * calib.get(inst.name, 1.0)
+            return prof.curve(inst.name, threads)(op_size(wf, inst.name, self.roles.envs)) + prof.dispatch_s
 
         def demand(inst: Any, threads: int) -> float:
             return float(min(threads, self.devices))
 
-        return simulate(graph, self._pin(plan), duration, demand, float(self.devices)).iteration
+        return simulate(graph, self._pin(plan), duration, demand, float(self.devices),
+                        thread_slowdown=prof.thread_slowdown).iteration
 
     def optimize(self, plan: Plan, quotas: bool = True) -> OptimizeResult:
         self.timeline(plan)

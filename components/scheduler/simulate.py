@@ -2,8 +2,11 @@
 
 Workers follow their programs exactly as the executor does (semantic edges, iteration barriers,
 hoisting, device locks). Running ops share the cores by processor sharing: an op that uses
-``threads`` cores progresses at ``min(1, cores / total demand)`` of its profiled speed. The same
-engine, with SMs instead of cores, is the core of the SM model (``sm_model.py``).
+``threads`` cores progresses at ``min(1, cores / total demand)`` of its profiled speed. Ops on
+*thread* workers also share one interpreter lock: while ``k`` of them run at once, each runs
+``1 + (κ − 1)(k − 1)`` times slower (``thread_slowdown`` κ, measured by the profiler on this
+machine; process workers do not share it). The same engine, with SMs instead of cores, is the
+core of the SM model (``sm_model.py``).
 """
 
 from __future__ import annotations
@@ -45,15 +48,17 @@ class SimResult:
 
 def simulate(graph: Graph, plan: Plan, duration: Callable[[OpInstance, int], float],
              demand: Callable[[OpInstance, int], float], capacity: float,
-             rate: Callable[[float, float, float], float] | None = None) -> SimResult:
+             rate: Callable[[float, float, float], float] | None = None,
+             thread_slowdown: float = 1.0) -> SimResult:
     """Replay ``plan`` over ``graph``.
 
     ``duration(inst, threads)``: seconds alone on the machine; ``demand(inst, threads)``: cores (or
     SMs) it occupies; ``rate(demand, total_demand, capacity)``: its speed relative to running alone
-    (default processor sharing).
+    (default processor sharing); ``thread_slowdown``: κ for ops overlapping on thread workers.
     """
     rate = rate or (lambda d, total, cap: min(1.0, cap / total) if total > 0 else 1.0)
     progs = programs(graph, plan)
+    threaded = {w.name for w in plan.workers if w.kind == "thread"}
     pos = {w: 0 for w in progs}
     threads = {c: plan.threads.get(c, plan.default_threads or 1) for c in (x.name for x in graph.workflow.components)}
     done = [False] * len(graph)
@@ -106,6 +111,10 @@ def simulate(graph: Graph, plan: Plan, duration: Callable[[OpInstance, int], flo
             break
         total = sum(r[2] for r in running.values())
         speeds = {w: rate(r[2], total, capacity) for w, r in running.items()}
+        shared = [w for w in running if w in threaded]
+        if len(shared) > 1 and thread_slowdown != 1.0:
+            for w in shared:
+                speeds[w] /= 1.0 + (thread_slowdown - 1.0) * (len(shared) - 1)
         dt = min(r[1] / max(speeds[w], 1e-12) for w, r in running.items())
         now += dt
         finished = []

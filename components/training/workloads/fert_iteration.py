@@ -19,6 +19,7 @@ store's kNN search.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -145,7 +146,7 @@ class FertIterSpec:
     eval_steps: int = 60
     learn_steps: int = 8
     lr: float = 1e-3
-    learner_threads: int = 2
+    learner_threads: int = 1
     seed: int = 0
 
 
@@ -304,11 +305,12 @@ def fert_runtime(spec: FertIterSpec, data: FertData, cfg: SchedulerConfig, log: 
 
 
 def run_fert_iterations(spec: FertIterSpec, data: FertData, cfg: SchedulerConfig, iterations: int,
-                        plan: str | Plan | None = None, log: Any = None) -> FertIterationResult:
+                        plan: str | Plan | None = None, log: Any = None,
+                        on_iteration: Callable[[int, dict[str, Any]], None] | None = None) -> FertIterationResult:
     """Run ``iterations`` FERT iterations under ``plan`` (a Plan or a kind); plan-independent results."""
     rt = fert_runtime(spec, data, cfg, log)
     chosen = plan if isinstance(plan, Plan) else rt.choose(plan or cfg.plan)
-    result = rt.run(chosen, iterations)
+    result = rt.run(chosen, iterations, on_iteration=on_iteration)
     get = lambda state, i: next(v for k, v in result.records.items() if k.state == state and k.version == (i,))  # noqa: E731
     return FertIterationResult(
         result.final["params"], [get("evalm", i)["success_rate"] for i in range(iterations)],

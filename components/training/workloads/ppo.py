@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +63,7 @@ class PPOSpec:
     ent_coef: float = 0.0
     init_log_std: float = -0.5
     eval_steps: int = 32
-    learner_threads: int = 2  # numerics of the learner: the same in every plan and the reference
+    learner_threads: int = 1  # numerics of the learner: the same in every plan and the reference
     seed: int = 0
     infer_chunk: int = 32  # rows per inference call: fixed, so results never depend on the group size
     device: str = "cpu"  # "cuda": policy, learner and evaluator models on the GPU (benchmarks/gpu_check.sh)
@@ -392,14 +392,14 @@ def ppo_runtime(spec: PPOSpec, cfg: SchedulerConfig, params: dict[str, torch.Ten
 
 
 def run_ppo(spec: PPOSpec, cfg: SchedulerConfig, iterations: int, plan: str | Plan | None = None,
-            params: dict[str, torch.Tensor] | None = None, log: Any = None) -> PPOResult:
+            params: dict[str, torch.Tensor] | None = None, log: Any = None,
+            on_iteration: Callable[[int, dict[str, Any]], None] | None = None) -> PPOResult:
     """Run ``iterations`` PPO iterations under ``plan`` (a Plan, or a kind: sequential | coarse |
-    planner | rose; default ``cfg.plan``). Results are identical under every plan."""
+    planner | rose; default ``cfg.plan``). Results are identical under every plan.
+    ``on_iteration(i, {"stats": ..., "evalm": ...})`` reports each finished iteration."""
     rt = ppo_runtime(spec, cfg, params, log)
     chosen = plan if isinstance(plan, Plan) else rt.choose(plan or cfg.plan)
-    t0 = time.perf_counter()
-    result = rt.run(chosen, iterations)
-    del t0
+    result = rt.run(chosen, iterations, on_iteration=on_iteration)
     metrics = []
     for i, secs in enumerate(result.iteration_s):
         st = next(v for k, v in result.records.items() if k.state == "stats" and k.version == (i,))

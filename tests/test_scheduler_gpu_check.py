@@ -1,0 +1,41 @@
+"""benchmarks/gpu_check.sh: clean exit without a GPU, and its Python steps kept alive on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHON": sys.executable, **extra}
+
+
+def test_gpu_check_without_a_gpu_exits_zero_and_says_so(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")  # a driver that fails, as on a CPU-only host
+    (fake / "nvidia-smi").chmod(0o755)
+    r = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60,
+                       env=_env(PATH=f"{fake}:{os.environ['PATH']}"))
+    assert r.returncode == 0, r.stderr
+    assert "no NVIDIA GPU here" in r.stdout and "GPU path NOT tested" in r.stdout
+
+
+def test_gpu_check_cpu_smoke_runs_its_python_steps(tmp_path):
+    r = subprocess.run(["bash", str(SCRIPT), "--cpu-smoke"], capture_output=True, text=True, timeout=280,
+                       env=_env(GPU_CHECK_OUT=str(tmp_path)))
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    assert "gpu_check: NVML available:" in r.stdout and "the GPU path itself was NOT run" in r.stdout
+    result = json.loads((tmp_path / "scheduler_gpu_smoke.json").read_text())
+    assert result["config"]["tiny"] and result["config"]["mps_eval_percent"] == 30
+    # the evaluator ran as an MPS-client process worker (quota in its launch environment) and
+    # every plan, that one included, gave the reference's weights
+    assert "eval-mps" in result["rose"]["plan"] and "MPS SM %: evaluator=30" in result["rose"]["plan"]
+    assert result["bit_identical_across_plans"] is True
+    assert (tmp_path / "scheduler_gpu_smoke.png").exists()
