@@ -128,12 +128,17 @@ def check_schedule(graph: Graph, plan: Plan) -> None:
 
 # ----------------------------------------------------------------------------------------- process
 def _process_main(conn: Any, workflow: Workflow, components: tuple[str, ...], ctx: BuildContext,
-                  threads: int | None, cores: tuple[int, ...] | None) -> None:
+                  threads: int | None, cores: tuple[int, ...] | None, blas_threads: int | None = None) -> None:
     """Body of a process worker: build the hosted components, then run ops on request."""
     if cores is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(cores))
     if threads is not None:
         set_worker_threads(threads)
+    with apply_blas_limit(blas_threads):  # the plan's BLAS limit is process-wide: apply it here too
+        _serve(conn, workflow, components, ctx)
+
+
+def _serve(conn: Any, workflow: Workflow, components: tuple[str, ...], ctx: BuildContext) -> None:
     states = {c: workflow.component(c).factory(ctx) for c in components}
     ops = {op.name: op for op, _ in workflow.ops_with_scope()}
     conn.send(("ready", None))
@@ -153,14 +158,15 @@ class _ProcessHost:
     """Parent-side handle of a spawned worker process (spawn: safe after LanceDB/torch threads)."""
 
     def __init__(self, spec: WorkerSpec, workflow: Workflow, ctx: BuildContext, threads: int | None,
-                 env: dict[str, str]) -> None:
+                 env: dict[str, str], blas_threads: int | None = None) -> None:
         mpctx = mp.get_context("spawn")
         self.conn, child = mpctx.Pipe()
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)  # MPS quota etc. must be in the child's environment at launch
         try:
             self.proc = mpctx.Process(target=_process_main, args=(child, workflow, spec.components, ctx, threads,
-                                                                 spec.cores), daemon=True, name=f"worker-{spec.name}")
+                                                                 spec.cores, blas_threads),
+                                      daemon=True, name=f"worker-{spec.name}")
             self.proc.start()
         finally:
             for k, v in saved.items():
@@ -311,7 +317,7 @@ def execute(
             bad = [c for c in w.components if not wf.component(c).process_ok]
             if bad:
                 raise LegalityError(f"plan {plan.name!r}: components {bad} cannot run in a process worker")
-            hosts[w.name] = _ProcessHost(w, wf, ctx, threads, env)
+            hosts[w.name] = _ProcessHost(w, wf, ctx, threads, env, plan.blas_threads)
         else:
             for c in w.components:
                 states[c] = prebuilt[c] if c in prebuilt else wf.component(c).factory(ctx)
