@@ -219,3 +219,44 @@ def test_learned_encoder_is_deterministic_round_trips_and_ignores_what_actions_d
     store.upsert([episode], a, snapshot="s")
     assert isinstance(store.load_encoder(), ActionPredictiveEncoder)
     assert ActionPredictiveEncoder(4, 2, dim=3, epochs=1).fit(windows).encode(windows).shape == (600, 3)
+
+
+def _hover_then_release(i: int, hover: int) -> Episode:
+    """Approach along x, hover ``hover`` frames at the goal with the jaw closed, then release."""
+    approach = np.stack([np.linspace(0.0, 0.9, 10), np.zeros(10)], axis=1)
+    states = np.concatenate([approach, np.tile([[1.0, 0.0]], (hover + 1, 1))]).astype(np.float32)
+    jaw = np.concatenate([np.ones(10 + hover), [-1.0]]).astype(np.float32)  # +1 keep closed, -1 open
+    actions = np.stack([np.zeros_like(jaw), jaw], axis=1)
+    return Episode(
+        episode_id=f"hover-{i}", robot_id="robot-0001", task="t", states=states, actions=actions,
+        timestamps=np.arange(len(states), dtype=np.float32) / 10, success=True, policy_version="v1",
+    )
+
+
+def test_loop_removal_keeps_only_the_last_visit_of_a_state():
+    from components.fert.revisits import imitated_frames, revisited, state_scale
+
+    line = np.stack([np.linspace(0.0, 1.0, 12), np.zeros(12)], axis=1)
+    assert not revisited(line, 0.2, state_scale(line)).any()  # a path that keeps moving has no detour
+    loop = np.concatenate([line[:6], line[5::-1], line])  # out, back, out again
+    marked = revisited(loop, 0.05, state_scale(loop))
+    assert marked[:12].all() and not marked[12:].any()  # the first pass and the way back were detours
+    np.testing.assert_array_equal(imitated_frames([line, loop], 0.0), np.ones(36, bool))  # radius 0 = off
+    with pytest.raises(ValueError, match="revisit_radius"):
+        imitated_frames([line], -1.0)
+
+
+def test_loop_removal_turns_hovering_successes_into_release_labels():
+    """k x "keep closed" then 1 x "open" at the goal: imitation would learn to keep closed."""
+    episodes = [_hover_then_release(i, hover) for i, hover in enumerate((2, 5, 9))]
+    at_goal = lambda table: (table.states[:, 0] == 1.0)  # noqa: E731
+    plain = FrameTable.from_episodes(episodes, DEMO_VERSION)
+    assert plain.actions[at_goal(plain), 1].mean() > 0.5  # most goal frames say "keep closed"
+    table = FrameTable.from_episodes(episodes, DEMO_VERSION, revisit_radius=0.1)
+    kept = table.drawable & at_goal(table)
+    np.testing.assert_array_equal(table.actions[kept, 1], [-1.0, -1.0, -1.0])  # only the releases remain
+    assert table.removed_frames == 2 + 5 + 9
+    cfg = FertConfig(revisit_radius=0.1)
+    built = build_training_set("filtered_bc", episodes, cfg)
+    assert built.report.removed_frames == 16 and built.report.frames == len(table) - 16
+    assert built.data.weights[~table.drawable].sum() == 0 and built.data.weights.sum() == pytest.approx(1.0)

@@ -2,6 +2,8 @@
 
     bc            expert demos only, uniform
     filtered_bc   every successful episode (demos + fleet), uniform
+    (every method that imitates the fleet first leaves out loop frames: fert/revisits.py)
+
     fert          1. calibrate the divergence detector on held-out successes
                   2. failure contexts: each failed episode from its divergence on
                   3. retrieve similar success windows from any robot (same task)
@@ -42,6 +44,7 @@ class FertReport:
     method: str
     frames: int  # distinct frames that can be drawn
     episodes: int  # successful episodes those frames come from
+    removed_frames: int = 0  # success frames left out by loop removal (revisited later)
     failed_episodes: int = 0
     fallback_contexts: int = 0  # failures with no divergence found (last W steps used)
     threshold: DivergenceThreshold | None = None
@@ -100,9 +103,9 @@ def build_training_set(
     if method == "bc":
         table = FrameTable.from_episodes([ep for ep in episodes if ep.policy_version == DEMO_VERSION], DEMO_VERSION)
         return MethodTrainingSet(TrainingSet(table.states, table.actions), _plain_report(method, table, start))
-    table = FrameTable.from_episodes(episodes, DEMO_VERSION)
+    table = FrameTable.from_episodes(episodes, DEMO_VERSION, cfg.revisit_radius)
     if method == "filtered_bc":
-        return MethodTrainingSet(TrainingSet(table.states, table.actions), _plain_report(method, table, start))
+        return MethodTrainingSet(table.uniform_set(), _plain_report(method, table, start))
 
     if store is None or encoder is None:
         raise ValueError(f"train.method={method!r} needs the segment store and its encoder (store.load_encoder())")
@@ -126,8 +129,9 @@ def build_training_set(
     data, shares = mix_pools(table, priority, cfg)
     report = FertReport(
         method=method,
-        frames=len(table),
+        frames=len(table) - table.removed_frames,
         episodes=len(table.episode_ids),
+        removed_frames=table.removed_frames,
         failed_episodes=len(failed),
         fallback_contexts=sum(c.fallback for c in contexts),
         threshold=thresholds[0] if len(thresholds) == 1 else None,
@@ -147,7 +151,10 @@ def build_training_set(
 
 
 def _plain_report(method: str, table: FrameTable, start: float) -> FertReport:
-    return FertReport(method, len(table), len(table.episode_ids), seconds=time.perf_counter() - start)
+    return FertReport(
+        method, len(table) - table.removed_frames, len(table.episode_ids), table.removed_frames,
+        seconds=time.perf_counter() - start,
+    )
 
 
 def _concat(parts: list[Retrieved], store: SegmentStore) -> Retrieved:

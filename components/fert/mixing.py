@@ -1,5 +1,7 @@
 """Batch mixing: three pools of success frames with configured shares of every batch.
 
+Frames that loop removal left out (``FrameTable.imitated``, fert/revisits.py) are in no pool.
+
     demos      expert demonstrations, uniform              share fert.mix_demos
     successes  every successful episode (demos included),  share fert.mix_successes
                uniform
@@ -46,18 +48,23 @@ def pool_shares(cfg: FertConfig, demo_frames: int, success_frames: int, retrieve
 
 
 def sampling_probabilities(table: FrameTable, priority: PriorityWeights, shares: PoolShares) -> np.ndarray:
-    """(N,) probability of drawing each frame, summing to 1 (module doc)."""
-    n = len(table)
-    p = np.full(n, shares.successes / n)
+    """(N,) probability of drawing each frame, summing to 1 (module doc); 0 on frames loop
+    removal left out (``table.drawable``)."""
+    drawable = table.drawable
+    p = np.where(drawable, shares.successes / drawable.sum(), 0.0)
+    demos = table.is_demo & drawable
     if shares.demos > 0:
-        p[table.is_demo] += shares.demos / table.is_demo.sum()
+        p[demos] += shares.demos / demos.sum()
     if shares.retrieved > 0:
-        w = np.where(priority.retrieved, priority.weights, 0.0)
+        w = np.where(priority.retrieved & drawable, priority.weights, 0.0)
         p += shares.retrieved * w / w.sum()
     return p / p.sum()
 
 
 def mix_pools(table: FrameTable, priority: PriorityWeights, cfg: FertConfig) -> tuple[TrainingSet, PoolShares]:
-    shares = pool_shares(cfg, int(table.is_demo.sum()), len(table), priority.retrieved_frames)
+    drawable = table.drawable
+    shares = pool_shares(
+        cfg, int((table.is_demo & drawable).sum()), int(drawable.sum()), int((priority.retrieved & drawable).sum())
+    )
     probabilities = sampling_probabilities(table, priority, shares)
     return TrainingSet(table.states, table.actions, probabilities), shares

@@ -19,6 +19,8 @@ import numpy as np
 
 from components.episodes.record import Episode
 from components.fert.retrieval import Retrieved
+from components.fert.revisits import imitated_frames
+from components.training.imitation import TrainingSet
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,14 @@ class FrameTable:
     offsets: dict[str, int]
     lengths: dict[str, int]
     is_demo: np.ndarray  # (N,) bool: frame of an expert demonstration
+    imitated: np.ndarray | None = None  # (N,) bool: may be drawn (loop removal, fert/revisits.py); None = all
 
     @classmethod
-    def from_episodes(cls, episodes: Sequence[Episode], demo_version: str) -> FrameTable:
-        """Frames of the *successful* episodes only; failed episodes are never imitated."""
+    def from_episodes(cls, episodes: Sequence[Episode], demo_version: str, revisit_radius: float = 0.0) -> FrameTable:
+        """Frames of the *successful* episodes only; failed episodes are never imitated.
+
+        ``revisit_radius > 0`` marks frames the episode later comes back to as not imitated.
+        """
         kept = [ep for ep in episodes if ep.success]
         if not kept:
             raise ValueError("no successful episodes: FERT imitates successes only; ingest expert demos first")
@@ -47,10 +53,27 @@ class FrameTable:
             offsets={ep.episode_id: int(s) for ep, s in zip(kept, starts, strict=True)},
             lengths={ep.episode_id: ep.length for ep in kept},
             is_demo=np.concatenate([np.full(ep.length, ep.policy_version == demo_version) for ep in kept]),
+            imitated=imitated_frames([ep.states for ep in kept], revisit_radius) if revisit_radius > 0 else None,
         )
 
     def __len__(self) -> int:
         return int(self.states.shape[0])
+
+    @property
+    def drawable(self) -> np.ndarray:
+        """(N,) bool: frames a training batch may draw."""
+        return np.ones(len(self), dtype=bool) if self.imitated is None else self.imitated
+
+    @property
+    def removed_frames(self) -> int:
+        """Frames left out by loop removal."""
+        return 0 if self.imitated is None else int((~self.imitated).sum())
+
+    def uniform_set(self) -> TrainingSet:
+        """Every drawable frame with the same probability (BC, success-filtered BC)."""
+        if self.imitated is None:
+            return TrainingSet(self.states, self.actions)
+        return TrainingSet(self.states, self.actions, self.imitated / self.imitated.sum())
 
 
 @dataclass(frozen=True)
