@@ -462,7 +462,7 @@ def main() -> None:
         "fleet_sizes": tuple(args.fleet_sizes) if args.fleet_sizes else None,
     }.items() if v is not None}
     if args.sim_set:
-        updates["sim_overrides"] = {k: float(v) for k, v in (item.split("=", 1) for item in args.sim_set)}
+        updates["sim_overrides"] = {k: _value(v) for k, v in (item.split("=", 1) for item in args.sim_set)}
     if args.fert_set:
         updates["fert_overrides"] = {k: _value(v) for k, v in (item.split("=", 1) for item in args.fert_set)}
     if args.motion_noise is not None:
