@@ -18,6 +18,7 @@ POLICY = PolicyConfig(kind="moe_transformer", d_model=16, heads=2, hidden=32, la
                       context=4, aux_loss_weight=0.01)
 LAYER_SHUFFLES = {
     "fused": ShuffleConfig(plan="one_level", chunks=2),
+    "fused_auto": ShuffleConfig(),  # rank_dedup: one coalesced all-to-all each way, per-rank dedup
     "fused_two_level": ShuffleConfig(plan="two_level", ranks_per_node=2),
     "megatron": ShuffleConfig(dispatcher="megatron"),
     "dedup_permute": ShuffleConfig(dispatcher="dedup_permute", ranks_per_node=2),

@@ -18,7 +18,8 @@ import torch
 from components.config import ShuffleConfig
 from components.shuffle.dispatchers import make_dispatcher
 from components.shuffle.local_group import run_local_group
-from components.shuffle.plan import assign_forwarders, build_plan, forwarder_loads
+from components.shuffle.plan import assign_forwarders, build_plan, forwarder_loads, prefer_two_level
+from components.shuffle.rank_dedup import STAT_FIELDS
 from components.shuffle.routing import Placement, Routing, dense_reference, synthetic_routing
 
 WORLD = 4
@@ -98,7 +99,7 @@ def _inputs(case: Case) -> tuple[torch.Tensor, Routing, torch.Tensor, torch.Tens
 
 
 def _run_cases(rank: int, world: int) -> dict:
-    out = {}
+    out, kinds, sent = {}, {}, {}
     for case in CASES:
         x, routing, weights, grad = _inputs(case)
         placement = Placement(case.experts, world, case.ranks_per_node)
@@ -116,6 +117,8 @@ def _run_cases(rank: int, world: int) -> dict:
             (o * grad[shard]).sum().backward()
             crossings = None
             plan = getattr(disp, "last_plan", None)
+            kinds[(case.name, v.name)] = plan.kind if plan is not None else None
+            sent[(case.name, v.name)] = disp.transport.meter.bytes_sent
             if plan is not None and plan.kind == "two_level":
                 me = placement.node_of(rank)
                 crossings = [
@@ -125,6 +128,7 @@ def _run_cases(rank: int, world: int) -> dict:
                     for t in m.rows
                 ]
             out[(case.name, v.name)] = (o.detach(), xs.grad, ps.grad, w.grad, crossings)
+    out["plan_kinds"], out["bytes_sent"] = kinds, sent
     return out
 
 
@@ -202,3 +206,53 @@ def test_balanced_grouping_evens_forwarder_load() -> None:
     assert int(forwarder_loads(load, balanced, placement).max()) < int(forwarder_loads(load, static, placement).max())
     for fwd in (static, balanced):  # every source forwards to its own node through itself
         assert all(int(fwd[s, placement.node_of(s)]) == s for s in range(4))
+
+
+def test_rank_dedup_sends_each_token_once_per_rank(results: list[dict]) -> None:
+    """Per-rank dedup: a token crosses to a rank once, whatever how many of its experts live there."""
+    for case in CASES:
+        _, routing, _, _ = _inputs(case)
+        placement = Placement(case.experts, WORLD, case.ranks_per_node)
+        T = case.tokens
+        ranks_of = routing.expert_ids // placement.local_experts  # (global token, k) -> expert rank
+        # unique[s][d]: tokens of source s with at least one expert on rank d
+        unique = [[sum(1 for t in range(s * T, (s + 1) * T) if d in ranks_of[t].tolist()) for d in range(WORLD)]
+                  for s in range(WORLD)]
+        row_bytes = case.hidden * 4
+        for rank, res in enumerate(results):
+            ranks = ranks_of[rank * T : (rank + 1) * T]
+            rows = sum(unique[rank][d] for d in range(WORLD) if d != rank)  # unique (token, other rank)
+            back = sum(unique[s][rank] for s in range(WORLD) if s != rank)  # combine returns what arrived
+            pairs = int((ranks != rank).sum())
+            assert res["bytes_sent"][(case.name, "fused_rank_dedup")] == (rows + back) * row_bytes, case.name
+            assert res["bytes_sent"][(case.name, "megatron")] == 2 * pairs * row_bytes, case.name
+        if case.name == "topk_equals_local_experts":  # all K experts on one rank: K-fold fewer rows
+            assert rows * case.top_k == pairs
+
+
+def test_auto_plan_choice(results: list[dict]) -> None:
+    """Default (one host): auto is rank_dedup everywhere; with costly inter-node links it picks
+    two-level where node dedup pays (node-confined top-4) and never for top-1; ranks agree."""
+    for case in CASES:
+        kinds = {res["plan_kinds"][(case.name, "fused_auto_costly_links")] for res in results}
+        assert len(kinds) == 1, f"{case.name}: ranks disagree on the plan {kinds}"
+        if case.top_k == 1 or case.ranks_per_node == WORLD:
+            assert kinds == {"rank_dedup"}, case.name
+        if case.name == "node_confined_top4":
+            assert kinds == {"two_level"}, case.name
+
+
+def test_cost_model_needs_costly_links_and_dedup() -> None:
+    placement = Placement(16, 4, 2)
+    # node-confined top-8 on 2 nodes x 2 ranks, 1024 tokens/rank: per rank 512 tokens cross to the
+    # other node, 8 pairs each, spread over its 2 ranks
+    stats = torch.tensor([4 * 512 * 8 + 4 * 512 * 4, 4 * 512 * 8, 4 * (512 * 2 + 512), 4 * 512 * 2, 4 * 512])
+    assert len(stats) == len(STAT_FIELDS)
+    one_host = ShuffleConfig()
+    costly = ShuffleConfig(internode_cost=8.0)
+    assert not prefer_two_level(stats, placement, one_host, row_bytes=4096)
+    assert prefer_two_level(stats, placement, costly, row_bytes=4096)
+    assert not prefer_two_level(stats, placement, costly, row_bytes=16)  # tiny rows: collectives dominate
+    top1 = torch.tensor([4 * 768, 4 * 512, 4 * 768, 4 * 512, 4 * 512])  # node dedup factor 1
+    assert not prefer_two_level(top1, placement, costly, row_bytes=4096)
+    assert not prefer_two_level(None, placement, costly, row_bytes=4096)

@@ -90,7 +90,9 @@ class FusedDispatcher:
             routing.check(self.placement)
             # auto reads global routing stats only where two-level could pay (several nodes, costly links);
             # they ride in the rank-dedup count exchange, so deciding costs no extra collective
-            with_stats = kind == "auto" and self.placement.num_nodes > 1 and self.cfg.internode_cost > 1.0
+            # (on accelerators auto stays rank_dedup: the plan.py plans build CPU descriptors)
+            with_stats = (kind == "auto" and self.placement.num_nodes > 1 and self.cfg.internode_cost > 1.0
+                          and x.device.type == "cpu")
             rd = rank_dedup.build_rank_dedup(routing, self.placement, self.rank, self.group, with_stats)
             row_bytes = x.shape[1] * x.element_size()
             if not (with_stats and prefer_two_level(rd.stats, self.placement, self.cfg, row_bytes)):
@@ -98,6 +100,9 @@ class FusedDispatcher:
                 slots, handle, slot_probs = rank_dedup.dispatch(x, routing, rd, self.transport)
                 return Dispatched(slots, rd.tokens_per_expert, _RankDedupHandle(handle, slot_probs))
             kind = "two_level"
+        if x.device.type != "cpu":
+            raise ValueError(f"shuffle.plan={kind} builds its descriptors on the CPU (gloo); for tensors on "
+                             f"{x.device} use shuffle.plan: auto or rank_dedup, or shuffle.dispatcher: megatron")
         rounds = 1 if self.transport.collective else self.cfg.chunks
         plan = build_plan(routing, self.placement, self.rank, self.group, kind, rounds,
                           self.cfg.grouping, self.cfg.dedup_threshold)
@@ -168,7 +173,7 @@ class MegatronDispatcher:
         T, K = routing.num_tokens, routing.top_k
         meter = self.transport.meter
         e = routing.expert_ids.reshape(-1)
-        tok = torch.arange(T * K) // K
+        tok = torch.arange(T * K, device=e.device) // K
         order = torch.argsort(e * max(T, 1) + tok)  # routing_map.T.masked_select: expert-major
         sorted_tokens = tok[order]
         sorted_probs = routing.probs.reshape(-1)[order]

@@ -7,7 +7,7 @@
 
 A token whose k experts include several on one rank crosses to that rank once; the receiver
 expands it into its expert slots (one ``index_select``) and, on the way back, sums that token's
-weighted expert outputs (one ``index_add_``) before the single row returns. With top-1 (or no
+weighted expert outputs (one fused ``embedding_bag`` pass) before the single row returns. With top-1 (or no
 shared ranks) nothing is deduplicated and the path is exactly Megatron's traffic minus its copies:
 gather straight into the send buffer, one ``all_to_all_single``, expand straight into the slots.
 
@@ -18,10 +18,10 @@ all-to-all as whole padding rows after each peer's token rows, so it costs no ex
 Staging buffers come from the engine's ``Workspace``. All index tensors live on ``x.device``;
 the only host syncs are the per-peer split sizes, as in Megatron.
 
-Order of additions: a token's contributions on one rank are summed in ascending expert order,
-then the per-rank partial sums are added in ascending rank order. For top-1 and top-2 that is
-bit for bit the single-process order; for k >= 3 it can differ in the last bit (dyadic tests
-are exact either way).
+Order of additions: a token's contributions on one rank are summed in ascending expert order
+(one ``embedding_bag`` pass, which may fuse multiply and add), then the per-rank partial sums
+in ascending rank order. Top-1 is bit for bit the single-process result; top-k matches it to
+fp32 rounding (bit for bit on dyadic data, where every sum is exact -- the tests).
 """
 
 from __future__ import annotations
@@ -70,13 +70,6 @@ class _Layout:
         return sum(self.splits)
 
 
-def _segment_ids(counts: Tensor) -> Tensor:
-    """[0]*counts[0] + [1]*counts[1] + ...: which block each item of a blocked list belongs to."""
-    ends = torch.cumsum(counts, 0)
-    n = int(ends[-1]) if ends.numel() else 0
-    return torch.searchsorted(ends, torch.arange(n, device=counts.device), right=True)
-
-
 def _block_offsets(counts: Tensor) -> Tensor:
     return torch.cumsum(counts, 0) - counts
 
@@ -107,7 +100,7 @@ class RankDedupPlan:
     # receiver side (this rank's expert slots)
     r_unique: list[int]  # unique rows per source rank
     r_pairs: list[int]  # pairs per source rank
-    r_pair_counts: Tensor  # (W, L) pairs per (source, local expert)
+    r_chunk_counts: list[int]  # pairs per (source, local expert), row-major
     tokens_per_expert: tuple[int, ...]
     stats: Tensor | None  # global routing statistics the auto choice reads (see build_rank_dedup)
     kind: str = "rank_dedup"
@@ -174,6 +167,20 @@ def routing_stats(routing: Routing, placement: Placement, rank: int) -> Tensor:
     ]).to(COUNT_DTYPE)
 
 
+_TOKEN_OF_PAIR: dict[tuple, Tensor] = {}
+
+
+def _token_of_pair(T: int, K: int, device) -> Tensor:
+    """arange(T*K) // K, cached per call shape (read-only)."""
+    key = (T, K, str(device))
+    tok = _TOKEN_OF_PAIR.get(key)
+    if tok is None:
+        if len(_TOKEN_OF_PAIR) > 64:
+            _TOKEN_OF_PAIR.clear()
+        tok = _TOKEN_OF_PAIR[key] = torch.arange(T * K, device=device) // K
+    return tok
+
+
 def build_rank_dedup(routing: Routing, placement: Placement, rank: int, group: dist.ProcessGroup | None,
                      with_stats: bool = False) -> RankDedupPlan:
     """Sender descriptors from the routing, receiver layout from one count all-to-all.
@@ -186,7 +193,7 @@ def build_rank_dedup(routing: Routing, placement: Placement, rank: int, group: d
     T, K = routing.num_tokens, routing.top_k
     W, L = placement.world_size, placement.local_experts
     e = ids.reshape(-1)
-    tok = torch.arange(T * K, device=dev) // K
+    tok = _token_of_pair(T, K, dev)
     dest = e // L
 
     # unique (dest, token) rows, dest-major, tokens ascending; row of each (dest, token) inside its block
@@ -214,7 +221,6 @@ def build_rank_dedup(routing: Routing, placement: Placement, rank: int, group: d
     if work is not None:
         work.wait()
     stats = recv[:, L + 1 :].sum(0) if with_stats else None
-    r_pair_counts = recv[:, 1 : L + 1]
     host = torch.cat([send[:, : L + 1], recv[:, : L + 1]], dim=1).cpu()  # the one host sync
     s_unique, s_pairs = host[:, 0].tolist(), host[:, 1 : L + 1].sum(1).tolist()
     r_unique, r_pairs = host[:, L + 1].tolist(), host[:, L + 2 :].sum(1).tolist()
@@ -222,7 +228,7 @@ def build_rank_dedup(routing: Routing, placement: Placement, rank: int, group: d
     return RankDedupPlan(
         num_tokens=T, top_k=K, node_of_peer=tuple(placement.node_of(r) for r in range(W)), rank=rank,
         s_tok=s_tok, s_by_token=s_by_token, s_unique=s_unique, s_pairs=s_pairs, s_pair_order=order, s_pair_row=s_pair_row,
-        r_unique=r_unique, r_pairs=r_pairs, r_pair_counts=r_pair_counts, tokens_per_expert=per_expert,
+        r_unique=r_unique, r_pairs=r_pairs, r_chunk_counts=host[:, L + 2 :].reshape(-1).tolist(), tokens_per_expert=per_expert,
         stats=stats,
     )
 
@@ -265,21 +271,40 @@ class _Received:
     by_row: tuple[Tensor, Tensor]  # slots grouped by received row (experts ascending): index, bag offsets
 
 
-def _meta_positions(layout: _Layout, counts: list[int], device) -> tuple[Tensor, Tensor]:
-    """Word index (in the flat int32 view of the buffer) of item i of each peer's metadata, and its peer."""
-    w = layout.words_per_row
-    c = torch.tensor(counts, dtype=torch.long)
-    start = (torch.tensor(layout.base) + torch.tensor(layout.data)) * w
-    peer = _segment_ids(c)
-    within = torch.arange(int(c.sum())) - _block_offsets(c)[peer]
-    return (start[peer] + within).to(device), peer.to(device)
+def _offsets(counts: list[int]) -> list[int]:
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += c
+    return out
+
+
+def _per_item(shift: list[int], counts: list[int], device, arange: bool = True) -> Tensor:
+    """Blocked items (block b holds counts[b]): shift[b] (+ the item's global index with ``arange``).
+
+    Per-block values are plain Python (at most W * L of them); one expansion per call, so the
+    per-call index math is a handful of tensor ops whatever the number of peers and experts.
+    """
+    n = sum(counts)
+    per = torch.repeat_interleave(torch.tensor(shift, dtype=torch.long),
+                                  torch.tensor(counts, dtype=torch.long), output_size=n).to(device)
+    return per + torch.arange(n, device=device) if arange else per
+
+
+def _meta_shift(layout: _Layout, counts: list[int], second: bool = False) -> list[int]:
+    """Per peer: word index of its first metadata item minus the item's global index.
+
+    A peer's metadata is ``counts[p]`` words, or with ``second`` a second run of ``counts[p]``
+    words right after the first, listed after all first runs (items P..2P-1 of one expansion).
+    """
+    w, total = layout.words_per_row, sum(counts)
+    return [(b + d) * w - o + ((c - total) if second else 0)
+            for b, d, o, c in zip(layout.base, layout.data, _offsets(counts), counts)]
 
 
 def _data_positions(layout: _Layout, device) -> Tensor:
     """Padded buffer row of each compact data row (peer-major)."""
-    d = torch.tensor(layout.data, dtype=torch.long)
-    shift = torch.tensor(layout.base) - _block_offsets(d)
-    return (torch.arange(int(d.sum())) + shift[_segment_ids(d)]).to(device)
+    return _per_item([b - o for b, o in zip(layout.base, _offsets(layout.data))], layout.data, device)
 
 
 class _Dispatch(torch.autograd.Function):
@@ -297,42 +322,40 @@ class _Dispatch(torch.autograd.Function):
         torch.index_select(x, 0, gather, out=sbuf)
         t.meter.copied(sbuf)
         words_view = sbuf.view(-1).view(META_DTYPE) if sbuf.numel() else sbuf.new_empty(0, dtype=META_DTYPE)
-        pos, peer = _meta_positions(send_l, plan.s_pairs, dev)
-        p_s = probs.detach().reshape(-1)[plan.s_pair_order].to(torch.float32)
         # per peer: P_d slot rows, then P_d probability words
-        pairs_of_peer = torch.tensor(plan.s_pairs, dtype=torch.long, device=dev)[peer]
-        words_view[pos] = plan.s_pair_row.to(META_DTYPE)
-        words_view[pos + pairs_of_peer] = p_s.view(META_DTYPE)
+        pos = _per_item(_meta_shift(send_l, plan.s_pairs) + _meta_shift(send_l, plan.s_pairs, second=True),
+                        plan.s_pairs + plan.s_pairs, dev)
+        p_s = probs.detach().reshape(-1)[plan.s_pair_order].to(torch.float32)
+        words_view[pos] = torch.cat([plan.s_pair_row.to(META_DTYPE), p_s.view(META_DTYPE)])
         rbuf = t.workspace.get("recv", 0, recv_l.rows, x)
         work = _all_to_all(rbuf, sbuf, recv_l.splits, send_l.splits, t, async_op=True)
         _count(t.meter, plan, plan.s_unique, H * x.element_size(),
                [(r - d) * H * x.element_size() for r, d in zip(send_l.splits, plan.s_unique)])
 
         # while the rows travel: everything the receiver derives from counts alone
-        rpos, rpeer = _meta_positions(recv_l, plan.r_pairs, dev)
-        r_pairs_of = torch.tensor(plan.r_pairs, dtype=torch.long, device=dev)[rpeer]
-        compact_base = _block_offsets(torch.tensor(plan.r_unique, dtype=torch.long)).to(dev)[rpeer]
-        padded_base = torch.tensor(recv_l.base, dtype=torch.long, device=dev)[rpeer]
-        # arrival order (source, expert, token) -> slots (expert, source, token)
-        sl = plan.r_pair_counts  # (W, L)
-        chunk_start = _block_offsets(sl.reshape(-1)).view(sl.shape)
-        slot_start = _block_offsets(sl.t().reshape(-1)).view(sl.shape[1], sl.shape[0]).t()
-        pair_slot = torch.arange(rpos.numel(), device=dev) + (slot_start - chunk_start).reshape(-1)[
-            _segment_ids(sl.reshape(-1))]
+        W, L = len(plan.r_unique), len(plan.tokens_per_expert)
+        P = sum(plan.r_pairs)
+        rpos = _per_item(_meta_shift(recv_l, plan.r_pairs) + _meta_shift(recv_l, plan.r_pairs, second=True),
+                         plan.r_pairs + plan.r_pairs, dev)
+        bases = _per_item(_offsets(plan.r_unique) + recv_l.base, plan.r_pairs + plan.r_pairs, dev, arange=False)
+        # arrival order (source, expert, token) -> slots (expert, source, token): one shift per chunk
+        chunks = plan.r_chunk_counts  # (source, expert) row-major
+        slot_start = _offsets([chunks[s_ * L + l] for l in range(L) for s_ in range(W)])
+        chunk_start = _offsets(chunks)
+        shift = [slot_start[l * W + s_] - chunk_start[s_ * L + l] for s_ in range(W) for l in range(L)]
+        pair_slot = _per_item(shift, chunks, dev)
         if work is not None:
             work.wait()
 
         # receiver: metadata -> slot of each received pair, its row and probability
         rwords = rbuf.view(-1).view(META_DTYPE) if rbuf.numel() else rbuf.new_empty(0, dtype=META_DTYPE)
-        row_in_block = rwords[rpos].long()
-        prob = rwords[rpos + r_pairs_of].view(torch.float32)
-        compact_row = compact_base + row_in_block
-        padded_row = padded_base + row_in_block
+        got = rwords[rpos]
+        row_in_block = got[:P].long()
+        prob = got[P:].view(torch.float32)
         N = plan.num_slots
-        slot_padded = torch.empty(N, dtype=torch.long, device=dev)
-        slot_padded[pair_slot] = padded_row
-        slot_row = torch.empty(N, dtype=torch.long, device=dev)
-        slot_row[pair_slot] = compact_row
+        slot_rows = torch.empty(2, N, dtype=torch.long, device=dev)  # compact row, padded row of each slot
+        slot_rows[:, pair_slot] = (bases + row_in_block.repeat(2)).view(2, P)
+        slot_row, slot_padded = slot_rows[0], slot_rows[1]
         slot_probs = torch.empty(N, dtype=probs.dtype, device=dev)
         slot_probs[pair_slot] = prob.to(probs.dtype)
         slots = rbuf.index_select(0, slot_padded)  # expand straight into expert-major slots
@@ -359,7 +382,7 @@ class _Dispatch(torch.autograd.Function):
         sbuf = _sum_bags(g_slots.contiguous(), rec.by_row[0], torch.cumsum(per_row, 0) - per_row)
         if want_p:
             gp = (g_probs if g_probs is not None else torch.zeros_like(rec.slot_probs))[rec.pair_slot]
-            pos, _ = _meta_positions(send_l, plan.r_pairs, dev)
+            pos = _per_item(_meta_shift(send_l, plan.r_pairs), plan.r_pairs, dev)
             sbuf.view(-1).view(META_DTYPE)[pos] = gp.to(torch.float32).view(META_DTYPE)
         rbuf = t.workspace.get("recv", 0, recv_l.rows, g_slots)
         _all_to_all(rbuf, sbuf, recv_l.splits, send_l.splits, t)
@@ -367,7 +390,7 @@ class _Dispatch(torch.autograd.Function):
         g_x = _sum_bags(rbuf, _data_positions(recv_l, dev)[index], offsets)
         g_p = None
         if want_p:
-            pos, _ = _meta_positions(recv_l, plan.s_pairs, dev)
+            pos = _per_item(_meta_shift(recv_l, plan.s_pairs), plan.s_pairs, dev)
             vals = rbuf.view(-1).view(META_DTYPE)[pos].view(torch.float32)
             g_p = torch.zeros(plan.num_tokens * plan.top_k, dtype=g_slots.dtype, device=dev)
             g_p[plan.s_pair_order] = vals.to(g_slots.dtype)

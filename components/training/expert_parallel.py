@@ -38,6 +38,7 @@ from components.policy.moe import enable_expert_parallel, expert_parameter_names
 from components.training.determinism import seed_everything
 
 RESULT_SUFFIX = ".result.json"
+NCCL_UNSUPPORTED_PLANS = ("one_level", "two_level")  # plan.py builds their descriptors on the CPU
 CONFIG_SUFFIX = ".config.json"
 STDERR_TAIL = 4000
 
@@ -87,8 +88,10 @@ class ExpertParallelTrainer:
     """
 
     def __init__(self, data: _Data, policy_cfg: PolicyConfig, train_cfg: TrainConfig, shuffle_cfg: ShuffleConfig,
-                 seed: int, group: dist.ProcessGroup | None = None) -> None:
-        self.group, self.data, self.shuffle_cfg = group, data, shuffle_cfg
+                 seed: int, group: dist.ProcessGroup | None = None, device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cpu")
+        self.group, self.shuffle_cfg = group, shuffle_cfg
+        self.data = _Data(data.states.to(self.device), data.actions.to(self.device), data.weights)
         self.world = 1 if group is None else dist.get_world_size(group)
         self.rank = 0 if group is None else dist.get_rank(group)
         self.batch = train_cfg.batch_size
@@ -98,7 +101,8 @@ class ExpertParallelTrainer:
         self.model = make_policy(data.states.shape[1], data.actions.shape[1], policy_cfg)
         self.model.obs_norm.fit(data.states)
         self.model.act_norm.fit(data.actions)
-        self.targets = self.model.act_norm.normalize(data.actions)
+        self.model.to(self.device)
+        self.targets = self.model.act_norm.normalize(self.data.actions)
         if group is not None:
             enable_expert_parallel(self.model, group, shuffle_cfg)
         experts = expert_parameter_names(self.model)
@@ -115,7 +119,7 @@ class ExpertParallelTrainer:
             idx = torch.randint(n, (self.batch,), generator=self.generator)
         else:
             idx = torch.multinomial(self.data.weights, self.batch, replacement=True, generator=self.generator)
-        idx = idx[self.local]
+        idx = idx[self.local].to(self.device)
         start = time.perf_counter()
         pred = self.model.forward_normalized(self.data.states[idx])
         mse = nn.functional.mse_loss(pred, self.targets[idx], reduction="sum") / (self.batch * pred.shape[1])
@@ -127,7 +131,8 @@ class ExpertParallelTrainer:
             _all_reduce_grads(self.dense, self.group)
             dist.all_reduce(total_loss, group=self.group)
         self.optimizer.step()
-        return float(total_loss), time.perf_counter() - start
+        loss_value = float(total_loss)  # a host sync: on CUDA the step time then covers the kernels
+        return loss_value, time.perf_counter() - start
 
     def shuffle_bytes_sent(self) -> int:
         return sum(layer.dispatcher.transport.meter.bytes_sent for layer in moe_layers(self.model) if layer.dispatcher)
@@ -142,12 +147,13 @@ def train_expert_parallel(
     seed: int,
     max_steps: int | None = None,
     group: dist.ProcessGroup | None = None,
+    device: torch.device | None = None,
 ) -> ExpertParallelResult:
-    """One rank's training loop (``group=None``: a single process, experts local)."""
+    """One rank's training loop (``group=None``: a single process, experts local; ``device``: CPU by default)."""
     world = 1 if group is None else dist.get_world_size(group)
     data = load_npz(data_path)
     torch.set_num_threads(max(1, train_cfg.threads) if world > 1 else (train_cfg.threads or torch.get_num_threads()))
-    trainer = ExpertParallelTrainer(data, policy_cfg, train_cfg, shuffle_cfg, seed, group)
+    trainer = ExpertParallelTrainer(data, policy_cfg, train_cfg, shuffle_cfg, seed, group, device)
     total = max(1, len(data.states) // train_cfg.batch_size) * train_cfg.epochs
     total = min(total, max_steps) if max_steps else total
     losses, times = [], []
@@ -155,7 +161,7 @@ def train_expert_parallel(
         loss, seconds = trainer.step()
         losses.append(loss)
         times.append(seconds)
-    state = full_expert_state(trainer.model, group)
+    state = {k: v.cpu() for k, v in full_expert_state(trainer.model, group).items()}
     if trainer.rank == 0:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(state, out_path)
@@ -189,7 +195,8 @@ def launch_expert_parallel(
     max_steps: int | None = None,
     timeout_s: float | None = None,
 ) -> ExpertParallelResult:
-    """Run ``torchrun --standalone --nproc-per-node=N`` on this module (gloo on CPU, NCCL with CUDA)."""
+    """Run ``torchrun --standalone --nproc-per-node=N`` on this module (gloo on CPU, NCCL with CUDA:
+    ``shuffle.backend: auto``; the NCCL path is written device-agnostic but untested here)."""
     nproc = nproc or train_cfg.world_size
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -239,14 +246,17 @@ def main(argv: list[str] | None = None) -> None:
     policy_cfg, train_cfg = PolicyConfig(**cfg["policy"]), TrainConfig(**cfg["train"])
     shuffle_cfg = ShuffleConfig(**cfg["shuffle"])
     backend = _backend(shuffle_cfg)
-    if backend == "nccl":
-        raise NotImplementedError(
-            "expert-parallel training on NCCL is not wired yet (the shuffle plans on CPU); set shuffle.backend: gloo"
-        )
+    device = None
+    if backend == "nccl":  # one GPU per rank; the shuffle's index tensors follow the tokens onto it
+        if shuffle_cfg.dispatcher == "dedup_permute" or shuffle_cfg.plan in NCCL_UNSUPPORTED_PLANS:
+            raise ValueError(f"shuffle.plan={shuffle_cfg.plan} / dispatcher={shuffle_cfg.dispatcher} build CPU index "
+                             "plans (gloo only); on NCCL use shuffle.plan: auto or rank_dedup (or dispatcher: megatron)")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
     dist.init_process_group(backend)
     try:
         result = train_expert_parallel(args.data, args.out, policy_cfg, train_cfg, shuffle_cfg, args.seed,
-                                       args.max_steps, dist.group.WORLD)
+                                       args.max_steps, dist.group.WORLD, device)
         if dist.get_rank() == 0:
             raw = asdict(result)
             raw["state_dict_path"] = str(result.state_dict_path)

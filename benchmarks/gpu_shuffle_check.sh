@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# NCCL check of the FUSCO shuffle (<= 5 min): exactness vs the dense reference + a small ABAB
+# timing (components/shuffle/device_check.py), one rank per visible GPU (at most 4).
+# Exits 0 with a message when no GPU is visible; 1 when a result is not bit-exact.
+#   bash benchmarks/gpu_shuffle_check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+[ -x "$PY" ] || PY=python
+gpus=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
+if [ "$gpus" = "0" ]; then
+  echo "gpu_shuffle_check: no CUDA GPU visible, nothing to check here (the NCCL path stays untested)"
+  exit 0
+fi
+nproc=$(( gpus < 4 ? gpus : 4 ))
+echo "gpu_shuffle_check: $gpus GPU(s) visible, running $nproc NCCL rank(s)"
+timeout 300 "$PY" -m torch.distributed.run --standalone --nproc-per-node="$nproc" \
+  -m components.shuffle.device_check --backend nccl

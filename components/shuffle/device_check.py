@@ -1,0 +1,131 @@
+"""Accelerator check of the shuffle under torchrun: exactness vs the dense reference, then a small timing.
+
+    torchrun --standalone --nproc-per-node=N -m components.shuffle.device_check [--backend nccl]
+
+Every rank builds the same global batch (dyadic values: every fp32 sum is exact in any order),
+takes its shard, runs dispatch -> per-expert matmul -> combine -> backward with the fused path
+(``ShuffleConfig()``: plan auto) and the Megatron baseline on ``cuda:LOCAL_RANK`` (CPU with
+gloo when no GPU), and compares outputs and input gradients with ``dense_reference`` bit for bit.
+Then it times ABAB pairs of (megatron, fused) dispatch + combine on a small shape (synchronized,
+slowest rank) and prints the median pair ratio. Exit status 1 on any mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from components.config import ShuffleConfig
+from components.shuffle.dispatchers import make_dispatcher
+from components.shuffle.routing import Placement, Routing, dense_reference, synthetic_routing
+
+CHECK_TOKENS, CHECK_HIDDEN, CHECK_EXPERTS_PER_RANK = 64, 32, 4
+TIME_TOKENS, TIME_HIDDEN, TIME_PAIRS = 4096, 1024, 10
+CASES = (("uniform", 1), ("uniform", 2), ("zipf", 4), ("node_confined", 4))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def check_exact(rank: int, world: int, device: torch.device) -> list[str]:
+    """Mismatches (empty = every case bit-exact) for fused and megatron on this rank's shard."""
+    E = CHECK_EXPERTS_PER_RANK * world
+    placement = Placement(E, world, world)
+    failures = []
+    for routing_kind, k in CASES:
+        g = torch.Generator().manual_seed(k)
+        T = CHECK_TOKENS * world
+        ids = synthetic_routing(routing_kind, T, k, placement, g)
+        x = torch.randint(-4, 5, (T, CHECK_HIDDEN), generator=g).float()
+        probs = torch.randint(1, 9, (T, k), generator=g).float() / 8
+        w = torch.randint(-2, 3, (E, CHECK_HIDDEN, CHECK_HIDDEN), generator=g).float() / 2
+        grad = torch.randint(-2, 3, (T, CHECK_HIDDEN), generator=g).float()
+        xr = x.clone().requires_grad_(True)
+        ref = dense_reference(xr, Routing(ids, probs), lambda e, rows: rows @ w[e], E)
+        (ref * grad).sum().backward()
+        shard = slice(rank * CHECK_TOKENS, (rank + 1) * CHECK_TOKENS)
+        local = slice(rank * placement.local_experts, (rank + 1) * placement.local_experts)
+        for name, cfg in (("fused", ShuffleConfig()), ("megatron", ShuffleConfig(dispatcher="megatron"))):
+            disp = make_dispatcher(placement, dist.group.WORLD, cfg)
+            xs = x[shard].to(device).requires_grad_(True)
+            d = disp.dispatch(xs, Routing(ids[shard].to(device), probs[shard].to(device)))
+            wl = w[local].to(device)
+            parts = [rows @ wl[l] for l, rows in enumerate(d.x.split(list(d.tokens_per_expert)))]
+            out = disp.combine(torch.cat(parts) if parts else d.x, d.handle)
+            (out * grad[shard].to(device)).sum().backward()
+            for what, got, want in (("out", out.detach(), ref.detach()[shard]), ("grad x", xs.grad, xr.grad[shard])):
+                if not torch.equal(got.cpu(), want):
+                    failures.append(f"rank {rank}: {name} {routing_kind} top-{k}: {what} differs")
+    return failures
+
+
+def time_pairs(rank: int, world: int, device: torch.device, k: int) -> float:
+    """Median over ABAB pairs of megatron time / fused time (dispatch + identity experts + combine)."""
+    placement = Placement(CHECK_EXPERTS_PER_RANK * world, world, world)
+    g = torch.Generator().manual_seed(100 + rank)
+    ids = synthetic_routing("uniform", TIME_TOKENS, k, placement, g).to(device)
+    routing = Routing(ids, torch.softmax(torch.randn(TIME_TOKENS, k, generator=g), 1).to(device))
+    x = torch.randn(TIME_TOKENS, TIME_HIDDEN, generator=g).to(device)
+    disp = {n: make_dispatcher(placement, dist.group.WORLD, cfg)
+            for n, cfg in (("megatron", ShuffleConfig(dispatcher="megatron")), ("fused", ShuffleConfig()))}
+
+    def timed(name: str) -> float:
+        _sync(device)
+        dist.barrier()
+        start = time.perf_counter()
+        with torch.no_grad():
+            d = disp[name].dispatch(x, routing)
+            disp[name].combine(d.x, d.handle)
+        _sync(device)
+        el = torch.tensor([time.perf_counter() - start], device=device)
+        dist.all_reduce(el, op=dist.ReduceOp.MAX)
+        return float(el)
+
+    for name in disp:  # warm-up
+        timed(name)
+    ratios = []
+    for i in range(TIME_PAIRS):
+        order = ("megatron", "fused") if i % 2 == 0 else ("fused", "megatron")
+        t = {n: timed(n) for n in order}
+        ratios.append(t["megatron"] / t["fused"])
+    return statistics.median(ratios)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default="auto", choices=("auto", "nccl", "gloo"))
+    args = parser.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    backend = ("nccl" if cuda else "gloo") if args.backend == "auto" else args.backend
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        failures = check_exact(rank, world, device)
+        flags = torch.tensor([len(failures)], device=device)
+        dist.all_reduce(flags)
+        for f in failures:
+            print(f, flush=True)
+        ratios = {k: time_pairs(rank, world, device, k) for k in (1, 8)}
+        if rank == 0:
+            print(f"device_check: backend={backend} world={world} device={device.type}: exactness "
+                  f"{'OK' if int(flags) == 0 else f'FAILED ({int(flags)} mismatches)'}; megatron/fused median "
+                  f"pair ratio at {TIME_TOKENS} tokens x {TIME_HIDDEN} hidden: "
+                  + ", ".join(f"top-{k} x{r:.2f}" for k, r in ratios.items()), flush=True)
+        return 0 if int(flags) == 0 else 1
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
