@@ -43,7 +43,7 @@ from typing import Any
 from components.config import PolicyConfig, load_settings
 from components.scheduler.gantt import plot_timelines
 from components.scheduler.plan import Plan, WorkerSpec
-from components.scheduler.profiler import GpuTelemetry, OpTimer
+from components.scheduler.profiler import GpuTelemetry, OpTimer, autogroup_scheduling
 from components.scheduler.sm_model import LABEL as SM_LABEL
 from components.scheduler.sm_model import study
 from components.training.workloads.ppo import PPOSpec, ppo_runtime
@@ -147,7 +147,9 @@ def main() -> None:
     log(planned.table())
     planning_prediction = planned.best.predicted_s
     planner_plan = planned.best.plan
-    log(f"planner done in {time.time() - t:.1f} s (kappa = {rt.profile().thread_slowdown:.2f}); Rose + quotas ...")
+    planning_profile = rt.profile()
+    log(f"planner done in {time.time() - t:.1f} s (kappa = {planning_profile.thread_slowdown:.2f}, "
+        f"effective cores {planning_profile.capacity:.2f}); Rose + quotas ...")
     t = time.time()
     if args.device == "cuda" or args.streams:
         planner_plan = planner_plan.with_(cuda_streams=True)
@@ -171,12 +173,12 @@ def main() -> None:
     predicted = {p.name: rt.predict(p) for p in plans if p not in (seq_default, seq_default_free, seq_t2)
                  and not p.gpu_percent}  # an MPS client's SM share is not in the CPU model
     log("predicted ms: " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in predicted.items())
-        + f" (kappa {prof.thread_slowdown:.2f})")
+        + f" (kappa {prof.thread_slowdown:.2f}, effective cores {prof.capacity:.2f})")
 
     # ---- side by side
     log("side-by-side measurement (interleaved rounds):")
     load_measure_start = load()
-    slow_rows = {p.name: 2 for p in slow if p is not None}
+    slow_rows = {p.name: 1 for p in slow if p is not None}  # one round: 2 threads/op oversubscribe here
     meas = interleaved(rt, plans, iterations, rounds, slow_rows)
     load_measure_end = load()
     med = {p.name: meas[p.name]["median_s"] for p in plans}
@@ -262,6 +264,8 @@ def main() -> None:
                      "op_threads": rt.op_threads, "infer_chunk": spec.infer_chunk,
                      "share_of_sequential_iteration": shares},
         "prediction": {"kappa_thread_slowdown": prof.thread_slowdown, "dispatch_ms_per_op": prof.dispatch_s * 1e3,
+                       "effective_cores": prof.capacity, "effective_cores_at_planning": planning_profile.capacity,
+                       "kappa_at_planning": planning_profile.thread_slowdown,
                        "predicted_ms": {k: v * 1e3 for k, v in predicted.items()},
                        "error": errors,
                        "planner_prediction_error": errors[planner_plan.name],
@@ -282,7 +286,7 @@ def main() -> None:
                      "runs": [{"name": r.name, "iteration_ms": r.iteration_s * 1e3, "env_steps_per_s": r.env_steps_per_s,
                                "sm_activity": r.sm_activity} for r in sm.runs],
                      "notes": sm.notes, "sensitivity": sm.sweep} if sm else "skipped (--tiny)",
-        "load": {"start": load_start, "measurement_start": load_measure_start, "measurement_end": load_measure_end,
+        "load": {"sched_autogroup_enabled": autogroup_scheduling(), "start": load_start, "measurement_start": load_measure_start, "measurement_end": load_measure_end,
                  "end": load_end,
                  "process_cpu_cores_during_measurement": (
                      (load_measure_end["process_cpu_s"] + load_measure_end["children_cpu_s"]

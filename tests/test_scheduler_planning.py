@@ -257,3 +257,42 @@ def test_sm_model_is_labelled_and_rose_helps_on_it():
     assert by["planner+rose"].env_steps_per_s >= by["coarse-pipeline(m=2)"].env_steps_per_s
     assert by["planner+rose"].sm_activity > by["sequential"].sm_activity
     assert all(0.0 <= r.sm_activity <= 1.0 for r in st.runs)
+
+
+def test_thread_slowdown_is_fitted_from_overlapping_spans():
+    from components.scheduler.planner import thread_slowdown
+
+    alone = {"a": 0.010, "b": 0.010}
+    # worker x runs a alone (10 ms), then b overlapped by worker y's a: both stretched by kappa = 1.8
+    spans = [Span("a", "a", "c", "x", 1, 0.000, 0.010, 1), Span("b", "b", "c", "x", 1, 0.010, 0.028, 1),
+             Span("a", "a", "d", "y", 1, 0.010, 0.028, 1)]
+    assert thread_slowdown(spans, alone) == pytest.approx(1.8)
+    assert thread_slowdown(spans[:1], alone) == 1.0  # nothing overlapped: no evidence, no slowdown
+
+
+def test_replay_charges_thread_contention_and_the_capacity_it_is_given():
+    from components.scheduler.executor import plan_workflow
+    from components.scheduler.graph import build_graph
+    from components.scheduler.simulate import simulate
+
+    wf = synthetic_workflow(SPEC, groups=1)
+    durations = {"retrieve": 0.0, "sync": 0.0, "reset": 0.0, "infer": 0.0, "env_step": 0.0, "advantage": 0.0,
+                 "learn": 0.010, "eval": 0.010}
+    threads = Plan("side-thread", (WorkerSpec("main", ("sim", "policy", "learner", "retriever")),
+                                   WorkerSpec("side", ("evaluator",))), default_threads=1)
+    process = threads.with_(name="side-process", workers=(threads.workers[0], WorkerSpec("side", ("evaluator",), kind="process")))
+    g = build_graph(plan_workflow(wf, threads), range(3), {})
+
+    def run(plan: Plan, capacity: float, kappa: float) -> float:
+        return simulate(g, plan, lambda i, t: durations[i.name], lambda i, t: 1.0, capacity, thread_slowdown=kappa).iteration
+
+    assert run(process, 2.0, 2.0) == pytest.approx(0.010)  # learn and eval overlap on two cores
+    assert run(threads, 2.0, 2.0) == pytest.approx(0.020)  # kappa = 2: threads give no overlap
+    assert run(process, 1.0, 1.0) == pytest.approx(0.020)  # one effective core: no overlap either
+
+
+def test_effective_cores_is_between_one_and_the_core_count():
+    from components.scheduler.profiler import effective_cores
+
+    assert 1.0 <= effective_cores(2, seconds=0.05) <= 2.0
+    assert effective_cores(1) == 1.0

@@ -57,6 +57,7 @@ class Profile:
     switch_s: float = 0.0
     dispatch_s: float = 0.0  # executor overhead per op (iteration time not covered by op spans)
     thread_slowdown: float = 1.0  # κ: slowdown of ops overlapping on thread workers (shared interpreter lock)
+    capacity: float = 0.0  # cores this process could get when profiled (profiler.effective_cores); 0 = all
     forms: tuple[str, ...] = ("power", "exponential", "log", "quadratic")
     curves: dict[tuple[str, int], CostCurve] = field(default_factory=dict, repr=False)  # fitted, memoized
 

@@ -108,6 +108,53 @@ def _machine_busy_s() -> float:
         return 0.0
 
 
+CAPACITY_PROBE_SIZE = 256  # square matmul: long enough (~0.5 ms) to run outside the interpreter lock
+
+
+def effective_cores(devices: int, seconds: float = 0.2) -> float:
+    """Cores this process can get right now, measured: the same lock-free kernel on one thread,
+    then on ``devices`` threads at once; capacity = summed rate together / rate alone.
+
+    On a machine shared with other jobs it is below ``devices``: Linux CFS gives each session
+    (autogroup) a fair share, so while another session keeps a core busy, a second worker of ours
+    only splits our share. Plans are predicted on this capacity, not on the core count.
+    """
+    import torch
+
+    a = torch.randn(CAPACITY_PROBE_SIZE, CAPACITY_PROBE_SIZE)
+
+    def work(deadline: float, out: list[float]) -> None:
+        torch.set_num_threads(1)  # per thread (OpenMP): the caller's setting is untouched
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() < deadline:
+            torch.mm(a, a)
+            n += 1
+        out.append(n / (time.perf_counter() - t0))
+
+    def run(k: int) -> float:
+        rates: list[float] = []
+        deadline = time.perf_counter() + seconds
+        threads = [threading.Thread(target=work, args=(deadline, rates)) for _ in range(k)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(rates)
+
+    alone = (run(1) + run(1)) / 2 if devices > 1 else 1.0
+    together = run(devices) if devices > 1 else 1.0
+    return min(max(together / max(alone, 1e-9), 1.0), float(devices))
+
+
+def autogroup_scheduling() -> bool:
+    """Whether Linux shares CPU fairly between sessions (``kernel.sched_autogroup_enabled``)."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
 class ActivitySampler:
     """Samples busy cores every ``interval_s`` on a daemon thread, until stopped."""
 

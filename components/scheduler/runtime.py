@@ -32,7 +32,7 @@ from components.scheduler.planner import (
     profile_workflow,
     thread_slowdown,
 )
-from components.scheduler.profiler import GpuTelemetry, Timeline
+from components.scheduler.profiler import GpuTelemetry, Timeline, effective_cores
 from components.scheduler.quotas import Branch, ForkJoin, QuotaResult, SlackQuotaManager
 from components.scheduler.rose import RoseOptimizer, RoseResult
 from components.scheduler.simulate import simulate
@@ -157,6 +157,7 @@ class SchedulerRuntime:
                                     self.cfg.pipeline_stages, [self.op_threads], self.inputs,
                                     iterations=self.cfg.profile_iterations)
             prof.thread_slowdown = self._probe_thread_slowdown(prof)
+            prof.capacity = effective_cores(self.devices)
             self._profile = prof
         return self._profile
 
@@ -188,8 +189,9 @@ class SchedulerRuntime:
     # ------------------------------------------------------------------ Rose + quotas
     def predict(self, plan: Plan, measured_from: Plan | None = None) -> float:
         """Replay ``plan`` from the profiled cost curves (each op at the thread quota the plan gives
-        it, plus the measured per-op dispatch overhead) on ``devices`` cores shared by processor
-        sharing, with κ slowing ops that overlap on thread workers. ``measured_from`` is accepted
+        it, plus the measured per-op dispatch overhead) on the cores this process could get when
+        profiled (``Profile.capacity`` ≤ ``devices``) shared by processor sharing, with κ slowing
+        ops that overlap on thread workers. ``measured_from`` is accepted
         for Rose's interface; the profile is the only basis, so every plan is predicted alike."""
         del measured_from
         wf = plan_workflow(self.workflow_at(plan.groups or 1), plan)
@@ -202,7 +204,8 @@ class SchedulerRuntime:
         def demand(inst: Any, threads: int) -> float:
             return float(min(threads, self.devices))
 
-        return simulate(graph, self._pin(plan), duration, demand, float(self.devices),
+        capacity = min(prof.capacity or float(self.devices), float(self.devices))
+        return simulate(graph, self._pin(plan), duration, demand, capacity,
                         thread_slowdown=prof.thread_slowdown).iteration
 
     def optimize(self, plan: Plan, quotas: bool = True) -> OptimizeResult:
