@@ -4,9 +4,12 @@
     y = experts(d.x, d.tokens_per_expert)    # any row-wise expert computation
     out = dispatcher.combine(y, d.handle)    # (T, H): sum_k probs[t,k] * y(t,k)
 
-fused           plan descriptors + the pipelined p2p engine; probabilities travel to the slots as
-                one scalar per pair and weight the expert outputs there, so the combine is one
-                add-mode shuffle that reduces on arrival (at the forwarder, then at the source).
+fused           plan auto / rank_dedup (``rank_dedup.py``): one coalesced all-to-all per direction,
+                each token once per expert rank, expanded into expert-major slots on arrival and
+                reduced there on the way back. plan one_level / two_level: plan descriptors + the
+                pipelined p2p engine; probabilities travel to the slots as one scalar per pair and
+                weight the expert outputs there, so the combine is one add-mode shuffle that
+                reduces on arrival (at the forwarder, then at the source).
 megatron        Megatron-LM's MoEAlltoAllTokenDispatcher: permute (index_select into expert-major
                 order) -> counts all_gather -> all_to_all_single -> sort chunks (source, expert)
                 -> (expert, source) ... unsort chunks -> all_to_all_single -> unpermute (weight by
