@@ -46,3 +46,20 @@ def test_fert_trains_from_the_champion_on_its_failures(tmp_path):
     assert not torch.equal(second.result.policy.core.state_dict()[next(iter(second.result.policy.core.state_dict()))],
                            champion_policy.core.state_dict()[next(iter(champion_policy.core.state_dict()))])
     assert second.lineage.lancedb_version == ws.store.version
+
+
+def test_ingest_fits_the_learned_window_encoder_when_configured(tmp_path):
+    from components.fert.encoder import ActionPredictiveEncoder
+
+    settings = small_settings(tmp_path, fert=FertConfig(encoder="learned", learned_dim=8, learned_epochs=2))
+    demos = collect_expert_demos(settings, tmp_path / "incoming")
+    ingest_files(settings, demos.files, snapshot=False)
+    store = Workspace(settings).store
+    encoder = store.load_encoder()
+    assert isinstance(encoder, ActionPredictiveEncoder) and encoder.dim == 8
+    assert store.count() > 0
+    # the stored encoder is the one later ingests reuse: a second ingest embeds with the same vectors
+    ep = next(iter(Workspace(settings).dataset.episodes()))
+    window = store.segment_rows([ep], encoder, "check").column("vector")[0].as_py()
+    again = store.segment_rows([ep], store.load_encoder(), "check").column("vector")[0].as_py()
+    assert window == again and len(window) == 8

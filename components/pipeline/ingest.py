@@ -19,6 +19,7 @@ from components.episodes.dataset import IncomingEpisode, IngestReport, read_inco
 from components.episodes.quarantine import QuarantinedFile
 from components.episodes.record import Episode
 from components.episodes.snapshot import Snapshot, read_snapshot, snapshot_dataset
+from components.fert.encoder import ActionPredictiveEncoder
 from components.pipeline.workspace import Workspace
 from components.store.encoder import NormalizedStateEncoder, WindowEncoder
 from components.store.segment_store import UpsertReport
@@ -74,10 +75,28 @@ def store_encoder(settings: Settings) -> WindowEncoder:
     if encoder is not None:
         return encoder
     cfg = settings.store
-    windows = [cut_windows(ep.states, cfg.window, cfg.stride).windows for ep in ws.dataset.episodes()]
-    if not windows:
+    episodes = list(ws.dataset.episodes())
+    if not episodes:
         raise RuntimeError(f"cannot fit the window encoder: {settings.paths.episodes} holds no episodes yet")
+    if settings.fert.encoder == "learned":
+        return _fit_learned_encoder(settings, episodes, ws.obs_dim)
+    windows = [cut_windows(ep.states, cfg.window, cfg.stride).windows for ep in episodes]
     return NormalizedStateEncoder(window=cfg.window, state_dim=ws.obs_dim).fit(np.concatenate(windows))
+
+
+def _fit_learned_encoder(settings: Settings, episodes: list[Episode], obs_dim: int) -> WindowEncoder:
+    """``fert.encoder: learned``: trained on the fleet's own successful windows to predict their actions."""
+    cfg, fert = settings.store, settings.fert
+    successes = [ep for ep in episodes if ep.success]
+    if not successes:
+        raise RuntimeError(
+            f"fert.encoder=learned needs successful episodes to learn from, and {settings.paths.episodes} has none; "
+            "ingest expert demos first or use fert.encoder=normalized_state"
+        )
+    windows = np.concatenate([cut_windows(ep.states, cfg.window, cfg.stride).windows for ep in successes])
+    actions = np.concatenate([cut_windows(ep.actions, cfg.window, cfg.stride).windows for ep in successes])
+    encoder = ActionPredictiveEncoder(cfg.window, obs_dim, fert.learned_dim, fert.learned_epochs, settings.seed)
+    return encoder.fit_supervised(windows, actions)
 
 
 def episodes_to_embed(settings: Settings) -> list[Episode]:

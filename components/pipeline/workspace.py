@@ -41,7 +41,10 @@ class Workspace:
 
     @property
     def embedding_dim(self) -> int:
-        """The default encoder's dim: a flattened window of normalized states."""
+        """The configured encoder's dim: the learned code (``fert.encoder: learned``) or, by
+        default, a flattened window of normalized states."""
+        if self.settings.fert.encoder == "learned":
+            return self.settings.fert.learned_dim
         return self.settings.store.window * self.obs_dim
 
     @cached_property
