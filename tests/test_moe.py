@@ -91,13 +91,42 @@ def _dataset(path: Path) -> Path:
     return path
 
 
+def _init_state(path: Path) -> Path:
+    """A starting model whose normalizers differ from what the training data would give."""
+    torch.manual_seed(3)
+    policy = make_policy(10, 4, POLICY)
+    policy.obs_norm.fit(torch.randn(64, 10) * 3 + 1)
+    policy.act_norm.fit(torch.randn(64, 4) * 2)
+    torch.save(policy.state_dict(), path)
+    return path
+
+
+def test_expert_parallel_fine_tunes_the_given_state(tmp_path: Path) -> None:
+    data = _dataset(tmp_path / "data.npz")
+    init_path = _init_state(tmp_path / "init.pt")
+    init = torch.load(init_path)
+    train = TrainConfig(batch_size=64, epochs=1, lr=1e-3)
+    tuned = torch.load(train_expert_parallel(data, tmp_path / "tuned.pt", POLICY, train, ShuffleConfig(), seed=7,
+                                             max_steps=1, init_path=init_path).state_dict_path)
+    fresh = torch.load(train_expert_parallel(data, tmp_path / "fresh.pt", POLICY, train, ShuffleConfig(), seed=7,
+                                             max_steps=1).state_dict_path)
+    norms = [k for k in init if "_norm." in k and not k.startswith("core")]
+    assert norms and all(torch.equal(tuned[k], init[k]) for k in norms)  # kept, not refitted on the data
+    assert any(not torch.equal(fresh[k], init[k]) for k in norms)
+    # one AdamW step moves each weight by about lr: the result is the given model, nudged
+    drift = max(float((tuned[k] - init[k]).abs().max()) for k in init if init[k].is_floating_point())
+    assert 0 < drift <= 3 * train.lr
+
+
 def test_two_rank_training_matches_one_rank(tmp_path: Path) -> None:
     data = _dataset(tmp_path / "data.npz")
     train = TrainConfig(batch_size=64, epochs=1, lr=3e-3)
     steps = 6
-    one = train_expert_parallel(data, tmp_path / "one.pt", POLICY, train, ShuffleConfig(), seed=7, max_steps=steps)
+    init = _init_state(tmp_path / "init.pt")  # both fine-tune the same starting model (the champion's role)
+    one = train_expert_parallel(data, tmp_path / "one.pt", POLICY, train, ShuffleConfig(), seed=7, max_steps=steps,
+                                init_path=init)
     two = launch_expert_parallel(data, tmp_path / "two.pt", POLICY, train, ShuffleConfig(), seed=7, nproc=2,
-                                 max_steps=steps, timeout_s=240)
+                                 max_steps=steps, timeout_s=240, init_path=init)
     assert two.world_size == 2 and len(two.losses) == steps and len(two.step_times_s) == steps
     assert two.shuffle_bytes_sent > 0
     np.testing.assert_allclose(two.losses, one.losses, rtol=1e-5)

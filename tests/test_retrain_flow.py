@@ -66,3 +66,30 @@ def test_train_flow_launches_expert_parallel_for_world_size_2(tmp_path, prefect_
     assert all(loss == loss for loss in outcome.result.losses)  # finite, no NaN
     report = evaluate_policy(settings, outcome.result.policy, "moe")
     assert report.overall.trials == settings.fleet.num_heldout_robots * settings.evaluation.trials_for(settings.fleet.num_heldout_robots)
+
+
+def test_expert_parallel_starts_from_a_champion_of_the_same_architecture(tmp_path):
+    """The champion seeds expert-parallel fine-tuning; an MLP champion cannot seed an MoE policy."""
+    import torch
+
+    from components.config import PolicyConfig, TrainConfig
+    from components.pipeline import steps
+    from components.pipeline.collect import collect_expert_demos
+    from components.pipeline.distributed import champion_init_state
+    from components.pipeline.evaluate import evaluate_policy
+    from components.pipeline.ingest import ingest_files
+    from components.pipeline.promote import gate_candidate, register_candidate
+
+    moe = PolicyConfig(kind="moe_transformer", d_model=16, heads=2, hidden=16, layers=1, num_experts=4, top_k=2, context=4)
+    settings = small_settings(tmp_path, policy=moe, train=TrainConfig(method="filtered_bc", epochs=1, batch_size=32))
+    assert champion_init_state(Workspace(settings), settings) is None  # no champion yet: from scratch
+    demos = collect_expert_demos(settings, tmp_path / "incoming")
+    ingest_files(settings, demos.files, snapshot=False)
+    outcome = steps.train_policy(settings)
+    report = evaluate_policy(settings, outcome.result.policy, "candidate")
+    gate_candidate(settings, register_candidate(settings, outcome, report, "bootstrap"), None)
+    state = champion_init_state(Workspace(settings), settings)
+    expected = outcome.result.policy.state_dict()
+    assert state is not None and all(torch.equal(state[k], expected[k]) for k in expected)
+    mlp_settings = settings.model_copy(update={"policy": PolicyConfig()})
+    assert champion_init_state(Workspace(mlp_settings), mlp_settings) is None  # other architecture: from scratch

@@ -2,11 +2,14 @@
 ``torchrun`` processes (gloo on CPU, NCCL with CUDA) through the MoE token shuffle.
 
 The result is the same value object the single-process path returns, so evaluation, lineage and
-promotion do not care which path trained the model.
+promotion do not care which path trained the model. Like the single-process path it fine-tunes
+the champion when there is one of the same architecture (an MLP champion cannot seed an MoE
+policy: then it trains from scratch and says so in the log).
 """
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 
@@ -19,6 +22,21 @@ from components.pipeline.workspace import Workspace
 from components.policy.factory import make_policy
 from components.training.expert_parallel import launch_expert_parallel
 from components.training.imitation import TrainResult
+
+log = logging.getLogger(__name__)
+
+
+def champion_init_state(ws: Workspace, settings: Settings) -> dict[str, torch.Tensor] | None:
+    """The champion's full state_dict when it has this policy's architecture, else None."""
+    if ws.registry.champion() is None:
+        return None
+    state = ws.registry.load("champion").state_dict()
+    expected = make_policy(ws.obs_dim, ws.act_dim, settings.policy).state_dict()
+    if state.keys() != expected.keys() or any(state[k].shape != expected[k].shape for k in expected):
+        log.warning("the champion's architecture differs from policy.%s: expert-parallel training starts from scratch",
+                    settings.policy.kind)
+        return None
+    return state
 
 
 def train_expert_parallel(settings: Settings) -> TrainOutcome:
@@ -36,9 +54,14 @@ def train_expert_parallel(settings: Settings) -> TrainOutcome:
         if data.weights is not None:
             arrays["weights"] = data.weights.astype(np.float64)
         np.savez(data_path, **arrays)
+        init_path = None
+        init_state = champion_init_state(ws, settings)
+        if init_state is not None:
+            init_path = Path(tmp) / "champion.pt"
+            torch.save(init_state, init_path)
         run = launch_expert_parallel(
             data_path, Path(tmp) / "policy.pt", settings.policy, settings.train, settings.shuffle, seed=settings.seed,
-            nproc=settings.train.world_size,
+            nproc=settings.train.world_size, init_path=init_path,
         )
         policy = make_policy(ws.obs_dim, ws.act_dim, settings.policy)
         policy.load_state_dict(torch.load(run.state_dict_path, weights_only=True))

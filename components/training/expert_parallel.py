@@ -88,7 +88,8 @@ class ExpertParallelTrainer:
     """
 
     def __init__(self, data: _Data, policy_cfg: PolicyConfig, train_cfg: TrainConfig, shuffle_cfg: ShuffleConfig,
-                 seed: int, group: dist.ProcessGroup | None = None, device: torch.device | None = None) -> None:
+                 seed: int, group: dist.ProcessGroup | None = None, device: torch.device | None = None,
+                 init_state: dict[str, torch.Tensor] | None = None) -> None:
         self.device = device or torch.device("cpu")
         self.group, self.shuffle_cfg = group, shuffle_cfg
         self.data = _Data(data.states.to(self.device), data.actions.to(self.device), data.weights)
@@ -99,8 +100,11 @@ class ExpertParallelTrainer:
             raise ValueError(f"train.batch_size={self.batch} must be a multiple of the {self.world} ranks")
         self.generator = seed_everything(seed)
         self.model = make_policy(data.states.shape[1], data.actions.shape[1], policy_cfg)
-        self.model.obs_norm.fit(data.states)
-        self.model.act_norm.fit(data.actions)
+        if init_state is None:
+            self.model.obs_norm.fit(data.states)
+            self.model.act_norm.fit(data.actions)
+        else:  # fine-tune (the champion): its full state, normalizers included, before experts are sharded
+            self.model.load_state_dict(init_state)
         self.model.to(self.device)
         self.targets = self.model.act_norm.normalize(self.data.actions)
         if group is not None:
@@ -148,12 +152,15 @@ def train_expert_parallel(
     max_steps: int | None = None,
     group: dist.ProcessGroup | None = None,
     device: torch.device | None = None,
+    init_path: Path | None = None,
 ) -> ExpertParallelResult:
-    """One rank's training loop (``group=None``: a single process, experts local; ``device``: CPU by default)."""
+    """One rank's training loop (``group=None``: a single process, experts local; ``device``: CPU by default;
+    ``init_path``: a full state_dict to fine-tune, e.g. the champion's)."""
     world = 1 if group is None else dist.get_world_size(group)
     data = load_npz(data_path)
     torch.set_num_threads(max(1, train_cfg.threads) if world > 1 else (train_cfg.threads or torch.get_num_threads()))
-    trainer = ExpertParallelTrainer(data, policy_cfg, train_cfg, shuffle_cfg, seed, group, device)
+    init_state = None if init_path is None else torch.load(init_path, weights_only=True)
+    trainer = ExpertParallelTrainer(data, policy_cfg, train_cfg, shuffle_cfg, seed, group, device, init_state)
     total = max(1, len(data.states) // train_cfg.batch_size) * train_cfg.epochs
     total = min(total, max_steps) if max_steps else total
     losses, times = [], []
@@ -194,6 +201,7 @@ def launch_expert_parallel(
     nproc: int | None = None,
     max_steps: int | None = None,
     timeout_s: float | None = None,
+    init_path: Path | None = None,
 ) -> ExpertParallelResult:
     """Run ``torchrun --standalone --nproc-per-node=N`` on this module (gloo on CPU, NCCL with CUDA:
     ``shuffle.backend: auto``; the NCCL path is written device-agnostic but untested here)."""
@@ -213,6 +221,8 @@ def launch_expert_parallel(
            "--config", str(config_path), "--seed", str(seed)]
     if max_steps:
         cmd += ["--max-steps", str(max_steps)]
+    if init_path is not None:
+        cmd += ["--init", str(init_path)]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -241,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, required=True, help="JSON with policy, train, shuffle sections")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--init", type=Path, default=None, help="full state_dict to fine-tune (the champion's)")
     args = parser.parse_args(argv)
     cfg = json.loads(args.config.read_text())
     policy_cfg, train_cfg = PolicyConfig(**cfg["policy"]), TrainConfig(**cfg["train"])
@@ -256,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
     dist.init_process_group(backend)
     try:
         result = train_expert_parallel(args.data, args.out, policy_cfg, train_cfg, shuffle_cfg, args.seed,
-                                       args.max_steps, dist.group.WORLD, device)
+                                       args.max_steps, dist.group.WORLD, device, args.init)
         if dist.get_rank() == 0:
             raw = asdict(result)
             raw["state_dict_path"] = str(result.state_dict_path)
