@@ -7,14 +7,16 @@ Per configuration, in one process group and on the same routing: warm-up, then A
 (megatron, fused) calls -- forward dispatch + identity experts + combine, each call timed as the
 slowest rank (all-reduce MAX); the pair order alternates. We quote the median of the per-pair
 ratios megatron / fused (and their min..max) and the median times. The number of pairs adapts to
-the call time (``PAIR_BUDGET_S``, between ``MIN_PAIRS`` and ``MAX_PAIRS``), identically on every
-rank. "fused" is the production path: ``ShuffleConfig()`` defaults, plan auto (which picks
-rank_dedup on one host). Bytes are the row payload this rank sends to other ranks (dispatch +
+the call time (``PAIR_BUDGET_S``, between ``MIN_PAIRS`` and ``MAX_PAIRS``; fast top-1 configurations,
+whose median ratio carries the 0.95x target, get ``TOP1_PAIR_BUDGET_S`` up to ``TOP1_MAX_PAIRS``),
+identically on every rank. "fused" is the production path: ``ShuffleConfig()`` defaults, plan auto
+(permute at top-1, rank_dedup otherwise on one host). Bytes are the row payload this rank sends to other ranks (dispatch +
 combine), averaged over ranks, total and inter-node; the fused path's per-pair metadata is
 counted separately (``side_mib``); "passes" = bytes written by local copies / bytes of the
 T*K*H pair rows. Two-level inter-node bytes come from its plan (not timed). On small configs
 (<= ``STUDY_MAX`` pair elements, 4 ranks) the study variants -- fused_one_level (the pair-level engine, no
-dedup: the copies-only win), fused_two_level and dedup_permute -- are timed too (unpaired, 3
+dedup: the copies-only win), fused_rank_dedup (auto's top-k > 1 path, also at top-1), fused_two_level
+and dedup_permute -- are timed too (unpaired, 3
 calls). The end-to-end part trains the MoE policy on 4 ranks with megatron, fused and fused
 two-level models in one process group, stepping them in rotation. Load averages (start, end)
 are recorded. Writes benchmarks/results/shuffle.{json,png}.
@@ -50,6 +52,7 @@ BASELINE, FUSED = "megatron", "fused"
 PAIRED = {BASELINE: ShuffleConfig(dispatcher="megatron"), FUSED: ShuffleConfig()}
 STUDY = {
     "fused_one_level": ShuffleConfig(plan="one_level"),
+    "fused_rank_dedup": ShuffleConfig(plan="rank_dedup"),
     "fused_two_level": ShuffleConfig(plan="two_level"),
     "dedup_permute": ShuffleConfig(dispatcher="dedup_permute"),
 }
@@ -59,6 +62,8 @@ STUDY_CALLS = 3
 BIG = 8 * 2**20  # from here the warm-up is one fused call only (Megatron allocates fresh buffers anyway)
 PAIR_BUDGET_S = 2.5  # seconds of timed pairs per configuration
 MIN_PAIRS, MAX_PAIRS = 2, 25  # the fast (noisiest) configurations get the most pairs
+TOP1_FAST_S = 0.030  # top-1 configurations with calls under this get the larger budget below
+TOP1_PAIR_BUDGET_S, TOP1_MAX_PAIRS = 4.0, 60  # their median ratio carries the >= 0.95x target
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,10 @@ def _worker(rank: int, world: int, configs: list[Config]) -> list[dict]:
                 times[n].append(t[n])
             ratios.append(t[BASELINE] / t[FUSED])
             if n_pairs is None:  # same on every rank: the times are all-reduced maxima
-                n_pairs = int(min(MAX_PAIRS, max(MIN_PAIRS, PAIR_BUDGET_S // max(t[BASELINE] + t[FUSED], 1e-6))))
+                pair_s = max(t[BASELINE] + t[FUSED], 1e-6)
+                budget, most = ((TOP1_PAIR_BUDGET_S, TOP1_MAX_PAIRS) if c.top_k == 1 and pair_s < 2 * TOP1_FAST_S
+                                else (PAIR_BUDGET_S, MAX_PAIRS))
+                n_pairs = int(min(most, max(MIN_PAIRS, budget // pair_s)))
             i += 1
         row = {"config": asdict(c), "world": world, "pairs": len(ratios), "warmup": warm,
                "plan": disp[FUSED].last_plan.kind, "stats": st,

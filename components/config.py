@@ -115,8 +115,9 @@ class ShuffleConfig(Section):
     """FUSCO MoE token shuffle for expert-parallel training (components/shuffle)."""
 
     dispatcher: Literal["fused", "megatron", "dedup_permute"] = "fused"
-    # auto: rank_dedup unless the cost model below says two-level moves fewer weighted bytes
-    plan: Literal["auto", "rank_dedup", "one_level", "two_level"] = "auto"
+    # auto: permute at top-1 (Megatron's sequence with reused staging: nothing to dedup), else
+    # rank_dedup unless the cost model below says two-level moves fewer weighted bytes
+    plan: Literal["auto", "permute", "rank_dedup", "one_level", "two_level"] = "auto"
     grouping: Literal["static", "balanced"] = "balanced"  # two-level forwarder groups
     chunks: int = 1  # pipeline rounds (token blocks) per call; 1 = one round, no overlap
     dedup_threshold: float = 1.5  # auto considers two-level only at >= this many pairs per node crossing

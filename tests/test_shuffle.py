@@ -53,6 +53,8 @@ VARIANTS = (
     Variant("fused_two_level_segmented", ShuffleConfig(plan="two_level", chunks=3, min_segment_kib=0), False),
     Variant("fused_two_level_balanced", ShuffleConfig(plan="two_level", grouping="balanced"), False),
     Variant("fused_rank_dedup", ShuffleConfig(plan="rank_dedup"), False),  # fused multiply-add reductions
+    Variant("fused_permute", ShuffleConfig(plan="permute"), True),  # Megatron's sequence, reused staging
+    Variant("fused_auto", ShuffleConfig(), False),  # the production default: permute at top-1, else rank_dedup
     Variant("fused_auto_costly_links", ShuffleConfig(plan="auto", internode_cost=16.0, collective_cost_kib=0), False),
     Variant("megatron", ShuffleConfig(dispatcher="megatron"), True),
     Variant("dedup_permute", ShuffleConfig(dispatcher="dedup_permute"), False),
@@ -231,15 +233,34 @@ def test_rank_dedup_sends_each_token_once_per_rank(results: list[dict]) -> None:
 
 
 def test_auto_plan_choice(results: list[dict]) -> None:
-    """Default (one host): auto is rank_dedup everywhere; with costly inter-node links it picks
-    two-level where node dedup pays (node-confined top-4) and never for top-1; ranks agree."""
+    """Auto runs the plain permute path at top-1 (nothing to dedup) and never at top-k > 1; on one
+    host it is rank_dedup otherwise; with costly inter-node links it picks two-level where node
+    dedup pays (node-confined top-4) and never for top-1; ranks agree."""
+    assert any(c.top_k == 1 for c in CASES) and any(c.top_k > 1 for c in CASES)
     for case in CASES:
+        default = {res["plan_kinds"][(case.name, "fused_auto")] for res in results}
+        assert default == ({"permute"} if case.top_k == 1 else {"rank_dedup"}), case.name
         kinds = {res["plan_kinds"][(case.name, "fused_auto_costly_links")] for res in results}
         assert len(kinds) == 1, f"{case.name}: ranks disagree on the plan {kinds}"
-        if case.top_k == 1 or case.ranks_per_node == WORLD:
+        if case.top_k == 1:
+            assert kinds == {"permute"}, case.name
+        elif case.ranks_per_node == WORLD:
             assert kinds == {"rank_dedup"}, case.name
         if case.name == "node_confined_top4":
             assert kinds == {"two_level"}, case.name
+
+
+def test_permute_plan_moves_megatrons_rows(results: list[dict]) -> None:
+    """The permute plan sends Megatron's rows: one per off-rank pair out, one per pair received back."""
+    for case in CASES:
+        _, routing, _, _ = _inputs(case)
+        placement = Placement(case.experts, WORLD, case.ranks_per_node)
+        T = case.tokens
+        ranks_of = routing.expert_ids // placement.local_experts
+        for rank, res in enumerate(results):
+            out = int((ranks_of[rank * T : (rank + 1) * T] != rank).sum())
+            back = sum(int((ranks_of[s * T : (s + 1) * T] == rank).sum()) for s in range(WORLD) if s != rank)
+            assert res["bytes_sent"][(case.name, "fused_permute")] == (out + back) * case.hidden * 4, case.name
 
 
 def test_cost_model_needs_costly_links_and_dedup() -> None:

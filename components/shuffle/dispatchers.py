@@ -4,7 +4,9 @@
     y = experts(d.x, d.tokens_per_expert)    # any row-wise expert computation
     out = dispatcher.combine(y, d.handle)    # (T, H): sum_k probs[t,k] * y(t,k)
 
-fused           plan auto / rank_dedup (``rank_dedup.py``): one coalesced all-to-all per direction,
+fused           plan permute (``permute.py``, what auto runs at top-1): Megatron's op sequence with
+                reused staging buffers and less per-call overhead -- top-1 has nothing to dedup.
+                plan auto (top-k > 1) / rank_dedup (``rank_dedup.py``): one coalesced all-to-all per direction,
                 each token once per expert rank, expanded into expert-major slots on arrival and
                 reduced there on the way back. plan one_level / two_level: plan descriptors + the
                 pipelined p2p engine; probabilities travel to the slots as one scalar per pair and
@@ -28,7 +30,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from components.config import ShuffleConfig
-from components.shuffle import rank_dedup
+from components.shuffle import permute, rank_dedup
 from components.shuffle.engine import Transport, shuffle
 from components.shuffle.plan import ShufflePlan, build_plan, prefer_two_level
 from components.shuffle.routing import Placement, Routing
@@ -70,9 +72,11 @@ class _RankDedupHandle:
 class FusedDispatcher:
     """Plan descriptors + fused transfers (``collective=False``) -- the FUSCO path.
 
-    ``shuffle.plan``: rank_dedup (``rank_dedup.py``: one coalesced all-to-all per direction, each
-    token once per expert rank), one_level / two_level (``plan.py`` + the pipelined ``engine.py``),
-    or auto (rank_dedup unless ``prefer_two_level``'s cost model says two-level moves less).
+    ``shuffle.plan``: permute (``permute.py``: Megatron's sequence, reused staging), rank_dedup
+    (``rank_dedup.py``: one coalesced all-to-all per direction, each token once per expert rank),
+    one_level / two_level (``plan.py`` + the pipelined ``engine.py``), or auto: permute at top-1
+    (rank dedup factor 1: nothing to deduplicate, so the plain sequence is the cheapest), else
+    rank_dedup unless ``prefer_two_level``'s cost model says two-level moves less.
 
     With ``collective=True`` and a two-level plan it is the dedup_permute baseline: the same
     deduplicated rows, moved as permute -> all_to_all_single -> permute.
@@ -85,10 +89,16 @@ class FusedDispatcher:
         self.plan_kind = plan_kind or cfg.plan
         segment = cfg.min_segment_kib * 1024
         self.transport = Transport(group=group, collective=collective, min_segment_bytes=segment)
-        self.last_plan: ShufflePlan | rank_dedup.RankDedupPlan | None = None
+        self.last_plan: ShufflePlan | rank_dedup.RankDedupPlan | permute.PermutePlan | None = None
 
     def dispatch(self, x: Tensor, routing: Routing) -> Dispatched:
         kind = self.plan_kind
+        # top-1 is the same on every rank (one model), so auto decides without a collective
+        if (kind == "permute" or (kind == "auto" and routing.top_k == 1)) and not self.transport.collective:
+            routing.check(self.placement)
+            slots, handle = permute.dispatch(x, routing, self.placement, self.rank, self.transport)
+            self.last_plan = handle.plan
+            return Dispatched(slots, handle.plan.tokens_per_expert, handle)
         if kind in ("auto", "rank_dedup") and not self.transport.collective:
             routing.check(self.placement)
             # auto reads global routing stats only where two-level could pay (several nodes, costly links);
@@ -119,7 +129,9 @@ class FusedDispatcher:
                 (probs,) = shuffle((probs,), ((pair_stage,),), "copy", self.transport)
         return Dispatched(rows, plan.tokens_per_expert, _PlanHandle(plan, probs))
 
-    def combine(self, y: Tensor, handle: _PlanHandle | _RankDedupHandle) -> Tensor:
+    def combine(self, y: Tensor, handle: _PlanHandle | _RankDedupHandle | permute.PermuteHandle) -> Tensor:
+        if isinstance(handle, permute.PermuteHandle):
+            return permute.combine(y, handle, self.transport)
         if isinstance(handle, _RankDedupHandle):
             return rank_dedup.combine(y, handle.slot_probs, handle.inner, self.transport)
         weighted = y * handle.slot_probs
