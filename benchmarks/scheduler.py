@@ -68,12 +68,13 @@ def load() -> dict[str, float]:
 
 def interleaved(rt: Any, plans: list[Plan], iterations: int, rounds: int,
                 max_rounds: dict[str, int] | None = None) -> dict[str, dict[str, Any]]:
-    """Run every plan ``rounds`` times in turn (A B C A B C ...); iteration 0 of each run is warm-up.
+    """Run every plan ``rounds`` times in turn (A B C, B C A, ...); iteration 0 of each run is warm-up.
     ``max_rounds`` caps slow reference rows (they join the first rounds only)."""
     out: dict[str, dict[str, Any]] = {p.name: {"samples": [], "digests": set(), "process_cores": [],
                                                "machine_cores": []} for p in plans}
     for r in range(rounds):
-        for p in plans:
+        k = r % len(plans)  # rotate the order each round: a load drift within a round hits every plan alike
+        for p in plans[k:] + plans[:k]:
             if r >= (max_rounds or {}).get(p.name, rounds):
                 continue
             res = rt.run(p, iterations + 1)
