@@ -4,8 +4,9 @@ One spawn of 4 ranks runs every case and dispatcher variant; the parent compares
 outputs and gradients with ``dense_reference`` computed on the concatenated global batch.
 "Dyadic" cases use small integers and multiples of 1/8, where every fp32 sum is exact whatever
 its order, so any misplaced row shows up as an inequality: those compare with ``torch.equal``.
-The random-float case checks the one-level fused path and Megatron bit for bit in the forward
-(they reproduce the reference's row and addition order) and gradients to fp32 tolerance.
+The random-float case checks the one-level fused path, the permute plan (auto's top-1 path) and
+Megatron bit for bit in the forward (they reproduce the reference's row and addition order) and
+gradients to fp32 tolerance.
 """
 
 from __future__ import annotations
