@@ -336,7 +336,7 @@ def plot(rows: list[dict], e2e: list[dict], path: Path) -> None:
     ax.set_xticks(range(len(names)), names, rotation=15, fontsize=8)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_ylabel("speedup over Megatron (small configs)")
-    ax.set_title("fused (rank dedup) vs pair-level one-level, two-level, dedup_permute")
+    ax.set_title("fused (auto: permute at top-1, else rank dedup) vs the study variants", fontsize=9)
 
     ax = axes[2]
     s = summarize(rows)["bytes"]
