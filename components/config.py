@@ -172,9 +172,9 @@ class FertConfig(Section):
     mix_demos: float = Field(default=0.2, ge=0)
     mix_successes: float = Field(default=0.4, ge=0)
     mix_retrieved: float = Field(default=0.4, ge=0)
-    # loop removal: a success frame whose state the same episode visits again later (within this
-    # radius, in units of the success frames' per-dimension std) is not imitated; 0 = off
-    revisit_radius: float = Field(default=0.5, ge=0)
+    # loop removal: a success frame whose state the same episode is still near later (within this
+    # many median steps, states scaled by the success frames' std) is not imitated; 0 = off
+    revisit_radius: float = Field(default=0.75, ge=0)
 
 
 class EvaluationConfig(Section):
