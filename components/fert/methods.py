@@ -139,7 +139,7 @@ def build_training_set(
         matches=len(retrieved),
         dropped_matches=retrieved.dropped,
         matched_robots=len(set(retrieved.robot_ids.tolist())),
-        retrieved_frames=int((priority.retrieved & table.drawable).sum()),  # of the frames that can be drawn
+        retrieved_frames=priority.retrieved_frames,
         retrieved_mass=float(data.weights[priority.retrieved].sum()) if data.weights is not None else 0.0,
         shares=shares,
         sigma=priority.sigma,

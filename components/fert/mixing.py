@@ -56,15 +56,13 @@ def sampling_probabilities(table: FrameTable, priority: PriorityWeights, shares:
     if shares.demos > 0:
         p[demos] += shares.demos / demos.sum()
     if shares.retrieved > 0:
-        w = np.where(priority.retrieved & drawable, priority.weights, 0.0)
+        w = np.where(priority.retrieved, priority.weights, 0.0)
         p += shares.retrieved * w / w.sum()
     return p / p.sum()
 
 
 def mix_pools(table: FrameTable, priority: PriorityWeights, cfg: FertConfig) -> tuple[TrainingSet, PoolShares]:
     drawable = table.drawable
-    shares = pool_shares(
-        cfg, int((table.is_demo & drawable).sum()), int(drawable.sum()), int((priority.retrieved & drawable).sum())
-    )
+    shares = pool_shares(cfg, int((table.is_demo & drawable).sum()), int(drawable.sum()), priority.retrieved_frames)
     probabilities = sampling_probabilities(table, priority, shares)
     return TrainingSet(table.states, table.actions, probabilities), shares

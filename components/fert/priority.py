@@ -79,7 +79,7 @@ class FrameTable:
 @dataclass(frozen=True)
 class PriorityWeights:
     weights: np.ndarray  # (N,) w_f >= 1 for every frame of the table
-    retrieved: np.ndarray  # (N,) bool: frame lies in at least one kept match
+    retrieved: np.ndarray  # (N,) bool: frame lies in at least one kept match (and loop removal kept it)
     sigma: float
     alpha: float
     uniform: bool
@@ -126,7 +126,7 @@ def priority_weights(
     coverage = np.zeros(n + 1, dtype=np.int64)
     np.add.at(coverage, first, 1)
     np.add.at(coverage, last, -1)
-    hit = np.cumsum(coverage)[:n] > 0
+    hit = (np.cumsum(coverage)[:n] > 0) & table.drawable  # frames loop removal left out are never retrieved
     if uniform:
         weights = np.ones(n)
     else:
