@@ -177,13 +177,11 @@ def finetune_config(settings: Settings, frames: int, steps: int):
 def fresh_store(root: Path, settings: Settings, episodes: list[Episode], seed: int) -> tuple[SegmentStore, WindowEncoder]:
     """A LanceDB store holding ``episodes``; its encoder is fitted on their successes (first ingest)."""
     window, stride = settings.store.window, settings.store.stride
-    successes = [e for e in episodes if e.success]
-    windows = np.concatenate([cut_windows(e.states, window, stride).windows for e in successes])
     if settings.fert.encoder == "learned":
-        actions = np.concatenate([cut_windows(e.actions, window, stride).windows for e in successes])
-        encoder = ActionPredictiveEncoder(window, windows.shape[2], settings.fert.learned_dim, settings.fert.learned_epochs, seed)
-        encoder = encoder.fit_supervised(windows, actions)
+        fert = settings.fert
+        encoder = ActionPredictiveEncoder.from_successes(episodes, window, stride, fert.learned_dim, fert.learned_epochs, seed)
     else:
+        windows = np.concatenate([cut_windows(e.states, window, stride).windows for e in episodes if e.success])
         encoder = NormalizedStateEncoder(window, windows.shape[2]).fit(windows)
     store = SegmentStore.open(root, settings.store, encoder.dim)
     store.upsert(episodes, encoder, snapshot="first-ingest")

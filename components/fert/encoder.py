@@ -16,13 +16,16 @@ store can rebuild it from ``state_dict()`` (JSON) and embeddings are bit-identic
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar, Self
 
 import numpy as np
 import torch
 from torch import nn
 
+from components.episodes.record import Episode
 from components.store.encoder import ENCODERS, STD_FLOOR
+from components.store.windows import cut_windows
 
 HIDDEN = 64
 LEARNING_RATE = 3e-3
@@ -58,6 +61,18 @@ class ActionPredictiveEncoder:
         if not np.isfinite(windows).all():
             raise ValueError(f"{what}: windows contain NaN/inf")
         return windows
+
+    @classmethod
+    def from_successes(
+        cls, episodes: Sequence[Episode], window: int, stride: int, dim: int, epochs: int, seed: int
+    ) -> ActionPredictiveEncoder:
+        """Fitted on the successful episodes' windows and their actions (what a store's first ingest does)."""
+        successes = [ep for ep in episodes if ep.success]
+        if not successes:
+            raise ValueError("the learned window encoder needs successful episodes to learn from; ingest expert demos first")
+        windows = np.concatenate([cut_windows(ep.states, window, stride).windows for ep in successes])
+        actions = np.concatenate([cut_windows(ep.actions, window, stride).windows for ep in successes])
+        return cls(window, windows.shape[2], dim, epochs, seed).fit_supervised(windows, actions)
 
     def fit(self, windows: np.ndarray) -> Self:
         """Without actions: predict the window's frame-to-frame state changes."""

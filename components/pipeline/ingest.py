@@ -79,24 +79,18 @@ def store_encoder(settings: Settings) -> WindowEncoder:
     if not episodes:
         raise RuntimeError(f"cannot fit the window encoder: {settings.paths.episodes} holds no episodes yet")
     if settings.fert.encoder == "learned":
-        return _fit_learned_encoder(settings, episodes, ws.obs_dim)
+        if not any(ep.success for ep in episodes):
+            raise RuntimeError(
+                f"fert.encoder=learned needs successful episodes to learn from, and {settings.paths.episodes} has "
+                "none; ingest expert demos first or use fert.encoder=normalized_state"
+            )
+        fert = settings.fert
+        return ActionPredictiveEncoder.from_successes(
+            episodes, cfg.window, cfg.stride, fert.learned_dim, fert.learned_epochs, settings.seed
+        )
     windows = [cut_windows(ep.states, cfg.window, cfg.stride).windows for ep in episodes]
     return NormalizedStateEncoder(window=cfg.window, state_dim=ws.obs_dim).fit(np.concatenate(windows))
 
-
-def _fit_learned_encoder(settings: Settings, episodes: list[Episode], obs_dim: int) -> WindowEncoder:
-    """``fert.encoder: learned``: trained on the fleet's own successful windows to predict their actions."""
-    cfg, fert = settings.store, settings.fert
-    successes = [ep for ep in episodes if ep.success]
-    if not successes:
-        raise RuntimeError(
-            f"fert.encoder=learned needs successful episodes to learn from, and {settings.paths.episodes} has none; "
-            "ingest expert demos first or use fert.encoder=normalized_state"
-        )
-    windows = np.concatenate([cut_windows(ep.states, cfg.window, cfg.stride).windows for ep in successes])
-    actions = np.concatenate([cut_windows(ep.actions, cfg.window, cfg.stride).windows for ep in successes])
-    encoder = ActionPredictiveEncoder(cfg.window, obs_dim, fert.learned_dim, fert.learned_epochs, settings.seed)
-    return encoder.fit_supervised(windows, actions)
 
 
 def episodes_to_embed(settings: Settings) -> list[Episode]:
