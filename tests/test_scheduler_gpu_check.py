@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 
@@ -39,3 +41,14 @@ def test_gpu_check_cpu_smoke_runs_its_python_steps(tmp_path):
     assert "eval-mps" in result["rose"]["plan"] and "MPS SM %: evaluator=30" in result["rose"]["plan"]
     assert result["bit_identical_across_plans"] is True
     assert (tmp_path / "scheduler_gpu_smoke.png").exists()
+    bound = result["work_bound"]  # the ceiling of any speed-up claim, from the reference's measured CPU work
+    assert 0 < bound["floor_ms"] <= result["iteration_ms"]["sequential"]
+    assert set(bound["max_speedup"]) == {k for k in result["iteration_ms"] if k.startswith("sequential")}
+
+
+def test_work_bound_is_the_reference_cpu_work_spread_over_every_core():
+    from benchmarks.scheduler import work_bound
+
+    b = work_bound(0.5, 1.2, 2, {"sequential": 0.5, "sequential(t=2)": 0.39})
+    assert b["cpu_work_ms"] == pytest.approx(600.0) and b["floor_ms"] == pytest.approx(300.0)
+    assert b["max_speedup"] == pytest.approx({"sequential": 0.5 / 0.3, "sequential(t=2)": 0.39 / 0.3})
