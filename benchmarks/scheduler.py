@@ -21,9 +21,12 @@ The workload: PPO on the built-in fleet (env groups, chunked inference, GAE, one
 plus the evaluation of the previous weights (params@i, what the learner reads) on held-out robots,
 which is legal to run while the learner produces params@i+1.
 
-Measurement: the profile is refreshed right before the side-by-side rounds, so predictions and
-measurements see the same machine load; plans run interleaved (A B C … A B C …), iteration 0 of
-each run is warm-up, medians quoted. Load averages and this process's CPU time are recorded.
+Measurement: plans run interleaved (A B C … B C A …), iteration 0 of each run is warm-up, medians
+quoted, plus the median of per-round ratios. This VM's CPU speed moves with its host's load (a fixed
+loop varies ~2x within seconds with nothing else running here; ``host_speed_probe`` records it each
+round), so the profile is re-taken at the start of every round and a plan's prediction is the median
+of its per-round predictions: predictions and measurements sample the same minutes. Load averages and
+this process's CPU time are recorded; ``work_bound`` is the fastest any schedule could be.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+from collections.abc import Callable
 
 from components.config import PolicyConfig, load_settings
 from components.scheduler.gantt import plot_timelines
@@ -52,6 +56,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 NAME = "scheduler"
 EVAL_STEPS_PER_ROLLOUT_STEP = 5  # held-out evaluation: this many env steps per training rollout step
 BRUTE_FORCE = {True: 4, False: 6}  # candidates measured against the planner's choice (quick, full)
+HOST_PROBE_LOOPS = 200_000  # ~20 ms of pure Python on this machine when its host is quiet
 
 
 def log(msg: str) -> None:
@@ -66,13 +71,27 @@ def load() -> dict[str, float]:
             "children_cpu_s": ru_kids.ru_utime + ru_kids.ru_stime}
 
 
+def host_speed_probe(loops: int = HOST_PROBE_LOOPS) -> float:
+    """Seconds a fixed pure-Python loop takes now: this VM's CPU speed moves with its host's load
+    (seen here: the same loop 24-128 ms within 20 s, nothing else running in the VM)."""
+    t = time.perf_counter()
+    acc = 0
+    for i in range(loops):
+        acc += i
+    return time.perf_counter() - t
+
+
 def interleaved(rt: Any, plans: list[Plan], iterations: int, rounds: int,
-                max_rounds: dict[str, int] | None = None) -> dict[str, dict[str, Any]]:
+                max_rounds: dict[str, int] | None = None,
+                before_round: Callable[[int], None] | None = None) -> dict[str, dict[str, Any]]:
     """Run every plan ``rounds`` times in turn (A B C, B C A, ...); iteration 0 of each run is warm-up.
-    ``max_rounds`` caps slow reference rows (they join the first rounds only)."""
+    ``max_rounds`` caps slow reference rows (they join the first rounds only); ``before_round(r)``
+    runs first in each round (the benchmark re-profiles there)."""
     out: dict[str, dict[str, Any]] = {p.name: {"samples": [], "digests": set(), "process_cores": [],
-                                               "machine_cores": []} for p in plans}
+                                               "machine_cores": [], "round_medians": {}} for p in plans}
     for r in range(rounds):
+        if before_round is not None:
+            before_round(r)
         k = r % len(plans)  # rotate the order each round: a load drift within a round hits every plan alike
         for p in plans[k:] + plans[:k]:
             if r >= (max_rounds or {}).get(p.name, rounds):
@@ -80,16 +99,23 @@ def interleaved(rt: Any, plans: list[Plan], iterations: int, rounds: int,
             res = rt.run(p, iterations + 1)
             o = out[p.name]
             o["samples"] += res.iteration_s[1:]
+            o["round_medians"][r] = statistics.median(res.iteration_s[1:])
             o["digests"].add(tuple(v["digest"] if isinstance(v, dict) and "digest" in v else repr(v.get("loss"))
                                    for k, v in sorted(res.records.items()) if k.state == "stats"))
             o["process_cores"].append(res.timeline.mean_process_cores())
             o["machine_cores"].append(res.timeline.mean_machine_cores())
             o["last"] = res
-            log(f"  round {r + 1}/{rounds} {p.name:<48} median {statistics.median(res.iteration_s[1:]) * 1e3:8.1f} ms"
+            log(f"  round {r + 1}/{rounds} {p.name:<48} median {o['round_medians'][r] * 1e3:8.1f} ms"
                 f"  (load {os.getloadavg()[0]:.2f})")
     for o in out.values():
         o["median_s"] = statistics.median(o["samples"])
     return out
+
+
+def paired_ratio(meas: dict[str, dict[str, Any]], a: str, b: str) -> float:
+    """Median over rounds of a's time / b's time in the same round (robust to drift between rounds)."""
+    ra, rb = meas[a]["round_medians"], meas[b]["round_medians"]
+    return statistics.median(ra[r] / rb[r] for r in ra if r in rb)
 
 
 def main() -> None:
@@ -168,22 +194,31 @@ def main() -> None:
     log(rose_plan.describe())
     log(f"Rose done in {time.time() - t:.1f} s")
 
-    # ---- the profile again, right before measuring: predictions at the load of the measurement
-    log("re-profiling right before the side-by-side measurement ...")
-    prof = rt.profile(refresh=True)
+    # ---- predictions at the load of the measurement: the profile is re-taken at the start of every
+    # measurement round and each plan's prediction is the median over rounds, like its measurement
     slow = () if tiny else (seq_default_free, seq_t2)  # 2 threads/op: slow on a loaded 2-core machine
     plans = [p for p in (seq_default, *slow, seq, coarse, planner_plan, rose_plan) if p is not None]
-    predicted = {p.name: rt.predict(p) for p in plans if p not in (seq_default, seq_default_free, seq_t2)
-                 and not p.gpu_percent}  # an MPS client's SM share is not in the CPU model
-    log("predicted ms: " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in predicted.items())
-        + f" (kappa {prof.thread_slowdown:.2f}, effective cores {prof.capacity:.2f})")
+    predictable = [p for p in plans if p not in (seq_default, seq_default_free, seq_t2)
+                   and not p.gpu_percent]  # an MPS client's SM share is not in the CPU model
+    round_predictions: list[dict[str, float]] = []
+    probes: list[float] = []
+
+    def reprofile(r: int) -> None:
+        probes.append(host_speed_probe())
+        prof = rt.profile(refresh=True)
+        round_predictions.append({p.name: rt.predict(p) for p in predictable})
+        log(f"round {r + 1}: re-profiled (kappa {prof.thread_slowdown:.2f}, effective cores {prof.capacity:.2f}, "
+            f"host probe {probes[-1] * 1e3:.1f} ms); predicted ms: "
+            + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in round_predictions[-1].items()))
 
     # ---- side by side
-    log("side-by-side measurement (interleaved rounds):")
+    log("side-by-side measurement (interleaved rounds, each after a fresh profile):")
     load_measure_start = load()
     # 2 threads/op oversubscribe a loaded machine: these rows join the first half of the rounds only
     slow_rows = {p.name: max(1, rounds // 2) for p in slow if p is not None}
-    meas = interleaved(rt, plans, iterations, rounds, slow_rows)
+    meas = interleaved(rt, plans, iterations, rounds, slow_rows, before_round=reprofile)
+    prof = rt.profile()
+    predicted = {p.name: statistics.median(rp[p.name] for rp in round_predictions) for p in predictable}
     load_measure_end = load()
     med = {p.name: meas[p.name]["median_s"] for p in plans}
     checked = [p for p in plans if p is not seq_default_free]  # same numerics as the reference
@@ -269,10 +304,18 @@ def main() -> None:
                      "eval_envs": eval_envs, "eval_steps": spec.eval_steps, "learner_threads": spec.learner_threads,
                      "op_threads": rt.op_threads, "infer_chunk": spec.infer_chunk,
                      "share_of_sequential_iteration": shares},
+        "paired_speedup": {  # median over rounds of the ratio within a round
+            "vs_sequential": paired_ratio(meas, seq.name, rose_plan.name),
+            "vs_best_sequential": paired_ratio(meas, best_seq.name, rose_plan.name),
+            "vs_coarse_pipelining": paired_ratio(meas, coarse.name, rose_plan.name),
+        },
+        "host_speed_probe_ms": {"loops": HOST_PROBE_LOOPS, "per_round": [x * 1e3 for x in probes],
+                                "max_over_min": max(probes) / min(probes)},
         "prediction": {"kappa_thread_slowdown": prof.thread_slowdown, "dispatch_ms_per_op": prof.dispatch_s * 1e3,
                        "effective_cores": prof.capacity, "effective_cores_at_planning": planning_profile.capacity,
                        "kappa_at_planning": planning_profile.thread_slowdown,
                        "predicted_ms": {k: v * 1e3 for k, v in predicted.items()},
+                       "predicted_ms_per_round": [{k: v * 1e3 for k, v in rp.items()} for rp in round_predictions],
                        "error": errors,
                        "planner_prediction_error": errors[planner_plan.name],
                        "planner_prediction_at_planning_ms": planning_prediction * 1e3,
