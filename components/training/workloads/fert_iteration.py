@@ -149,6 +149,12 @@ class FertIterSpec:
     learner_threads: int = 1
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        # the evaluation's last `window` steps of each failed rollout are the next iteration's queries
+        if self.eval_steps < self.window:
+            raise ValueError(f"scheduler.fert_eval_steps={self.eval_steps} is shorter than store.window={self.window}: "
+                             "the evaluation rollouts must be at least one window long; raise fert_eval_steps")
+
 
 def _policy(spec: FertIterSpec) -> torch.nn.Module:
     torch.manual_seed(spec.seed)
