@@ -46,6 +46,7 @@ class SimConfig(Section):
     # exploration of the executed policy (fleet collection only)
     gripper_flip_prob: float = Field(default=0.03, ge=0, le=1)
     gripper_sample_gain: float = Field(default=4.0, gt=0)  # p(close) = sigmoid(gain * command)
+    motion_noise_std: float = Field(default=0.35, ge=0)  # Gaussian noise on executed motion commands
 
 
 class FleetConfig(Section):
@@ -57,7 +58,7 @@ class FleetConfig(Section):
     num_heldout_robots: int = 16
     steps_per_robot: int = 1200
     extra_robots: tuple[str, ...] = ()
-    sample_gripper: bool = True
+    sample_gripper: bool = True  # explore while collecting: jaw sampled + sim.motion_noise_std
 
     def robot_ids(self, count: int | None = None) -> list[str]:
         n = self.num_robots if count is None else count
@@ -168,10 +169,13 @@ class FertConfig(Section):
     # priority w = 1 + alpha * sum_q exp(-d^2 / 2 sigma^2)
     alpha: float = Field(default=1.0, ge=0)
     sigma: float = Field(default=0.0, ge=0)  # 0 = median retrieved distance
+    # a match credits the success's frames from this many steps after the matched segment's start:
+    # 0 = the matched segment itself; store.window = what the success did next from that situation
+    credit_lead: int = Field(default=4, ge=0)
     # batch mix of the three pools (renormalized over the non-empty pools)
-    mix_demos: float = Field(default=0.2, ge=0)
-    mix_successes: float = Field(default=0.4, ge=0)
-    mix_retrieved: float = Field(default=0.4, ge=0)
+    mix_demos: float = Field(default=0.05, ge=0)
+    mix_successes: float = Field(default=0.75, ge=0)
+    mix_retrieved: float = Field(default=0.2, ge=0)
     # loop removal: a success frame whose state the same episode is still near later (within this
     # many median steps, states scaled by the success frames' std) is not imitated; 0 = off
     revisit_radius: float = Field(default=0.75, ge=0)

@@ -17,7 +17,9 @@ PLAN = ChaosPlan(
 
 
 def test_fleet_survives_sigkills_with_every_episode_stored_exactly_once(tmp_path):
-    base = small_settings(tmp_path, sim=SimConfig(max_steps=40))
+    # no motion exploration: the loss check below compares the trainer's loss after a resume with its
+    # first steps, and exploring robots' later episodes carry noisier labels than the first ones
+    base = small_settings(tmp_path, sim=SimConfig(max_steps=40, motion_noise_std=0.0))
     report = run_chaos(chaos_settings(base, PLAN), PLAN)
     (tmp_path / "chaos_report.json").write_text(report.to_json())
     print(json.dumps({k: getattr(report, k) for k in ("finished", "stored", "duplicated", "lost", "corrupted", "seconds")}))

@@ -11,6 +11,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from components.config import SimConfig
 from components.sim import (
     STAGES,
+    MotionNoise,
     RobotProfile,
     SampledGripper,
     ScriptedExpert,
@@ -254,3 +255,25 @@ def test_gripper_execution_wrappers():
     always_close = lambda o: np.tile([[0, 0, 100.0]], (o.shape[0], 1))  # noqa: E731
     flips = SampledGripper(always_close, SimConfig(gripper_flip_prob=0.1), 0)(big)
     assert abs(np.mean(flips[:, 2] < 0) - 0.1) < 0.02
+
+
+def test_motion_noise_explores_motion_only_and_collection_uses_it():
+    from components.sim.factory import make_exploration
+
+    obs, _ = make_env(CFG, ROBOTS, seed=0).reset()
+    big = np.repeat(obs, 5000, axis=0)
+    raw = lambda o: np.tile(np.array([[0.1, -0.2, 0.7]], np.float32), (o.shape[0], 1))  # noqa: E731
+    noisy = MotionNoise(raw, 0.3, seed=0)(big)
+    assert np.array_equal(noisy[:, 2], raw(big)[:, 2])  # the jaw command passes through
+    assert np.allclose(noisy[:, :2].mean(axis=0), [0.1, -0.2], atol=0.02)
+    assert np.allclose(noisy[:, :2].std(axis=0), 0.3, atol=0.02) and np.abs(noisy).max() <= 1.0
+    assert np.array_equal(noisy, MotionNoise(raw, 0.3, seed=0)(big)) and not np.array_equal(noisy, MotionNoise(raw, 0.3, 1)(big))
+    # the fleet's collection samples the jaw and adds sim.motion_noise_std; motion=False is jaw-only
+    cfg = SimConfig(motion_noise_std=0.3, gripper_flip_prob=0.0)
+    explored = make_exploration(cfg, raw, seed=0)(big)
+    assert set(np.unique(explored[:, 2])) == {-1.0, 1.0} and abs(explored[:, 0].std() - 0.3) < 0.02
+    jaw_only = make_exploration(cfg, raw, seed=0, motion=False)(big)
+    assert np.array_equal(jaw_only[:, :2], raw(big)[:, :2])
+    assert np.array_equal(make_exploration(SimConfig(motion_noise_std=0.0), raw, 0)(big)[:, :2], raw(big)[:, :2])
+    with pytest.raises(ValueError, match="motion_noise_std"):
+        MotionNoise(raw, -0.1, seed=0)

@@ -34,8 +34,7 @@ from components.fleet.clients import (
 )
 from components.fleet.layout import RuntimeLayout
 from components.fleet.spool import Spool, content_hash
-from components.sim.exploration import SampledGripper
-from components.sim.factory import action_dim, make_env
+from components.sim.factory import action_dim, make_env, make_exploration
 from components.sim.pickplace import GRIPPER_ACTION
 from components.sim.profile import stable_robot_hash
 
@@ -174,7 +173,8 @@ class RobotAgent:
             versions.append(result.policy_version)
             return result.action[None, :]
 
-        policy = SampledGripper(remote, sim, seed) if self.settings.fleet.sample_gripper else remote
+        # explores as the pipeline's collection does (jaw sampled, sim.motion_noise_std on motion)
+        policy = make_exploration(sim, remote, seed) if self.settings.fleet.sample_gripper else remote
         obs, _ = env.reset()
         states, actions = [], []
         success = interrupted = False

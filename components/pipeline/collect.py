@@ -40,11 +40,12 @@ def write_episodes(episodes: list[Episode], out_dir: Path) -> list[Path]:
     return files
 
 
-def fleet_actor(settings: Settings, policy: NormalizedPolicy, seed: int, explore: bool) -> Policy:
-    """The policy as the fleet executes it: gripper sampled when exploring, thresholded otherwise."""
+def fleet_actor(settings: Settings, policy: NormalizedPolicy, seed: int, explore: bool, motion: bool = True) -> Policy:
+    """The policy as the fleet executes it: exploring (jaw sampled; motion noise unless ``motion``
+    is False), or thresholded (the deployed policy)."""
     actor = PolicyActor(policy)
     if explore and settings.fleet.sample_gripper:
-        return make_exploration(settings.sim, actor, seed)
+        return make_exploration(settings.sim, actor, seed, motion=motion)
     return make_thresholded(settings.sim, actor)
 
 

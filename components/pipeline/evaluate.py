@@ -28,7 +28,7 @@ def robot_groups(settings: Settings) -> list[list[str]]:
 
 
 def rollouts(settings: Settings, policy: NormalizedPolicy, robot_ids: list[str], version: str) -> list[Episode]:
-    actor = fleet_actor(settings, policy, seed=settings.seed, explore=settings.evaluation.sample_gripper)
+    actor = fleet_actor(settings, policy, seed=settings.seed, explore=settings.evaluation.sample_gripper, motion=False)
     return run_episodes(
         actor, robot_ids, settings.sim, trials_per_robot(settings),
         seed=settings.seed + EVAL_SEED_OFFSET, policy_version=version,

@@ -3,7 +3,7 @@ and collection of finished episodes. See README.md."""
 
 from components.sim.collect import FleetCollection, Policy, collect, run_episodes
 from components.sim.expert import ScriptedExpert
-from components.sim.exploration import SampledGripper, ThresholdedGripper
+from components.sim.exploration import MotionNoise, SampledGripper, ThresholdedGripper
 from components.sim.factory import action_dim, make_env, observation_dim
 from components.sim.pickplace import STAGES, PickPlaceVecEnv
 from components.sim.profile import RobotProfile, stable_robot_hash
@@ -11,6 +11,7 @@ from components.sim.profile import RobotProfile, stable_robot_hash
 __all__ = [
     "STAGES",
     "FleetCollection",
+    "MotionNoise",
     "PickPlaceVecEnv",
     "Policy",
     "RobotProfile",

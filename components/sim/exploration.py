@@ -1,10 +1,12 @@
-"""How a fleet executes a policy's jaw command: thresholded (evaluation) or sampled (collection).
+"""How a fleet executes a policy: thresholded jaw (evaluation) or exploring (collection).
 
 Fleet learning only improves on the policy if exploration covers the fix (see FERT notes): a
-deterministic jaw repeats the policy's own choices forever. ``SampledGripper`` treats the jaw
-command ``g`` as a Bernoulli with ``p(close) = sigmoid(gain * g)`` and then flips it with a
-small probability; both wrappers return the executed command (+1 close / -1 open), which is
-what the robot logs as its action.
+deterministic policy repeats its own choices forever, so its successes can only re-teach them.
+``SampledGripper`` treats the jaw command ``g`` as a Bernoulli with ``p(close) = sigmoid(gain * g)``
+and then flips it with a small probability; ``MotionNoise`` adds Gaussian noise to the motion
+commands, so that the successes among many robots select motions that work where the policy's own
+do not (a held-out robot's failures are mostly wrong motions at placements the demos never showed).
+Every wrapper returns the executed command, which is what the robot logs as its action.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from components.config import SimConfig
 from components.sim.pickplace import GRIPPER_ACTION
 
 Policy = Callable[[np.ndarray], np.ndarray]
-EXPLORATION_STREAM = 4  # salt for the exploration generator
+EXPLORATION_STREAM = 4  # salt for the jaw-exploration generator
+MOTION_STREAM = 5  # salt for the motion-exploration generator
 
 
 class ThresholdedGripper:
@@ -54,4 +57,23 @@ class SampledGripper:
         close = self.rng.random(g.shape) < p_close
         flip = self.rng.random(g.shape) < self.flip_prob
         actions[:, self.gripper_index] = np.where(close ^ flip, 1.0, -1.0)
+        return actions
+
+
+class MotionNoise:
+    """Adds N(0, std) to every executed command but the jaw's, clipped to [-1, 1]."""
+
+    def __init__(self, policy: Policy, std: float, seed: int, gripper_index: int = GRIPPER_ACTION) -> None:
+        if std < 0:
+            raise ValueError(f"sim.motion_noise_std={std} must be >= 0")
+        self.policy = policy
+        self.std = std
+        self.gripper_index = gripper_index
+        self.rng = np.random.default_rng([seed, MOTION_STREAM])
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        actions = np.array(self.policy(obs), dtype=np.float32)
+        motion = np.arange(actions.shape[1]) != self.gripper_index % actions.shape[1]
+        noise = self.rng.standard_normal((actions.shape[0], int(motion.sum()))) * self.std
+        actions[:, motion] = np.clip(actions[:, motion] + noise, -1.0, 1.0)
         return actions

@@ -18,7 +18,7 @@ import numpy as np
 from components.config import SimConfig
 from components.sim import pickplace
 from components.sim.expert import ScriptedExpert
-from components.sim.exploration import SampledGripper, ThresholdedGripper
+from components.sim.exploration import MotionNoise, SampledGripper, ThresholdedGripper
 
 Policy = Callable[[np.ndarray], np.ndarray]
 METAWORLD_OBS_DIM, METAWORLD_ACT_DIM = 39, 4  # = components.sim.metaworld.OBS_DIM / ACT_DIM
@@ -64,13 +64,19 @@ def make_expert(cfg: SimConfig) -> Policy:
     raise NotImplementedError(f"sim.name={cfg.name!r} has no expert yet")
 
 
-def make_exploration(cfg: SimConfig, policy: Policy, seed: int) -> Policy:
-    """How the fleet executes a policy while collecting (the exploration that can find fixes)."""
+def make_exploration(cfg: SimConfig, policy: Policy, seed: int, motion: bool = True) -> Policy:
+    """How the fleet executes a policy while collecting (the exploration that can find fixes): jaw
+    sampled, and motion noise of ``sim.motion_noise_std`` unless ``motion=False`` (jaw-only, as the
+    sampled-jaw evaluation runs it)."""
+    gripper = pickplace.GRIPPER_ACTION
     if cfg.name == "metaworld":
         from components.sim import metaworld
 
-        return SampledGripper(policy, cfg, seed, gripper_index=metaworld.GRIPPER_ACTION)
-    return SampledGripper(policy, cfg, seed)
+        gripper = metaworld.GRIPPER_ACTION
+    explored: Policy = SampledGripper(policy, cfg, seed, gripper_index=gripper)
+    if motion and cfg.motion_noise_std > 0:
+        explored = MotionNoise(explored, cfg.motion_noise_std, seed, gripper_index=gripper)
+    return explored
 
 
 def make_thresholded(cfg: SimConfig, policy: Policy) -> Policy:
