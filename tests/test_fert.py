@@ -144,6 +144,13 @@ def test_priority_weights_follow_the_formula():
     np.testing.assert_array_equal(uniform.weights, np.ones(20))
     np.testing.assert_array_equal(uniform.retrieved, w.retrieved)
     assert priority_weights(table, retrieved, alpha=1.0).sigma == pytest.approx(1.0)  # median of 1, 2, 0
+    # credit_lead: each match credits what its episode did next, clipped at the episode's end
+    led = priority_weights(table, retrieved, alpha=2.0, sigma=1.0, lead=5)
+    expected = np.ones(20)
+    expected[7:10] += 2.0 * (np.exp(-1 / 2) + np.exp(-4 / 2))  # frames 7..10 of episode 0, cut at its 10 frames
+    expected[15:19] += 2.0 * 1.0
+    np.testing.assert_allclose(led.weights, expected)
+    assert led.retrieved.sum() == 3 + 4
     missing = Retrieved(**{**retrieved.__dict__, "episode_ids": np.array(["x", "x", "x"], dtype=object)})
     with pytest.raises(ValueError, match="not among the successful"):
         priority_weights(table, missing, alpha=1.0)

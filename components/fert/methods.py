@@ -125,7 +125,8 @@ def build_training_set(
     retrieved = _concat(parts, store)
 
     # 4. priority weights and the pool mix
-    priority = priority_weights(table, retrieved, cfg.alpha, cfg.sigma, uniform=(method == "fert_uniform"))
+    priority = priority_weights(table, retrieved, cfg.alpha, cfg.sigma, uniform=(method == "fert_uniform"),
+                                lead=cfg.credit_lead)
     data, shares = mix_pools(table, priority, cfg)
     report = FertReport(
         method=method,

@@ -2,10 +2,12 @@
 
 For every frame f of a successful episode,
 
-    w_f = 1 + alpha * sum over retrieved matches (q, segment) with f in segment of exp(-d_q^2 / (2 sigma^2))
+    w_f = 1 + alpha * sum over retrieved matches (q, segment) crediting f of exp(-d_q^2 / (2 sigma^2))
 
 where d_q is the match's (plain, not squared) distance and sigma defaults to the median
-retrieved distance. A frame no failure resembles keeps w = 1; frames that answer many close
+retrieved distance. A match on frames [start, end) credits [start + lead, end + lead) of its
+episode (``fert.credit_lead``): inside the matched window the success took much the steps the
+failure took; what it did differently is what it did next. A frame no failure resembles keeps w = 1; frames that answer many close
 queries weigh more. ``uniform=True`` gives every retrieved frame w = 1 (the FERT-uniform
 ablation: same pools, no similarity weighting).
 """
@@ -99,9 +101,12 @@ def resolve_sigma(retrieved: Retrieved, sigma: float) -> float:
 
 
 def priority_weights(
-    table: FrameTable, retrieved: Retrieved, alpha: float, sigma: float = 0.0, uniform: bool = False
+    table: FrameTable, retrieved: Retrieved, alpha: float, sigma: float = 0.0, uniform: bool = False, lead: int = 0
 ) -> PriorityWeights:
-    """Per-frame weights (module doc). Matches on episodes missing from ``table`` raise."""
+    """Per-frame weights (module doc). Matches on episodes missing from ``table`` raise.
+
+    ``lead`` moves each match's credited frames that many steps later in its episode (clipped at its end).
+    """
     n = len(table)
     sigma = resolve_sigma(retrieved, sigma)
     if len(retrieved) == 0:
@@ -114,8 +119,8 @@ def priority_weights(
         )
     offset = np.array([table.offsets[e] for e in retrieved.episode_ids], dtype=np.int64)
     length = np.array([table.lengths[e] for e in retrieved.episode_ids], dtype=np.int64)
-    first = offset + np.clip(retrieved.starts, 0, length)
-    last = offset + np.clip(retrieved.ends, 0, length)  # exclusive
+    first = offset + np.clip(retrieved.starts + lead, 0, length)
+    last = offset + np.clip(retrieved.ends + lead, 0, length)  # exclusive
     d = retrieved.euclidean()
     kernel = np.exp(-(d**2) / (2.0 * sigma**2))
 
