@@ -6,7 +6,7 @@
     python -m benchmarks.fleet_scaling --replot          # redraw PNG + docs section from the saved JSON
 
 Sizes (``PLANS``) are cut to fit the shared machine and written into the JSON: built-in task 3 seeds
-x 3 rounds, 16 held-out robots x 12 trials per seed, ablations (fert_uniform, fert_learned) at 96
+x 6 rounds of 200 steps per robot, 16 held-out robots x 12 trials per seed, ablations (fert_uniform, fert_learned) at 96
 robots on the first seed; Meta-World 2 seeds x 1 round, 12 x 4 trials, robots' action bias widened
 to 0.15 (at the default quirks BC from the demos already solves 100% of held-out trials).
 
@@ -15,7 +15,7 @@ Protocol, one run per simulator (every figure of a run is measured side by side 
 1. Expert-supervised initialization: ``demo.expert_robots`` x ``demo.expert_episodes_per_robot``
    scripted-expert demos, BC with the project's bootstrap recipe (``train:`` of params.yaml).
 2. CEL rounds for fleet sizes 1, 8, 32, 96: each round the current policy runs on the fleet for a
-   fixed time per robot (``--steps-per-robot``; jaw sampled = exploration), the episodes go into
+   fixed time per robot (``--steps-per-robot``; exploration: jaw sampled + ``sim.motion_noise_std``), the episodes go into
    a real LanceDB segment store, and the policy is fine-tuned *from the current one* on the
    method's training set for about ``--finetune-steps`` gradient steps (same budget for every
    method). The fine-tuned policy collects the next round (no gate: the gate is tested apart).
@@ -71,7 +71,6 @@ SECTION_INTRO = (
 FLEET_METHODS = ("filtered_bc", "fert")
 SEED_STRIDE = 1000  # keeps the streams of different seeds / rounds apart
 EVAL_STREAM = 7919
-MOTION_STREAM = 5  # salt for the motion-exploration generator
 
 
 @dataclass(frozen=True)
@@ -90,37 +89,17 @@ class Plan:
     sim_overrides: dict = field(default_factory=dict)
     fert_overrides: dict = field(default_factory=dict)
     methods: tuple[str, ...] = FLEET_METHODS
-    motion_noise: float = 0.0  # std of Gaussian noise on executed motion commands while collecting
 
 
 PLANS = {
-    "pickplace": Plan("pickplace", 3, 3, (1, 8, 32, 96), 400, 600, 16, 12, True),
+    "pickplace": Plan("pickplace", 3, 6, (1, 8, 32, 96), 200, 600, 16, 12, True),
     "metaworld": Plan("metaworld", 2, 1, (1, 8, 32, 96), 150, 300, 12, 4, False,
-                      {"bias_spread": 0.15}),
+                      {"bias_spread": 0.15, "motion_noise_std": 0.0}),
 }
 QUICK = {
     "pickplace": Plan("pickplace", 1, 1, (1, 8), 200, 150, 8, 4, False),
     "metaworld": Plan("metaworld", 1, 1, (1, 4), 60, 60, 2, 2, False),
 }
-
-
-class MotionExploration:
-    """Adds N(0, std) to the executed motion commands (every action dim but the last, the jaw).
-
-    The sim's exploration samples only the jaw, so fleet successes can only ever fix jaw
-    decisions; with motion noise, successes also select motions that work (FERT-NOTES item 1).
-    The logged action is the executed command, noise included.
-    """
-
-    def __init__(self, policy, std: float, seed: int) -> None:
-        self.policy, self.std = policy, std
-        self.rng = np.random.default_rng([seed, MOTION_STREAM])
-
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        actions = np.array(self.policy(obs), dtype=np.float32)
-        noise = self.rng.standard_normal((actions.shape[0], actions.shape[1] - 1)) * self.std
-        actions[:, :-1] = np.clip(actions[:, :-1] + noise, -1.0, 1.0)
-        return actions
 
 
 @dataclass
@@ -161,7 +140,7 @@ def evaluate(settings: Settings, plan: Plan, policy: NormalizedPolicy, seed: int
     eval_seed = seed * SEED_STRIDE + EVAL_STREAM
     actor = PolicyActor(policy)
     thresholded = run_episodes(make_thresholded(settings.sim, actor), robots, settings.sim, plan.trials_per_robot, eval_seed, "eval")
-    sampled = run_episodes(make_exploration(settings.sim, actor, eval_seed), robots, settings.sim, plan.trials_per_robot, eval_seed, "eval")
+    sampled = run_episodes(make_exploration(settings.sim, actor, eval_seed, motion=False), robots, settings.sim, plan.trials_per_robot, eval_seed, "eval")
     report = summarize(thresholded, settings.sim, settings.evaluation.confidence, "eval")
     return Score(
         report.overall.successes, report.overall.trials, sum(e.success for e in sampled), dict(report.failures_by_stage)
@@ -204,9 +183,7 @@ def cel_run(
     rounds = []
     for r in range(1, plan.rounds + 1):
         round_seed = seed * SEED_STRIDE + r
-        actor = make_exploration(settings.sim, PolicyActor(policy), round_seed)
-        if plan.motion_noise > 0:
-            actor = MotionExploration(actor, plan.motion_noise, round_seed)
+        actor = make_exploration(settings.sim, PolicyActor(policy), round_seed)  # jaw sampled + motion noise
         robots = settings.fleet.robot_ids(fleet)
         collected = collect(actor, robots, settings.sim, plan.steps_per_robot, round_seed, f"{method}-r{r}")
         episodes += collected.episodes
@@ -443,7 +420,6 @@ def main() -> None:
     parser.add_argument("--sim-set", nargs="*", default=[], metavar="KEY=VALUE", help="override sim: fields")
     parser.add_argument("--fert-set", nargs="*", default=[], metavar="KEY=VALUE", help="override fert: fields")
     parser.add_argument("--methods", nargs="+", help="fleet methods (default filtered_bc fert)")
-    parser.add_argument("--motion-noise", type=float, help="std of exploration noise on executed motion")
     parser.add_argument("--out", help="results file stem (default fleet_scaling_<sim>[_quick])")
     parser.add_argument("--replot", action="store_true", help="redraw the PNG and docs section from the saved JSON")
     args = parser.parse_args()
@@ -463,8 +439,6 @@ def main() -> None:
         updates["sim_overrides"] = {k: _value(v) for k, v in (item.split("=", 1) for item in args.sim_set)}
     if args.fert_set:
         updates["fert_overrides"] = {k: _value(v) for k, v in (item.split("=", 1) for item in args.fert_set)}
-    if args.motion_noise is not None:
-        updates["motion_noise"] = args.motion_noise
     if args.methods:
         updates["methods"] = tuple(args.methods)
     if args.no_ablation:
@@ -515,10 +489,12 @@ def render_section(result: dict) -> str:
         f"fine-tuning steps per round for every method, starting from the current policy; held-out: "
         f"{plan['heldout_robots']} robots × {plan['trials_per_robot']} trials per seed "
         f"({plan['heldout_robots'] * plan['trials_per_robot'] * plan['seeds']} pooled per cell). "
-        f"Motion exploration noise: {plan.get('motion_noise', 0.0)}; FERT overrides: {plan.get('fert_overrides') or 'none'}.",
+        f"Motion exploration noise (collection): {result['settings']['sim'].get('motion_noise_std', plan.get('motion_noise', 0.0))}; "
+        f"sim overrides: {plan.get('sim_overrides') or 'none'}; FERT overrides: {plan.get('fert_overrides') or 'none'}.",
         "",
         "Held-out success, % [Wilson 95% CI of pooled trials] and (min–max over seeds). "
-        "*Thresholded* = the deployed policy (jaw command thresholded); *sampled* = jaw sampled as in collection.",
+        "*Thresholded* = the deployed policy (jaw command thresholded); *sampled* = jaw sampled as in collection "
+        "(motion without the collection's exploration noise).",
         "",
         "| method | jaw | " + " | ".join(f"{n} robots" for n in fleets) + " |",
         "|---|---|" + "---|" * len(fleets),
@@ -538,7 +514,7 @@ def render_section(result: dict) -> str:
         lines += [
             "",
             "Targets (thresholded): initial in 70–85%: **{}**; FERT at {} robots ≥ 97%: **{}**; FERT − filtered BC at {} "
-            "robots: **{:+.1f} pts** (target ≥ +3: {}); FERT grows with fleet size: **{}** ({:+.1f} pts from {} to {} robots).".format(
+            "robots: **{:+.2f} pts** (target ≥ +3: {}); FERT grows with fleet size: **{}** ({:+.1f} pts from {} to {} robots).".format(
                 targets["initial_in_70_85"], fleets[-1], targets["fert_largest_fleet_ge_97"], fleets[-1],
                 targets["fert_minus_filtered_bc_points"], targets["fert_beats_filtered_bc_by_3"],
                 targets["fert_grows_with_fleet"], targets["fert_largest_minus_smallest_points"], fleets[0], fleets[-1]),
