@@ -89,6 +89,7 @@ class Plan:
     sim_overrides: dict = field(default_factory=dict)
     fert_overrides: dict = field(default_factory=dict)
     methods: tuple[str, ...] = FLEET_METHODS
+    max_epochs: int = 0  # cap on passes over a round's training set (0 = none): few frames, few steps
 
 
 PLANS = {
@@ -147,10 +148,14 @@ def evaluate(settings: Settings, plan: Plan, policy: NormalizedPolicy, seed: int
     )
 
 
-def finetune_config(settings: Settings, frames: int, steps: int):
-    """Epochs so that one round is ~``steps`` gradient steps whatever the data size."""
+def finetune_config(settings: Settings, frames: int, steps: int, max_epochs: int = 0):
+    """Epochs so that one round is ~``steps`` gradient steps, but at most ``max_epochs`` passes over
+    the round's ``frames`` (0 = no cap): a small fleet's few, noisy frames are not fitted 20 times over."""
     per_epoch = max(1, frames // settings.train.batch_size)
-    return settings.train.model_copy(update={"epochs": max(1, round(steps / per_epoch))})
+    epochs = max(1, round(steps / per_epoch))
+    if max_epochs > 0:
+        epochs = min(epochs, max_epochs)
+    return settings.train.model_copy(update={"epochs": epochs})
 
 
 def fresh_store(root: Path, settings: Settings, episodes: list[Episode], seed: int) -> tuple[SegmentStore, WindowEncoder]:
@@ -194,7 +199,7 @@ def cel_run(
             else:
                 store.upsert(collected.episodes, encoder, snapshot=f"round-{r}")
         built = build_training_set(build_method, episodes, settings.fert, store, encoder, failed=failed, seed=round_seed)
-        cfg = finetune_config(settings, len(built.data.states), plan.finetune_steps)
+        cfg = finetune_config(settings, len(built.data.states), plan.finetune_steps, plan.max_epochs)
         trained = train_imitation(built.data, settings.policy, cfg, seed=round_seed, device="cpu", init_policy=policy)
         policy = trained.policy
         info = {
@@ -259,7 +264,7 @@ def run(plan: Plan, out_name: str) -> dict:
         # bc: demos only, same per-round budget, so it is one line whatever the fleet size
         policy, t0 = _copy(init), time.perf_counter()  # train_imitation fine-tunes in place
         for r in range(1, plan.rounds + 1):
-            cfg = finetune_config(settings, len(demo_set.states), plan.finetune_steps)
+            cfg = finetune_config(settings, len(demo_set.states), plan.finetune_steps, plan.max_epochs)
             policy = train_imitation(demo_set, settings.policy, cfg, seed=seed * SEED_STRIDE + r, device="cpu", init_policy=policy).policy
         for fleet in plan.fleet_sizes:  # the same policy for every fleet size (it never sees the fleet)
             rows.append(RunRow(seed, "bc", fleet, evaluate(settings, plan, policy, seed) if fleet == plan.fleet_sizes[0] else rows[-1].score,
@@ -414,6 +419,7 @@ def main() -> None:
     parser.add_argument("--fleet-sizes", type=int, nargs="+")
     parser.add_argument("--steps-per-robot", type=int)
     parser.add_argument("--finetune-steps", type=int)
+    parser.add_argument("--max-epochs", type=int, help="cap on passes over a round's training set (0 = none)")
     parser.add_argument("--heldout-robots", type=int)
     parser.add_argument("--trials-per-robot", type=int)
     parser.add_argument("--no-ablation", action="store_true")
@@ -431,7 +437,7 @@ def main() -> None:
     plan = (QUICK if args.quick else PLANS)[args.sim]
     updates = {k: v for k, v in {
         "seeds": args.seeds, "rounds": args.rounds, "steps_per_robot": args.steps_per_robot,
-        "finetune_steps": args.finetune_steps, "heldout_robots": args.heldout_robots,
+        "finetune_steps": args.finetune_steps, "max_epochs": args.max_epochs, "heldout_robots": args.heldout_robots,
         "trials_per_robot": args.trials_per_robot,
         "fleet_sizes": tuple(args.fleet_sizes) if args.fleet_sizes else None,
     }.items() if v is not None}
