@@ -61,8 +61,13 @@ def test_every_plan_matches_sequential_bit_for_bit(reference, groups):
 
 
 def test_process_worker_matches_sequential(reference):
-    result = _run(_pipelined(2, kind="process"))
+    params = params_of(_mlp(SPEC))
+    wf = synthetic_workflow(SPEC, groups=2)
+    result = execute(wf, _pipelined(2, kind="process"), SchedulerConfig(), SPEC, ITERS, inputs={"params": params},
+                     record=("digest", "evalm", "act", "obs"))
     assert _comparable(result) == _comparable(reference)
+    # sent by value: a tensor other workers may be reading is never moved into shared memory under them
+    assert not any(t.is_shared() for t in params.values())
 
 
 def test_sequential_thread_counts_do_not_change_results(reference):

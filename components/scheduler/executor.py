@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import sys
 import threading
 import time
@@ -190,7 +191,11 @@ class _ProcessHost:
         return self.conn.recv()
 
     def call(self, name: str, idx: dict[str, int], inputs: dict[str, Any]) -> dict[str, Any]:
-        self.conn.send(("run", name, idx, inputs))
+        # plain pickle, by value: Connection.send's ForkingPickler would move each CPU tensor's storage
+        # into shared memory *in place* (torch's reduction), racing with the other workers that read
+        # the same versioned state at that moment (seen: a learner loading params@i while they moved
+        # gave different weights in 1 of 6 runs of the evaluator-in-a-side-process plan)
+        self.conn.send_bytes(pickle.dumps(("run", name, idx, inputs), protocol=pickle.HIGHEST_PROTOCOL))
         kind, payload = self._recv(name)
         if kind == "error":
             raise ExecutionError(payload)
