@@ -130,7 +130,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true",
                     help="code-path check: tiny sizes, one round, no FERT section or SM sweep (numbers meaningless)")
     ap.add_argument("--no-fert", action="store_true", help="skip the FERT-iteration section")
-    ap.add_argument("--rounds", type=int, help="interleaved measurement rounds (default 6; quick 2)")
+    ap.add_argument("--rounds", type=int, help="interleaved measurement rounds (default 12; quick 2)")
     ap.add_argument("--name", default=NAME, help="results file stem (benchmarks/results/NAME.json/.png)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     args = ap.parse_args()
@@ -142,7 +142,7 @@ def main() -> None:
     cfg = s.scheduler
     envs, steps = (16, 4) if tiny else (64, 16) if quick else (256, 64)
     eval_envs = 8 if tiny else 32 if quick else 128
-    iterations, rounds = (1, 1) if tiny else (2, 2) if quick else (3, 6)
+    iterations, rounds = (1, 1) if tiny else (2, 2) if quick else (2, 12)  # many short runs: more host moments
     rounds = args.rounds or rounds
     if tiny:
         cfg = cfg.model_copy(update={"pipeline_stages": (1, 2), "validate_iterations": 1, "validate_rounds": 1,
