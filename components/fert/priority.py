@@ -7,9 +7,9 @@ For every frame f of a successful episode,
 where d_q is the match's (plain, not squared) distance and sigma defaults to the median
 retrieved distance. A match on frames [start, end) credits [start + lead, end + lead) of its
 episode (``fert.credit_lead``): inside the matched window the success took much the steps the
-failure took; what it did differently is what it did next. A frame no failure resembles keeps w = 1; frames that answer many close
-queries weigh more. ``uniform=True`` gives every retrieved frame w = 1 (the FERT-uniform
-ablation: same pools, no similarity weighting).
+failure took; what it did differently is what it did next. A frame no failure resembles keeps
+w = 1; frames that answer many close queries weigh more. ``uniform=True`` gives every retrieved
+frame w = 1 (the FERT-uniform ablation: same pools, no similarity weighting).
 """
 
 from __future__ import annotations
