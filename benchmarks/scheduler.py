@@ -39,10 +39,10 @@ import resource
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 from components.config import PolicyConfig, load_settings
 from components.scheduler.gantt import plot_timelines
