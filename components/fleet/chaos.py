@@ -236,6 +236,12 @@ def run_chaos(settings: Settings, plan: ChaosPlan) -> ChaosReport:
             if resumes and trainer.get("step", 0) > resumes[-1] and trainer.get("owed", 1) == 0:
                 break  # resumed, continued, and caught up with the data
             time.sleep(POLL_S)
+        killed = {f.target for f in report.faults}
+        while time.monotonic() < deadline:  # a kill just before the robots finished: give the restart time
+            members = status()["members"]
+            if all(members.get(t, {}).get("restarts", 0) >= 1 for t in killed):
+                break
+            time.sleep(POLL_S)
         report.restarts = {n: m["restarts"] for n, m in status()["members"].items() if m["restarts"]}
     finally:
         client.close()
