@@ -7,7 +7,8 @@
 
 Sizes (``PLANS``) are cut to fit the shared machine and written into the JSON: built-in task 3 seeds
 x 6 rounds of 200 steps per robot, 16 held-out robots x 12 trials per seed, ablations (fert_uniform, fert_learned) at 96
-robots on the first seed; Meta-World 2 seeds x 1 round, 12 x 4 trials, robots' action bias widened
+robots on the first seed, 16 validation robots x 12 trials for per-round selection; Meta-World 2 seeds x 1
+round, 12 x 4 trials, no per-round selection, robots' action bias widened
 to 0.15 (at the default quirks BC from the demos already solves 100% of held-out trials).
 
 Protocol, one run per simulator (every figure of a run is measured side by side in that run):
@@ -18,7 +19,12 @@ Protocol, one run per simulator (every figure of a run is measured side by side 
    fixed time per robot (``--steps-per-robot``; exploration: jaw sampled + ``sim.motion_noise_std``), the episodes go into
    a real LanceDB segment store, and the policy is fine-tuned *from the current one* on the
    method's training set for about ``--finetune-steps`` gradient steps (same budget for every
-   method). The fine-tuned policy collects the next round (no gate: the gate is tested apart).
+   method). The fine-tuned policy replaces the current one only if it succeeds at least as often
+   on *validation* robots (``validation_robots`` x ``validation_trials``, the same trials for both;
+   robots neither in the fleet nor held out), and the kept policy collects the next round. This is
+   rollout-based checkpoint selection, as a fleet would do before shipping a round; it is looser than
+   the registry's gate (a one-sided test per promotion), under which round-to-round gains of a few
+   points at this trial count would rarely pass. ``--validation-robots 0`` keeps every round.
 3. Methods: ``bc`` (expert demos only: it cannot use the fleet, so it is one line, trained with
    the same per-round budget), ``filtered_bc`` (all successes, uniform), ``fert`` (failure
    contexts of the round's failures -> retrieval -> priority weights -> pool mix), optionally
@@ -71,6 +77,8 @@ SECTION_INTRO = (
 FLEET_METHODS = ("filtered_bc", "fert")
 SEED_STRIDE = 1000  # keeps the streams of different seeds / rounds apart
 EVAL_STREAM = 7919
+VALIDATION_STREAM = 4099
+VALIDATION_PREFIX = "validation"  # robots for round-by-round selection: neither in the fleet nor held out
 
 
 @dataclass(frozen=True)
@@ -90,16 +98,20 @@ class Plan:
     fert_overrides: dict = field(default_factory=dict)
     methods: tuple[str, ...] = FLEET_METHODS
     max_epochs: int = 0  # cap on passes over a round's training set (0 = none): few frames, few steps
+    # each round's fine-tuned policy replaces the current one only if it succeeds at least as often on
+    # validation robots (rollout-based selection); 0 robots = every round's policy is kept
+    validation_robots: int = 16
+    validation_trials: int = 12
 
 
 PLANS = {
     "pickplace": Plan("pickplace", 3, 6, (1, 8, 32, 96), 200, 600, 16, 12, True),
     "metaworld": Plan("metaworld", 2, 1, (1, 8, 32, 96), 150, 300, 12, 4, False,
-                      {"bias_spread": 0.15, "motion_noise_std": 0.0}),
+                      {"bias_spread": 0.15, "motion_noise_std": 0.0}, validation_robots=0),
 }
 QUICK = {
-    "pickplace": Plan("pickplace", 1, 1, (1, 8), 200, 150, 8, 4, False),
-    "metaworld": Plan("metaworld", 1, 1, (1, 4), 60, 60, 2, 2, False),
+    "pickplace": Plan("pickplace", 1, 2, (1, 8), 200, 150, 8, 4, False, validation_robots=4, validation_trials=4),
+    "metaworld": Plan("metaworld", 1, 1, (1, 4), 60, 60, 2, 2, False, validation_robots=2, validation_trials=2),
 }
 
 
@@ -148,6 +160,30 @@ def evaluate(settings: Settings, plan: Plan, policy: NormalizedPolicy, seed: int
     )
 
 
+def validate(settings: Settings, plan: Plan, policy: NormalizedPolicy, seed: int) -> float:
+    """Thresholded success on the validation robots: the same trials for every policy of a run
+    (paired comparison), never the held-out robots the final figures come from."""
+    robots = [f"{VALIDATION_PREFIX}-{i:04d}" for i in range(plan.validation_robots)]
+    episodes = run_episodes(make_thresholded(settings.sim, PolicyActor(policy)), robots, settings.sim,
+                            plan.validation_trials, seed * SEED_STRIDE + VALIDATION_STREAM, "validation")
+    return float(np.mean([e.success for e in episodes]))
+
+
+def finetune_round(
+    settings: Settings, plan: Plan, data, policy: NormalizedPolicy, policy_score: float, seed: int, round_seed: int,
+) -> tuple[NormalizedPolicy, float, dict]:
+    """Fine-tune a copy of ``policy`` on ``data``; keep it only if validation says it is not worse."""
+    cfg = finetune_config(settings, len(data.states), plan.finetune_steps, plan.max_epochs)
+    trained = train_imitation(data, settings.policy, cfg, seed=round_seed, device="cpu", init_policy=_copy(policy))
+    info = {"train_steps": trained.steps, "train_seconds": trained.seconds}
+    if plan.validation_robots <= 0:
+        return trained.policy, policy_score, info
+    score = validate(settings, plan, trained.policy, seed)
+    accepted = score >= policy_score
+    info.update(validation=score, validation_kept=policy_score if not accepted else score, accepted=accepted)
+    return (trained.policy, score, info) if accepted else (policy, policy_score, info)
+
+
 def finetune_config(settings: Settings, frames: int, steps: int, max_epochs: int = 0):
     """Epochs so that one round is ~``steps`` gradient steps, but at most ``max_epochs`` passes over
     the round's ``frames`` (0 = no cap): a small fleet's few, noisy frames are not fitted 20 times over."""
@@ -182,6 +218,7 @@ def cel_run(
         settings = settings.model_copy(update={"fert": settings.fert.model_copy(update={"encoder": "learned"})})
     build_method = "fert" if method == "fert_learned" else method
     policy = init
+    policy_score = validate(settings, plan, policy, seed) if plan.validation_robots > 0 else float("nan")
     episodes = list(demos)
     store_dir = scratch / f"store-{seed}-{method}-{fleet}"
     store, encoder = None, None
@@ -199,13 +236,10 @@ def cel_run(
             else:
                 store.upsert(collected.episodes, encoder, snapshot=f"round-{r}")
         built = build_training_set(build_method, episodes, settings.fert, store, encoder, failed=failed, seed=round_seed)
-        cfg = finetune_config(settings, len(built.data.states), plan.finetune_steps, plan.max_epochs)
-        trained = train_imitation(built.data, settings.policy, cfg, seed=round_seed, device="cpu", init_policy=policy)
-        policy = trained.policy
+        policy, policy_score, trained = finetune_round(settings, plan, built.data, policy, policy_score, seed, round_seed)
         info = {
             "round": r, "episodes": len(collected.episodes), "collected_success": collected.success_rate,
-            "failed": len(failed), "train_frames": built.report.frames, "train_steps": trained.steps,
-            "train_seconds": trained.seconds, "build_seconds": built.report.seconds,
+            "failed": len(failed), "train_frames": built.report.frames, "build_seconds": built.report.seconds, **trained,
         }
         if built.priority is not None:
             info.update(_fert_diagnostics(built, episodes))
@@ -262,10 +296,10 @@ def run(plan: Plan, out_name: str) -> dict:
             f"initial policy {initial[-1].rate:.1%} held-out (sampled {initial[-1].sampled_rate:.1%})")
 
         # bc: demos only, same per-round budget, so it is one line whatever the fleet size
-        policy, t0 = _copy(init), time.perf_counter()  # train_imitation fine-tunes in place
+        policy, t0 = init, time.perf_counter()
+        policy_score = validate(settings, plan, policy, seed) if plan.validation_robots > 0 else float("nan")
         for r in range(1, plan.rounds + 1):
-            cfg = finetune_config(settings, len(demo_set.states), plan.finetune_steps, plan.max_epochs)
-            policy = train_imitation(demo_set, settings.policy, cfg, seed=seed * SEED_STRIDE + r, device="cpu", init_policy=policy).policy
+            policy, policy_score, _ = finetune_round(settings, plan, demo_set, policy, policy_score, seed, seed * SEED_STRIDE + r)
         for fleet in plan.fleet_sizes:  # the same policy for every fleet size (it never sees the fleet)
             rows.append(RunRow(seed, "bc", fleet, evaluate(settings, plan, policy, seed) if fleet == plan.fleet_sizes[0] else rows[-1].score,
                                seconds=time.perf_counter() - t0))
@@ -421,6 +455,7 @@ def main() -> None:
     parser.add_argument("--finetune-steps", type=int)
     parser.add_argument("--max-epochs", type=int, help="cap on passes over a round's training set (0 = none)")
     parser.add_argument("--heldout-robots", type=int)
+    parser.add_argument("--validation-robots", type=int, help="robots for per-round selection (0 = keep every round)")
     parser.add_argument("--trials-per-robot", type=int)
     parser.add_argument("--no-ablation", action="store_true")
     parser.add_argument("--sim-set", nargs="*", default=[], metavar="KEY=VALUE", help="override sim: fields")
@@ -438,6 +473,7 @@ def main() -> None:
     updates = {k: v for k, v in {
         "seeds": args.seeds, "rounds": args.rounds, "steps_per_robot": args.steps_per_robot,
         "finetune_steps": args.finetune_steps, "max_epochs": args.max_epochs, "heldout_robots": args.heldout_robots,
+        "validation_robots": args.validation_robots,
         "trials_per_robot": args.trials_per_robot,
         "fleet_sizes": tuple(args.fleet_sizes) if args.fleet_sizes else None,
     }.items() if v is not None}
@@ -492,7 +528,10 @@ def render_section(result: dict) -> str:
         "",
         f"Plan: {plan['seeds']} seeds × {plan['rounds']} CEL rounds; fleet sizes {', '.join(map(str, fleets))}; "
         f"{plan['steps_per_robot']} steps per robot per round (fixed collection time); ~{plan['finetune_steps']} "
-        f"fine-tuning steps per round for every method, starting from the current policy; held-out: "
+        f"fine-tuning steps per round for every method, starting from the current policy; "
+        + (f"a round's policy is kept only if it does at least as well on {plan['validation_robots']} validation robots × "
+           f"{plan['validation_trials']} trials; " if plan.get("validation_robots") else "every round's policy is kept; ")
+        + f"held-out: "
         f"{plan['heldout_robots']} robots × {plan['trials_per_robot']} trials per seed "
         f"({plan['heldout_robots'] * plan['trials_per_robot'] * plan['seeds']} pooled per cell). "
         f"Motion exploration noise (collection): {result['settings']['sim'].get('motion_noise_std', plan.get('motion_noise', 0.0))}; "

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
 from benchmarks import fleet_scaling as fs
 from components.config import load_settings
+from components.training.imitation import TrainingSet
 
 
 def test_finetune_budget_is_about_the_steps_but_at_most_max_epochs_passes():
@@ -43,3 +45,30 @@ def test_tiny_study_writes_consistent_results(tmp_path, monkeypatch):
     assert set(result["targets"]) >= {"fert_largest_fleet_ge_97", "fert_beats_filtered_bc_by_3", "fert_grows_with_fleet"}
     fert_rounds = [r["rounds"] for r in result["runs"] if r["method"] == "fert"]
     assert all(len(rounds) == plan.rounds for rounds in fert_rounds)
+    for run in result["runs"]:  # validation selection: the kept policy's score never goes down
+        kept = [r["validation_kept"] for r in run["rounds"]]
+        assert kept == sorted(kept), run["method"]
+
+
+def test_a_round_keeps_the_fine_tuned_policy_only_if_validation_says_it_is_not_worse():
+    torch.set_num_threads(1)
+    settings = load_settings()
+    plan = replace(fs.QUICK["pickplace"], finetune_steps=40, validation_robots=4, validation_trials=3)
+    demos = fs.run_episodes(fs.make_expert(settings.sim), settings.fleet.robot_ids(4), settings.sim, 30, 0, fs.DEMO_VERSION)
+    demo_set = TrainingSet(np.concatenate([e.states for e in demos]), np.concatenate([e.actions for e in demos]))
+    champion = fs.train_imitation(demo_set, settings.policy, settings.train, seed=0, device="cpu").policy
+    before = {k: v.clone() for k, v in champion.state_dict().items()}
+    score = fs.validate(settings, plan, champion, seed=0)
+    assert score > 0.3  # a policy worth protecting
+
+    # labels scrambled across frames: the fine-tuned copy is worse, so the champion stays
+    rng = np.random.default_rng(0)
+    scrambled = replace(demo_set, actions=demo_set.actions[rng.permutation(len(demo_set.actions))])
+    kept, kept_score, info = fs.finetune_round(settings, plan, scrambled, champion, score, seed=0, round_seed=1)
+    assert not info["accepted"] and info["validation"] < score
+    assert kept is champion and kept_score == score
+    assert all(torch.equal(before[k], v) for k, v in champion.state_dict().items())  # never fine-tuned in place
+
+    # fine-tuned on the demos again it is not worse than a bar it clears, so it replaces the champion
+    kept, kept_score, info = fs.finetune_round(settings, plan, demo_set, champion, 0.0, seed=0, round_seed=1)
+    assert info["accepted"] and kept is not champion and kept_score == info["validation"]
