@@ -66,18 +66,22 @@ def flow_options(settings: Settings) -> dict[str, Any]:
     return {"timeout_seconds": settings.ops.flow_timeout_s}
 
 
-def settings_cache_key(*sections: str) -> Callable[[Any, dict[str, Any]], str]:
+def settings_cache_key(
+    *sections: str, depends: Callable[[Settings], tuple[str, ...]] | None = None,
+) -> Callable[[Any, dict[str, Any]], str]:
     """A Prefect cache key over the task's source, its other inputs and only the named settings.
 
     Keying on the whole Settings would make, say, a change of learning rate invalidate cached
     data collection; keying on what the task reads keeps the cache both safe and useful.
+    ``depends(settings)`` adds the sections only some configurations read (e.g. the scheduler's,
+    read only when training runs through it).
     """
 
     def key(context: Any, parameters: dict[str, Any]) -> str:
         settings: Settings = parameters["settings"]
         digest = hashlib.sha256(inspect.getsource(context.task.fn).encode())
         digest.update(str(settings.root).encode())
-        for name in sections:
+        for name in (*sections, *(depends(settings) if depends else ())):
             digest.update(json.dumps(settings.model_dump(mode="json", include={name}), sort_keys=True).encode())
         for name, value in sorted(parameters.items()):
             if name != "settings":

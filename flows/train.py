@@ -12,10 +12,17 @@ from components.pipeline.workspace import Workspace
 from flows.runtime import prepare_environment, settings_cache_key
 
 
-TRAIN_INPUTS = ("seed", "device", "sim", "store", "policy", "train", "fert", "scheduler")
+TRAIN_INPUTS = ("seed", "device", "sim", "store", "policy", "train", "fert")
 
 
-@task(name="train-policy", cache_key_fn=settings_cache_key(*TRAIN_INPUTS), persist_result=True)
+def conditional_inputs(settings: Settings) -> tuple[str, ...]:
+    """Sections only some trainings read: the scheduler's (workloads run through it) and the MoE
+    shuffle's (expert-parallel training). Others never re-train a cached model when they change."""
+    return (("scheduler",) if settings.train.workload != "imitation" else ()) + (
+        ("shuffle",) if settings.train.world_size > 1 else ())
+
+
+@task(name="train-policy", cache_key_fn=settings_cache_key(*TRAIN_INPUTS, depends=conditional_inputs), persist_result=True)
 def train_task(settings: Settings, snapshot_hash: str, champion_version: int | None) -> steps.TrainOutcome:
     """Same data (``snapshot_hash``) + same params + same starting point = the same model
     (CPU determinism), so a re-run takes the cached one."""

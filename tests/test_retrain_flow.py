@@ -93,3 +93,28 @@ def test_expert_parallel_starts_from_a_champion_of_the_same_architecture(tmp_pat
     assert state is not None and all(torch.equal(state[k], expected[k]) for k in expected)
     mlp_settings = settings.model_copy(update={"policy": PolicyConfig()})
     assert champion_init_state(Workspace(mlp_settings), mlp_settings) is None  # other architecture: from scratch
+
+
+def test_train_cache_key_reads_the_scheduler_and_shuffle_sections_only_when_training_uses_them(tmp_path):
+    from types import SimpleNamespace
+
+    from flows.train import train_task
+
+    key = train_task.cache_key_fn
+    context = SimpleNamespace(task=train_task)
+
+    def key_of(settings):
+        return key(context, {"settings": settings, "snapshot_hash": "abc", "champion_version": 1})
+
+    base = small_settings(tmp_path)
+    other_scheduler = {"scheduler": base.scheduler.model_copy(update={"iterations": base.scheduler.iterations + 1})}
+    other_shuffle = {"shuffle": base.shuffle.model_copy(update={"chunks": base.shuffle.chunks + 1})}
+    imitation = base.model_copy(update={"train": base.train.model_copy(update={"workload": "imitation", "world_size": 1})})
+    assert key_of(imitation) == key_of(imitation.model_copy(update=other_scheduler))  # the cached model is reused
+    assert key_of(imitation) == key_of(imitation.model_copy(update=other_shuffle))
+    assert key_of(imitation) != key_of(imitation.model_copy(update={"train": imitation.train.model_copy(update={"lr": 0.5})}))
+
+    ppo = base.model_copy(update={"train": base.train.model_copy(update={"workload": "ppo"})})
+    assert key_of(ppo) != key_of(ppo.model_copy(update=other_scheduler))  # the plan's knobs are the ppo run's inputs
+    parallel = base.model_copy(update={"train": base.train.model_copy(update={"world_size": 2})})
+    assert key_of(parallel) != key_of(parallel.model_copy(update=other_shuffle))
