@@ -683,12 +683,18 @@ def _stage_one(item: IncomingEpisode, episode: Episode, table: pa.Table) -> _Sta
     for name in table.column_names:
         if name not in CONTRACT_COLUMNS:
             canonical = canonical.append_column(table.schema.field(name), table.column(name))
+    return _Staged(item, episode, canonical, episode_content_hash(canonical, item.meta_extra))
+
+
+def episode_content_hash(canonical: pa.Table, meta: pa.Table | None = None) -> str:
+    """The content hash the dataset stores for an episode: its canonical frames plus any carried
+    meta (file locations excluded, so re-chunking never changes it). The one recipe: the fleet's
+    spool quotes it so anyone can check that what was stored is exactly what the robot finished."""
     parts = [table_fingerprint(canonical)]
-    meta = item.meta_extra
     if meta is not None and any(not is_location_column(n) for n in meta.column_names):
         locations = frozenset(n for n in meta.column_names if is_location_column(n))
         parts.append(table_fingerprint(meta, exclude=locations))
-    return _Staged(item, episode, canonical, combine_fingerprints(parts))
+    return combine_fingerprints(parts)
 
 
 def _data_table(canonical: pa.Table, episode_index: int, first_frame: int, task_index: int) -> pa.Table:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from components.episodes.fingerprint import combine_fingerprints, table_fingerprint
+from components.episodes.dataset import episode_content_hash
 from components.fleet.layout import atomic_write, fsync_dir
 
 PENDING = "pending"
@@ -30,7 +30,7 @@ SUFFIX = ".arrow"
 def content_hash(table: pa.Table) -> str:
     """The hash the episode dataset stores for this episode (no carried meta): lets anyone check
     that what was stored is exactly what the robot finished."""
-    return combine_fingerprints([table_fingerprint(table)])
+    return episode_content_hash(table)
 
 
 @dataclass(frozen=True)
