@@ -55,7 +55,7 @@ import torch
 from components.config import Settings, load_settings
 from components.episodes.record import Episode
 from components.evaluation.heldout import summarize
-from components.evaluation.intervals import wilson_interval
+from components.evaluation.intervals import difference_interval, wilson_interval
 from components.fert import DEMO_VERSION, build_training_set
 from components.policy.actor import PolicyActor
 from components.policy.normalizer import NormalizedPolicy
@@ -365,6 +365,7 @@ def summarize_run(plan: Plan, settings: Settings, rows: list[RunRow], initial: l
             "fert_beats_filtered_bc_by_3": fert["thresholded"]["rate"] - fbc["thresholded"]["rate"] >= 0.03,
             "fert_grows_with_fleet": bool(all(b >= a for a, b in zip(fert_curve, fert_curve[1:], strict=False))),
             "fert_largest_minus_smallest_points": 100 * (fert_curve[-1] - fert_curve[0]),
+            **interval_targets(table, plan.fleet_sizes, conf),
         }
     return {
         "benchmark": "fleet_scaling",
@@ -387,6 +388,27 @@ def summarize_run(plan: Plan, settings: Settings, rows: list[RunRow], initial: l
             for r in rows
         ],
     }
+
+
+def interval_targets(table: dict, fleet_sizes, confidence: float) -> dict:
+    """Newcombe intervals of the differences the targets compare (pooled trials; the seed spread
+    is in the table): FERT − filtered BC at the largest fleet, and FERT's step between fleet sizes."""
+    fert = table["fert"]
+    return {
+        "fert_minus_filtered_bc_ci_points": _difference_points(
+            fert[str(fleet_sizes[-1])], table["filtered_bc"][str(fleet_sizes[-1])], confidence),
+        "fert_growth_steps_ci_points": {
+            f"{a}->{b}": _difference_points(fert[str(b)], fert[str(a)], confidence)
+            for a, b in zip(fleet_sizes, fleet_sizes[1:], strict=False)
+        },
+    }
+
+
+def _difference_points(a: dict, b: dict, confidence: float) -> list[float]:
+    """[difference, low, high] in points of ``a`` − ``b`` (thresholded), Newcombe's interval."""
+    d = difference_interval(*(wilson_interval(c["thresholded"]["successes"], c["thresholded"]["trials"], confidence)
+                              for c in (a, b)))
+    return [100 * d.value, 100 * d.low, 100 * d.high]
 
 
 def _sum_dicts(dicts: list[dict[str, int]]) -> dict[str, int]:
@@ -456,6 +478,7 @@ def main() -> None:
     parser.add_argument("--max-epochs", type=int, help="cap on passes over a round's training set (0 = none)")
     parser.add_argument("--heldout-robots", type=int)
     parser.add_argument("--validation-robots", type=int, help="robots for per-round selection (0 = keep every round)")
+    parser.add_argument("--validation-trials", type=int, help="trials per validation robot")
     parser.add_argument("--trials-per-robot", type=int)
     parser.add_argument("--no-ablation", action="store_true")
     parser.add_argument("--sim-set", nargs="*", default=[], metavar="KEY=VALUE", help="override sim: fields")
@@ -465,7 +488,13 @@ def main() -> None:
     parser.add_argument("--replot", action="store_true", help="redraw the PNG and docs section from the saved JSON")
     args = parser.parse_args()
     if args.replot:
-        result = json.loads((RESULTS / f"fleet_scaling_{args.sim}.json").read_text())
+        path = RESULTS / f"fleet_scaling_{args.sim}.json"
+        result = json.loads(path.read_text())
+        if result.get("targets") and "fert_minus_filtered_bc_ci_points" not in result["targets"]:
+            # derived from the stored counts only: results from before the intervals existed get them
+            result["targets"].update(interval_targets(result["results"], result["plan"]["fleet_sizes"],
+                                                      load_settings().evaluation.confidence))
+            path.write_text(json.dumps(result, indent=2) + "\n")
         plot(result, RESULTS / f"fleet_scaling_{args.sim}.png")
         write_docs(result)
         return
@@ -473,7 +502,7 @@ def main() -> None:
     updates = {k: v for k, v in {
         "seeds": args.seeds, "rounds": args.rounds, "steps_per_robot": args.steps_per_robot,
         "finetune_steps": args.finetune_steps, "max_epochs": args.max_epochs, "heldout_robots": args.heldout_robots,
-        "validation_robots": args.validation_robots,
+        "validation_robots": args.validation_robots, "validation_trials": args.validation_trials,
         "trials_per_robot": args.trials_per_robot,
         "fleet_sizes": tuple(args.fleet_sizes) if args.fleet_sizes else None,
     }.items() if v is not None}
@@ -514,6 +543,10 @@ def _pct(cell: dict) -> str:
 
 def _spread(cell: dict) -> str:
     return f"{100 * cell['seed_min']:.1f}–{100 * cell['seed_max']:.1f}"
+
+
+def _ci(points: list[float]) -> str:
+    return f"{points[0]:+.1f} pts [{points[1]:+.1f}, {points[2]:+.1f}]"
 
 
 def render_section(result: dict) -> str:
@@ -564,6 +597,14 @@ def render_section(result: dict) -> str:
                 targets["fert_minus_filtered_bc_points"], targets["fert_beats_filtered_bc_by_3"],
                 targets["fert_grows_with_fleet"], targets["fert_largest_minus_smallest_points"], fleets[0], fleets[-1]),
         ]
+        if "fert_minus_filtered_bc_ci_points" in targets:  # results from before the intervals were added lack them
+            gap = targets["fert_minus_filtered_bc_ci_points"]
+            steps = "; ".join(f"{k.replace('->', ' → ')}: {_ci(v)}" for k, v in targets["fert_growth_steps_ci_points"].items())
+            lines += [
+                "",
+                f"Differences with 95% intervals (Newcombe, pooled trials): FERT − filtered BC at {fleets[-1]} robots "
+                f"{_ci(gap)}; FERT from one fleet size to the next (robots): {steps}.",
+            ]
     return "\n".join(lines) + "\n"
 
 

@@ -47,3 +47,16 @@ def test_every_task_gets_at_least_trials_per_task():
     assert report.overall.trials == 12 and report.trials_per_robot == 4
     assert report.overall.rate > 0.9  # the scripted expert solves the task on held-out robots
     assert set(report.by_robot) == {"heldout-0000", "heldout-0001", "heldout-0002"}
+
+
+def test_difference_interval_matches_newcombes_published_examples():
+    from components.evaluation.intervals import difference_interval, wilson_interval
+
+    # Newcombe (1998), Statistics in Medicine 17:873, Table II, method 10 (hybrid score)
+    for a, b, low, high in (((56, 70), (48, 80), 0.0524, 0.3339), ((9, 10), (3, 10), 0.1705, 0.8090),
+                            ((10, 10), (0, 20), 0.6791, 1.0)):
+        d = difference_interval(wilson_interval(*a), wilson_interval(*b))
+        assert (round(d.low, 4), round(d.high, 4)) == (low, high)
+        assert d.low <= d.value <= d.high
+    with pytest.raises(ValueError, match="same confidence"):
+        difference_interval(wilson_interval(1, 2, 0.95), wilson_interval(1, 2, 0.9))

@@ -43,6 +43,9 @@ def test_tiny_study_writes_consistent_results(tmp_path, monkeypatch):
             assert sum(cell["failures_by_stage"].values()) == t["trials"] - t["successes"], (method, fleet)
             assert t["ci_low"] <= t["rate"] <= t["ci_high"]
     assert set(result["targets"]) >= {"fert_largest_fleet_ge_97", "fert_beats_filtered_bc_by_3", "fert_grows_with_fleet"}
+    gap, low, high = result["targets"]["fert_minus_filtered_bc_ci_points"]
+    assert gap == pytest.approx(result["targets"]["fert_minus_filtered_bc_points"]) and low <= gap <= high
+    assert list(result["targets"]["fert_growth_steps_ci_points"]) == ["1->2"]
     fert_rounds = [r["rounds"] for r in result["runs"] if r["method"] == "fert"]
     assert all(len(rounds) == plan.rounds for rounds in fert_rounds)
     for run in result["runs"]:  # validation selection: the kept policy's score never goes down
