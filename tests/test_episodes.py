@@ -407,3 +407,22 @@ def test_two_handles_share_one_dataset(ds, rng):
     other.add_episodes([make_episode(rng)])  # a writer always reloads under the lock first
     ds.refresh()
     assert ds.num_episodes == 2 and len(list(ds.episodes())) == 2
+
+
+def test_dataset_stats_pool_per_episode_stats_and_skip_episodes_without_them():
+    from components.episodes.stats import stats_from_episodes_meta
+
+    rng = np.random.default_rng(0)
+    frames = [rng.normal(size=(n, 2)) for n in (5, 9, 3)]
+    columns = {f"stats/x/{k}": [] for k in ("min", "max", "mean", "std", "count")}
+    for f in frames:
+        for k, v in (("min", f.min(0)), ("max", f.max(0)), ("mean", f.mean(0)), ("std", f.std(0)), ("count", [len(f)])):
+            columns[f"stats/x/{k}"].append(list(map(float, v)) if k != "count" else v)
+    for name in columns:  # a fourth episode recorded before this feature existed
+        columns[name].append(None)
+    stats = stats_from_episodes_meta(pa.table(columns))["x"]
+    everything = np.concatenate(frames)
+    np.testing.assert_allclose(stats["mean"], everything.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(stats["std"], everything.std(0), rtol=1e-12)
+    np.testing.assert_array_equal(stats["min"], everything.min(0))
+    assert stats["count"] == [17]

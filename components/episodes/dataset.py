@@ -624,7 +624,9 @@ class EpisodeDataset:
             _atomic_copy(src, self.root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=number))
         _atomic_write_parquet(self.root / TASKS_PATH, tasks_table(tasks), self.cfg.compression)
         previous = [self._meta] if self._meta is not None else []
-        meta = pa.concat_tables(previous + meta_rows, promote_options="permissive")
+        # one chunk per column: per-episode row tables would leave the in-memory meta with a chunk
+        # per episode, and every compute over it (stats.json on each ingest) pays per chunk
+        meta = pa.concat_tables(previous + meta_rows, promote_options="permissive").combine_chunks()
         self._info = {**info, "features": features}
         if video_slots:
             self._info["video_path"] = VIDEO_PATH

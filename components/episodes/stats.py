@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from components.episodes.schema import list_column_to_numpy
 
@@ -68,24 +69,49 @@ def feature_stats(values: np.ndarray) -> dict[str, np.ndarray]:
 
 def aggregate_stats(per_episode: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Combine per-episode stats of one feature: weighted mean, pooled variance, min, max."""
-    counts = np.array([float(s["count"].reshape(-1)[0]) for s in per_episode])
+    stacked = {stat: np.stack([np.asarray(s[stat], dtype=np.float64) for s in per_episode]) for stat in STAT_NAMES}
+    return _aggregate(stacked)
+
+
+def _aggregate(stacked: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``aggregate_stats`` on stats stacked over episodes (axis 0)."""
+    counts = stacked["count"].reshape(len(stacked["count"]), -1)[:, 0]
     total = counts.sum()
-    means = np.stack([np.asarray(s["mean"], dtype=np.float64) for s in per_episode])
-    stds = np.stack([np.asarray(s["std"], dtype=np.float64) for s in per_episode])
+    means, stds = stacked["mean"], stacked["std"]
     weights = (counts / total).reshape((-1,) + (1,) * (means.ndim - 1))
     mean = (weights * means).sum(axis=0)
     variance = (weights * (stds**2 + (means - mean) ** 2)).sum(axis=0)
     return {
-        "min": np.min(np.stack([np.asarray(s["min"], dtype=np.float64) for s in per_episode]), axis=0),
-        "max": np.max(np.stack([np.asarray(s["max"], dtype=np.float64) for s in per_episode]), axis=0),
+        "min": stacked["min"].min(axis=0),
+        "max": stacked["max"].max(axis=0),
         "mean": mean,
         "std": np.sqrt(variance),
         "count": np.array([int(total)], dtype=np.int64),
     }
 
 
+def _stacked(column: pa.ChunkedArray) -> np.ndarray | None:
+    """A stats column (one equally shaped, possibly nested list per row) as (rows, *shape) float64;
+    None if the rows' shapes differ."""
+    arr = column.combine_chunks()
+    rows, flat, shape = len(arr), arr, []
+    while _is_list(flat.type):
+        lengths = pc.list_value_length(flat).to_numpy(zero_copy_only=False)
+        if len(lengths) and (lengths != lengths[0]).any():
+            return None
+        shape.append(int(lengths[0]) if len(lengths) else 0)
+        flat = flat.flatten()
+    if flat.null_count:
+        return None
+    return flat.to_numpy(zero_copy_only=False).astype(np.float64).reshape((rows, *shape))
+
+
 def stats_from_episodes_meta(meta: pa.Table) -> dict[str, dict[str, list]]:
-    """``meta/stats.json`` content from the ``stats/*`` columns of the episodes table."""
+    """``meta/stats.json`` content from the ``stats/*`` columns of the episodes table.
+
+    Column-wise (no per-episode Python objects): it is rewritten on every ingest, so its cost
+    must stay small as the dataset grows. Episodes without a feature's stats are left out of it.
+    """
     features: dict[str, set[str]] = {}
     for name in meta.column_names:
         parsed = parse_stats_column(name)
@@ -95,12 +121,18 @@ def stats_from_episodes_meta(meta: pa.Table) -> dict[str, dict[str, list]]:
     for feature in sorted(features):
         if set(STAT_NAMES) - features[feature]:
             continue
-        columns = {stat: meta.column(stats_column(feature, stat)).to_pylist() for stat in STAT_NAMES}
-        per_episode = [
-            {stat: np.asarray(columns[stat][row]) for stat in STAT_NAMES}
-            for row in range(meta.num_rows)
-            if all(columns[stat][row] is not None for stat in STAT_NAMES)
-        ]
-        if per_episode:
+        columns = meta.select([stats_column(feature, stat) for stat in STAT_NAMES])
+        mask = pc.is_valid(columns.column(0))
+        for c in columns.columns[1:]:
+            mask = pc.and_(mask, pc.is_valid(c))
+        columns = columns.filter(mask)
+        if columns.num_rows == 0:
+            continue
+        stacked = {stat: _stacked(columns.column(i)) for i, stat in enumerate(STAT_NAMES)}
+        if any(v is None for v in stacked.values()):  # ragged rows: one episode at a time
+            lists = {stat: columns.column(i).to_pylist() for i, stat in enumerate(STAT_NAMES)}
+            per_episode = [{stat: np.asarray(lists[stat][r]) for stat in STAT_NAMES} for r in range(columns.num_rows)]
             out[feature] = {k: v.tolist() for k, v in aggregate_stats(per_episode).items()}
+        else:
+            out[feature] = {k: v.tolist() for k, v in _aggregate(stacked).items()}
     return out
