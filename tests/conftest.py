@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -23,6 +24,11 @@ from components.config import (  # noqa: E402
     Settings,
     TrainConfig,
 )
+
+
+def pytest_unconfigure(config):
+    """The session's Prefect home goes with the session (one was left in /tmp per run)."""
+    shutil.rmtree(_PREFECT_TMP, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

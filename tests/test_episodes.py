@@ -426,3 +426,15 @@ def test_dataset_stats_pool_per_episode_stats_and_skip_episodes_without_them():
     np.testing.assert_allclose(stats["std"], everything.std(0), rtol=1e-12)
     np.testing.assert_array_equal(stats["min"], everything.min(0))
     assert stats["count"] == [17]
+
+
+def test_a_slice_of_the_stored_episodes_reads_only_that_slice(ds, rng):
+    for batch in range(3):  # three data files
+        ds.add_episodes([make_episode(rng, f"robot-000{k}") for k in range(3)])
+    everything = [e.episode_id for e in ds.episodes()]
+    assert len(everything) == 9
+    assert [e.episode_id for e in ds.episodes(4)] == everything[4:]
+    assert [e.episode_id for e in ds.episodes(2, 7)] == everything[2:7]
+    assert list(ds.episodes(9)) == []
+    (ds.root / "data" / "chunk-000" / "file-000.parquet").unlink()  # the first file is never opened
+    assert [e.episode_id for e in ds.episodes(3)] == everything[3:]

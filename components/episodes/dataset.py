@@ -388,12 +388,13 @@ class EpisodeDataset:
             return pa.table({})
         return self._with_task(pa.concat_tables(tables, promote_options="permissive"))
 
-    def episodes(self) -> Iterator[Episode]:
-        """Every stored episode, in episode_index order."""
+    def episodes(self, start: int = 0, stop: int | None = None) -> Iterator[Episode]:
+        """Stored episodes in episode_index order; ``start``/``stop`` pick a slice of that order
+        without reading or decoding the episodes before it (a consumer following the ingest)."""
         if self._meta is None:
             return
-        order = np.argsort(self._meta.column(EPISODE_INDEX).to_numpy(), kind="stable")
-        meta = self._meta.take(pa.array(order))
+        order = np.argsort(self._meta.column(EPISODE_INDEX).to_numpy(), kind="stable")[start:stop]
+        meta = self._meta.take(pa.array(order, pa.int64()))
         keys = list(zip(meta.column(META_DATA_CHUNK).to_pylist(), meta.column(META_DATA_FILE).to_pylist()))
         starts = meta.column(META_FROM).to_pylist()
         lengths = meta.column(META_LENGTH).to_pylist()

@@ -14,7 +14,6 @@ state. ``state/trainer.json`` tells the coordinator (and people) where training 
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import threading
@@ -80,7 +79,7 @@ class FleetTrainer:
     def _read(self, start: int, stop: int | None) -> int:
         """Add dataset episodes [start, stop) to the buffer; returns how many were read."""
         read = 0
-        for episode in itertools.islice(self.dataset.episodes(), start, stop):
+        for episode in self.dataset.episodes(start, stop):
             read += 1
             if self._keep(episode):
                 self._states.append(episode.states)
