@@ -78,6 +78,7 @@ FLEET_METHODS = ("filtered_bc", "fert")
 SEED_STRIDE = 1000  # keeps the streams of different seeds / rounds apart
 EVAL_STREAM = 7919
 VALIDATION_STREAM = 4099
+INIT_STREAM = 500  # the initial policy's demo rounds (the bc line's rounds use 1..rounds)
 VALIDATION_PREFIX = "validation"  # robots for round-by-round selection: neither in the fleet nor held out
 
 
@@ -102,6 +103,10 @@ class Plan:
     # validation robots (rollout-based selection); 0 robots = every round's policy is kept
     validation_robots: int = 16
     validation_trials: int = 12
+    # the initial policy: the bootstrap recipe (train: of params.yaml), then up to this many rounds of
+    # fine-tuning on the demos alone, each kept only if validation says so -- demos-only training run
+    # until it stops paying, so that what the fleet rounds add is not simply more training
+    init_rounds: int = 0
 
 
 PLANS = {
@@ -291,6 +296,10 @@ def run(plan: Plan, out_name: str) -> dict:
         good = [e for e in demos if e.success]  # an expert's failed demo is never imitated either
         demo_set = TrainingSet(np.concatenate([e.states for e in good]), np.concatenate([e.actions for e in good]))
         init = train_imitation(demo_set, settings.policy, settings.train, seed=seed, device="cpu").policy
+        if plan.init_rounds > 0:
+            score = validate(settings, plan, init, seed)
+            for r in range(1, plan.init_rounds + 1):
+                init, score, _ = finetune_round(settings, plan, demo_set, init, score, seed, seed * SEED_STRIDE + INIT_STREAM + r)
         initial.append(evaluate(settings, plan, init, seed))
         log(f"seed {seed}: {len(demos)} demos ({np.mean([e.success for e in demos]):.0%} expert success), "
             f"initial policy {initial[-1].rate:.1%} held-out (sampled {initial[-1].sampled_rate:.1%})")
@@ -479,6 +488,7 @@ def main() -> None:
     parser.add_argument("--heldout-robots", type=int)
     parser.add_argument("--validation-robots", type=int, help="robots for per-round selection (0 = keep every round)")
     parser.add_argument("--validation-trials", type=int, help="trials per validation robot")
+    parser.add_argument("--init-rounds", type=int, help="demos-only rounds (with validation selection) after the bootstrap")
     parser.add_argument("--trials-per-robot", type=int)
     parser.add_argument("--no-ablation", action="store_true")
     parser.add_argument("--sim-set", nargs="*", default=[], metavar="KEY=VALUE", help="override sim: fields")
@@ -503,6 +513,7 @@ def main() -> None:
         "seeds": args.seeds, "rounds": args.rounds, "steps_per_robot": args.steps_per_robot,
         "finetune_steps": args.finetune_steps, "max_epochs": args.max_epochs, "heldout_robots": args.heldout_robots,
         "validation_robots": args.validation_robots, "validation_trials": args.validation_trials,
+        "init_rounds": args.init_rounds,
         "trials_per_robot": args.trials_per_robot,
         "fleet_sizes": tuple(args.fleet_sizes) if args.fleet_sizes else None,
     }.items() if v is not None}

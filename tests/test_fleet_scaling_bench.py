@@ -26,7 +26,7 @@ def test_tiny_study_writes_consistent_results(tmp_path, monkeypatch):
     monkeypatch.setattr(fs, "RESULTS", tmp_path)
     threads = torch.get_num_threads()
     plan = replace(fs.QUICK["pickplace"], fleet_sizes=(1, 2), steps_per_robot=60, finetune_steps=20,
-                   heldout_robots=2, trials_per_robot=2)
+                   heldout_robots=2, trials_per_robot=2, init_rounds=1)
     try:
         result = fs.run(plan, "tiny")
     finally:
