@@ -438,3 +438,12 @@ def test_a_slice_of_the_stored_episodes_reads_only_that_slice(ds, rng):
     assert list(ds.episodes(9)) == []
     (ds.root / "data" / "chunk-000" / "file-000.parquet").unlink()  # the first file is never opened
     assert [e.episode_id for e in ds.episodes(3)] == everything[3:]
+
+
+def test_dataset_stats_refuse_rows_of_different_shapes_naming_the_column():
+    from components.episodes.stats import stats_from_episodes_meta
+
+    columns = {f"stats/x/{k}": [[0.0, 1.0], [0.0]] for k in ("min", "max", "mean", "std")}
+    columns["stats/x/count"] = [[3], [4]]
+    with pytest.raises(ValueError, match="stats/x/min has rows of different shapes"):
+        stats_from_episodes_meta(pa.table(columns))

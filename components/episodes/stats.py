@@ -67,14 +67,9 @@ def feature_stats(values: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
-def aggregate_stats(per_episode: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Combine per-episode stats of one feature: weighted mean, pooled variance, min, max."""
-    stacked = {stat: np.stack([np.asarray(s[stat], dtype=np.float64) for s in per_episode]) for stat in STAT_NAMES}
-    return _aggregate(stacked)
-
-
-def _aggregate(stacked: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``aggregate_stats`` on stats stacked over episodes (axis 0)."""
+def aggregate_stats(stacked: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Combine one feature's per-episode stats, stacked over episodes (axis 0): count-weighted
+    mean, pooled variance, min, max."""
     counts = stacked["count"].reshape(len(stacked["count"]), -1)[:, 0]
     total = counts.sum()
     means, stds = stacked["mean"], stacked["std"]
@@ -92,7 +87,7 @@ def _aggregate(stacked: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def _stacked(column: pa.ChunkedArray) -> np.ndarray | None:
     """A stats column (one equally shaped, possibly nested list per row) as (rows, *shape) float64;
-    None if the rows' shapes differ."""
+    None if the rows' shapes differ or a value is missing."""
     arr = column.combine_chunks()
     rows, flat, shape = len(arr), arr, []
     while _is_list(flat.type):
@@ -129,10 +124,11 @@ def stats_from_episodes_meta(meta: pa.Table) -> dict[str, dict[str, list]]:
         if columns.num_rows == 0:
             continue
         stacked = {stat: _stacked(columns.column(i)) for i, stat in enumerate(STAT_NAMES)}
-        if any(v is None for v in stacked.values()):  # ragged rows: one episode at a time
-            lists = {stat: columns.column(i).to_pylist() for i, stat in enumerate(STAT_NAMES)}
-            per_episode = [{stat: np.asarray(lists[stat][r]) for stat in STAT_NAMES} for r in range(columns.num_rows)]
-            out[feature] = {k: v.tolist() for k, v in aggregate_stats(per_episode).items()}
-        else:
-            out[feature] = {k: v.tolist() for k, v in _aggregate(stacked).items()}
+        ragged = [stats_column(feature, stat) for stat, v in stacked.items() if v is None]
+        if ragged:
+            raise ValueError(
+                f"episodes meta: {ragged[0]} has rows of different shapes or holes; every episode's "
+                f"stats of {feature!r} must have the feature's shape (re-export the episodes' stats)"
+            )
+        out[feature] = {k: v.tolist() for k, v in aggregate_stats(stacked).items()}
     return out
