@@ -167,7 +167,10 @@ def evaluate(settings: Settings, plan: Plan, policy: NormalizedPolicy, seed: int
 
 def validate(settings: Settings, plan: Plan, policy: NormalizedPolicy, seed: int) -> float:
     """Thresholded success on the validation robots: the same trials for every policy of a run
-    (paired comparison), never the held-out robots the final figures come from."""
+    (paired comparison), never the held-out robots the final figures come from. NaN without
+    validation robots (every round is then kept)."""
+    if plan.validation_robots <= 0:
+        return float("nan")
     robots = [f"{VALIDATION_PREFIX}-{i:04d}" for i in range(plan.validation_robots)]
     episodes = run_episodes(make_thresholded(settings.sim, PolicyActor(policy)), robots, settings.sim,
                             plan.validation_trials, seed * SEED_STRIDE + VALIDATION_STREAM, "validation")
@@ -223,7 +226,7 @@ def cel_run(
         settings = settings.model_copy(update={"fert": settings.fert.model_copy(update={"encoder": "learned"})})
     build_method = "fert" if method == "fert_learned" else method
     policy = init
-    policy_score = validate(settings, plan, policy, seed) if plan.validation_robots > 0 else float("nan")
+    policy_score = validate(settings, plan, policy, seed)
     episodes = list(demos)
     store_dir = scratch / f"store-{seed}-{method}-{fleet}"
     store, encoder = None, None
@@ -306,7 +309,7 @@ def run(plan: Plan, out_name: str) -> dict:
 
         # bc: demos only, same per-round budget, so it is one line whatever the fleet size
         policy, t0 = init, time.perf_counter()
-        policy_score = validate(settings, plan, policy, seed) if plan.validation_robots > 0 else float("nan")
+        policy_score = validate(settings, plan, policy, seed)
         for r in range(1, plan.rounds + 1):
             policy, policy_score, _ = finetune_round(settings, plan, demo_set, policy, policy_score, seed, seed * SEED_STRIDE + r)
         for fleet in plan.fleet_sizes:  # the same policy for every fleet size (it never sees the fleet)

@@ -75,3 +75,9 @@ def test_a_round_keeps_the_fine_tuned_policy_only_if_validation_says_it_is_not_w
     # fine-tuned on the demos again it is not worse than a bar it clears, so it replaces the champion
     kept, kept_score, info = fs.finetune_round(settings, plan, demo_set, champion, 0.0, seed=0, round_seed=1)
     assert info["accepted"] and kept is not champion and kept_score == info["validation"]
+
+    # without validation robots every round is kept (nothing to compare with)
+    unvalidated = replace(plan, validation_robots=0)
+    assert np.isnan(fs.validate(settings, unvalidated, champion, seed=0))
+    kept, _, info = fs.finetune_round(settings, unvalidated, scrambled, champion, float("nan"), seed=0, round_seed=1)
+    assert kept is not champion and "accepted" not in info
