@@ -48,8 +48,20 @@ def prefect_server(tmp_path_factory):
         with temporary_settings(updates={PREFECT_API_URL: api}):
             yield api
     finally:
+        _drain_prefect_workers()
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def _drain_prefect_workers() -> None:
+    """Deliver (and stop) the event and log workers while this server still runs. They keep the API
+    client they started with, so later tests' events would otherwise go to the killed server and the
+    session's final drain would wait on each one (seen: test_ops before test_retrain_flow hung at exit)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (EventsWorker, APILogWorker):
+        worker.drain_all(timeout=60)
 
 
 def _flow_run(client, name: str):
