@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from components.config import FertConfig, PolicyConfig, SchedulerConfig, SimConfig, StoreConfig
+from components.scheduler.devices import max_concurrent_owners
 from components.scheduler.plan import Plan, WorkerSpec
+from components.scheduler.rose import candidate_transformations, legality, replicate_rollout
 from components.training.workloads.fert_iteration import FertIterSpec, build_fert_data, run_fert_iterations
-from components.training.workloads.ppo import PPOSpec, ppo_runtime, run_ppo
+from components.training.workloads.ppo import PPOSpec, ppo_runtime, ppo_workflow, run_ppo
 
 POLICY = PolicyConfig(hidden=32, layers=2)
 SIM = SimConfig(max_steps=12)
@@ -45,6 +47,38 @@ def test_ppo_plans_are_bit_identical(ppo_reference):
         assert [m.eval_successes for m in got.metrics] == [m.eval_successes for m in ppo_reference.metrics]
     assert ppo_reference.metrics[0].env_steps_per_s > 0
     assert set(ppo_reference.policy_weights) == {k[len("actor."):] for k in ppo_reference.weights if k.startswith("actor.")}
+
+
+@pytest.mark.parametrize("groups", [2, 4])
+def test_replicated_rollout_is_bit_identical(ppo_reference, groups):
+    """Env groups and their policy copies on two processes (data-parallel rollout), the evaluator on
+    a third: same trajectories and weights as the sequential schedule, one lock owner per device."""
+    spec = _spec()
+    rt = ppo_runtime(spec, CFG)
+    base = rt.sequential(groups=groups).with_(placement={"policy": ("cpu0", "cpu1"), "learner": ("cpu0", "cpu1")})
+    base = base.with_(workers=(WorkerSpec("main", ("sim", "policy", "learner")),
+                               WorkerSpec("side", ("evaluator",), kind="process")))
+    assert "replicate_rollout" in [t.name for t in candidate_transformations(rt.workflow_at(groups), base, 2)]
+    plan = replicate_rollout(rt.workflow_at(groups), base, 2)
+    assert plan is not None and plan.groups == groups
+    got = run_ppo(spec, CFG, iterations=3, plan=plan)
+    assert _same(got.weights, ppo_reference.weights)
+    assert [m.weights_digest for m in got.metrics] == [m.weights_digest for m in ppo_reference.metrics]
+    assert [m.eval_successes for m in got.metrics] == [m.eval_successes for m in ppo_reference.metrics]
+    assert {s.worker for s in got.timeline.spans if s.op == "infer"} == {"rollout0", "rollout1"}
+    assert all(n == 1 for n in max_concurrent_owners(got.run.lock_events).values())
+
+
+def test_replicas_must_serve_every_env_group_once():
+    wf = ppo_workflow(_spec(), 4)
+    rest = WorkerSpec("main", ("learner", "evaluator"))
+    overlap = Plan("overlap", (WorkerSpec("r0", ("sim", "policy"), groups=(0, 1)),
+                               WorkerSpec("r1", ("sim", "policy"), groups=(1, 2)), rest), groups=4)
+    assert "exactly once" in legality(wf, overlap, range(2))
+    learner_twice = Plan("learner-twice", (WorkerSpec("r0", ("sim", "policy", "learner"), groups=(0, 1)),
+                                           WorkerSpec("r1", ("sim", "policy", "learner"), groups=(2, 3)),
+                                           WorkerSpec("side", ("evaluator",))), groups=4)
+    assert "'learner'" in legality(wf, learner_twice, range(2)) and "not replicable" in legality(wf, learner_twice, range(2))
 
 
 def test_ppo_planner_and_rose_plans_are_bit_identical(ppo_reference):

@@ -29,7 +29,7 @@ from typing import Any
 from components.config import SchedulerConfig
 from components.scheduler.channels import Channel, ChannelStats
 from components.scheduler.devices import DeviceRegistry, LockEvent, MemoryBudgetError, SwitchStats
-from components.scheduler.graph import Graph, LegalityError, VersionKey, build_graph, slot_of
+from components.scheduler.graph import Graph, LegalityError, OpInstance, VersionKey, build_graph, slot_of
 from components.scheduler.plan import Plan, WorkerSpec
 from components.scheduler.profiler import ActivitySampler, GpuTelemetry, OpTimer, Span, Timeline
 from components.scheduler.quotas import apply_blas_limit, mps_environment, set_worker_threads
@@ -67,12 +67,26 @@ def plan_workflow(workflow: Workflow, plan: Plan) -> Workflow:
     return workflow
 
 
+def worker_of_instance(plan: Plan, inst: OpInstance) -> str:
+    """The worker that runs one op instance (a replicated component's group ops go to their replica)."""
+    return plan.worker_of(inst.component, inst.indices.get(GROUP_LOOP)).name
+
+
+def instance_devices(plan: Plan, inst: OpInstance, worker: str) -> tuple[str, ...]:
+    """Devices whose lock an op instance takes: its component's placement, or for a replicated
+    component the one device of that placement its replica owns (replicas never share a lock)."""
+    devs = plan.placement.get(inst.component, ())
+    if devs and len(plan.hosts(inst.component)) > 1:
+        return (devs[plan.replica_index(inst.component, worker) % len(devs)],)
+    return devs
+
+
 def programs(graph: Graph, plan: Plan) -> dict[str, list[int]]:
     """Each worker's op order: sequential order, hoisted ops moved to the previous iteration's tail."""
     first = graph.iterations.start
     out: dict[str, list[tuple[float, int]]] = {w.name: [] for w in plan.workers}
     for inst in graph.instances:
-        w = plan.worker_of(inst.component).name
+        w = worker_of_instance(plan, inst)
         it = inst.iteration
         key = it - 0.5 if (inst.name in plan.hoist and it > first) else float(it)
         out[w].append((key, inst.uid))
@@ -85,10 +99,7 @@ def check_schedule(graph: Graph, plan: Plan) -> None:
     Semantic edges are always enforced, so a legal plan can only wait, never read a wrong
     version; an illegal one would deadlock (a cycle) — this check refuses it up front.
     """
-    names = {c.name for c in graph.workflow.components}
-    placed = [c for w in plan.workers for c in w.components]
-    if sorted(placed) != sorted(names):
-        raise LegalityError(f"plan {plan.name!r} must place every component exactly once: {placed} vs {sorted(names)}")
+    _check_placement(graph.workflow, plan)
     unknown = set(plan.hoist) - {op.name for op, _ in graph.workflow.ops_with_scope()}
     if unknown:
         raise LegalityError(f"plan {plan.name!r} hoists unknown ops {sorted(unknown)}")
@@ -127,6 +138,27 @@ def check_schedule(graph: Graph, plan: Plan) -> None:
         )
 
 
+def _check_placement(workflow: Workflow, plan: Plan) -> None:
+    """Every component placed once, or replicated: on several workers whose env groups partition the
+    group loop, and only if the component declares itself ``replicable``."""
+    names = {c.name for c in workflow.components}
+    placed = [c for w in plan.workers for c in w.components]
+    if set(placed) != names:
+        raise LegalityError(f"plan {plan.name!r} must place every component: {sorted(set(placed))} vs {sorted(names)}")
+    groups = workflow.loops.get(GROUP_LOOP)
+    for c in sorted(names):
+        hosts = plan.hosts(c)
+        if len(hosts) == 1:
+            continue
+        if not workflow.component(c).replicable:
+            raise LegalityError(f"plan {plan.name!r} places component {c!r} on {len(hosts)} workers, but it is not "
+                                "replicable (its state is not per env group); place it once")
+        served = sorted(g for w in hosts for g in (w.groups or ()))
+        if groups is None or served != list(range(groups)):
+            raise LegalityError(f"plan {plan.name!r}: the replicas of {c!r} serve env groups {served}; they must "
+                                f"serve each of the workflow's {groups} groups exactly once (WorkerSpec.groups)")
+
+
 # ----------------------------------------------------------------------------------------- process
 def _process_main(conn: Any, workflow: Workflow, components: tuple[str, ...], ctx: BuildContext,
                   threads: int | None, cores: tuple[int, ...] | None, blas_threads: int | None = None) -> None:
@@ -142,17 +174,46 @@ def _process_main(conn: Any, workflow: Workflow, components: tuple[str, ...], ct
 def _serve(conn: Any, workflow: Workflow, components: tuple[str, ...], ctx: BuildContext) -> None:
     states = {c: workflow.component(c).factory(ctx) for c in components}
     ops = {op.name: op for op, _ in workflow.ops_with_scope()}
+    kept: dict[str, Any] = {}  # versions this worker reads again: sent (or produced) once, then held here
     conn.send(("ready", None))
     while True:
         msg = conn.recv()
         if msg[0] == "stop":
             return
-        _, name, idx, inputs = msg
-        op = ops[name]
-        try:
-            conn.send(("ok", op.fn(states[op.component], idx, inputs)))
-        except Exception as exc:  # forwarded to the parent, which raises ExecutionError
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        for call in msg[1]:
+            op = ops[call.op]
+            try:
+                values = {**{k: kept[k] for k in call.held}, **call.values}
+                kept.update({k: values[k] for k in call.keep})
+                args = {name: [values[k] for k in keys] if multi else values[keys[0]]
+                        for name, keys, multi in call.groups}
+                t0 = time.perf_counter()
+                out = op.fn(states[op.component], call.indices, args)
+                t1 = time.perf_counter()
+                for state, key in call.keep_out:
+                    kept[key] = (out or {}).get(state)
+                for k in call.drop:
+                    kept.pop(k, None)
+            except Exception as exc:  # forwarded to the parent, which raises ExecutionError; the rest of
+                conn.send(("error", f"{type(exc).__name__}: {exc}"))  # the run is skipped
+                break
+            conn.send(("ok", (out, t0, t1)))
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One op request to a process worker. Versions the worker reads more than once cross the pipe
+    once: ``keep`` (inputs) and ``keep_out`` (its own outputs) stay in the process, later calls name
+    them in ``held``, and ``drop`` releases those read for the last time."""
+
+    op: str
+    indices: dict[str, int]
+    values: dict[str, Any]
+    held: tuple[str, ...]
+    groups: tuple[tuple[str, tuple[str, ...], bool], ...]
+    keep: tuple[str, ...] = ()
+    keep_out: tuple[tuple[str, str], ...] = ()
+    drop: tuple[str, ...] = ()
 
 
 class _ProcessHost:
@@ -190,13 +251,17 @@ class _ProcessHost:
                 )
         return self.conn.recv()
 
-    def call(self, name: str, idx: dict[str, int], inputs: dict[str, Any]) -> dict[str, Any]:
+    def send(self, calls: list[_Call]) -> None:
+        """Ask the process to run ``calls`` in order; results stream back one per call (``result``)."""
         # plain pickle, by value: Connection.send's ForkingPickler would move each CPU tensor's storage
         # into shared memory *in place* (torch's reduction), racing with the other workers that read
         # the same versioned state at that moment (seen: a learner loading params@i while they moved
         # gave different weights in 1 of 6 runs of the evaluator-in-a-side-process plan)
-        self.conn.send_bytes(pickle.dumps(("run", name, idx, inputs), protocol=pickle.HIGHEST_PROTOCOL))
-        kind, payload = self._recv(name)
+        self.conn.send_bytes(pickle.dumps(("run", calls), protocol=pickle.HIGHEST_PROTOCOL))
+
+    def result(self, op: str) -> tuple[dict[str, Any], float, float]:
+        """The next streamed result: outputs and the op's start/end (``perf_counter``, system-wide)."""
+        kind, payload = self._recv(op)
         if kind == "error":
             raise ExecutionError(payload)
         return payload
@@ -210,6 +275,21 @@ class _ProcessHost:
 
 
 # ----------------------------------------------------------------------------------------- executor
+@dataclass
+class _Worker:
+    """Per-worker bookkeeping of one run: its inbox, the versions it holds, its current quota."""
+
+    spec: WorkerSpec
+    inbox: Channel
+    host: _ProcessHost | None
+    local: dict[VersionKey, Any] = field(default_factory=dict)
+    in_process: set[VersionKey] = field(default_factory=set)  # versions held inside the worker's process
+    threads: int | None = None
+    in_child: list[str] = field(default_factory=list)
+    keep: list[str] = field(default_factory=list)
+    drop: list[str] = field(default_factory=list)
+
+
 def _lookup_input(inputs: Mapping[str, Any], key: VersionKey) -> Any:
     if str(key) in inputs:
         return inputs[str(key)]
@@ -248,8 +328,7 @@ def execute(
     inputs = dict(inputs or {})
     ctx = BuildContext(payload, dict(wf.loops))
     progs = programs(graph, plan)
-    worker_of = {c: w.name for w in plan.workers for c in w.components}
-    inst_worker = [worker_of[i.component] for i in graph.instances]
+    inst_worker = [worker_of_instance(plan, i) for i in graph.instances]
 
     # routing: which other workers need each produced version; local reader counts for eviction
     route: list[list[tuple[VersionKey, list[str]]]] = [[] for _ in graph.instances]
@@ -325,7 +404,8 @@ def execute(
             hosts[w.name] = _ProcessHost(w, wf, ctx, threads, env, plan.blas_threads)
         else:
             for c in w.components:
-                states[c] = prebuilt[c] if c in prebuilt else wf.component(c).factory(ctx)
+                replicated = len(plan.hosts(c)) > 1
+                states[(w.name, c)] = prebuilt[c] if c in prebuilt and not replicated else wf.component(c).factory(ctx)
 
     def fail(exc: BaseException) -> None:
         with meta:
@@ -345,110 +425,211 @@ def execute(
         try:
             if spec.cores is not None and hasattr(os, "sched_setaffinity"):
                 os.sched_setaffinity(threading.get_native_id(), set(spec.cores))
-            local: dict[VersionKey, Any] = {}
-            inbox = channels[spec.name]
-            current_threads: int | None = None
-            host = hosts.get(spec.name)
-            for uid in progs[spec.name]:
-                if errors:
-                    return
-                inst = graph.instances[uid]
-                lag = 2 if inst.name in plan.hoist else 1
-                if plan.barrier and inst.iteration - lag in barrier:
-                    barrier[inst.iteration - lag].wait()
-                for p in graph.preds[uid]:
-                    done[p].wait()
-                if errors:
-                    return
-                args: dict[str, Any] = {}
-                values: dict[VersionKey, Any] = {}
-                for key in inst.reads:
-                    k = graph.buffers[key.state]
-                    if k is not None:
-                        with meta:
-                            held = slots.get((key.state, key.part, slot_of(key, k)))
-                        if held != key:
-                            raise LegalityError(
-                                f"{inst.label()} reads {key} but its buffer holds {held}: plan {plan.name!r} "
-                                "reordered an in-place state without enough buffers"
-                            )
-                    if key in local:
-                        value = local[key]
-                    elif key in graph.inputs:
-                        value = _lookup_input(inputs, key)
-                    else:
-                        value = inbox.get(key)
-                        local[key] = value
-                    values[key] = value
-                    lk = (spec.name, key)
-                    local_readers[lk] -= 1
-                    if local_readers[lk] == 0:
-                        local.pop(key, None)
-                for name, keys, multi in inst.read_groups:
-                    args[name] = [values[k] for k in keys] if multi else values[keys[0]]
-                comp = wf.component(inst.component)
-                quota = plan.threads.get(comp.name, plan.default_threads)
-                if not inst.op.quota_invariant and comp.name in plan.pinned_threads:
-                    quota = plan.pinned_threads[comp.name]
-                if host is None and quota is not None and quota != current_threads:
-                    set_worker_threads(quota)
-                    current_threads = quota
-                devs = plan.placement.get(comp.name, ()) if comp.exclusive else ()
-                t_lock = 0.0
-                if devs:
-                    st = states.get(comp.name)
-                    on = (lambda s=st, h=comp.onload: h(s)) if comp.onload and host is None else None
-                    off = (lambda s=st, h=comp.offload: h(s)) if comp.offload and host is None else None
-                    t_lock = registry.acquire(devs, comp.name, comp.memory_mb, on, off)
-                t0 = time.perf_counter()
-                device_s: list[float] = []
-                try:
-                    if host is not None:
-                        out = host.call(inst.name, inst.indices, args)
-                    elif timer is not None:
-                        with timer.time(device_s.append):
-                            out = inst.op.fn(states[comp.name], inst.indices, args)
-                    else:
-                        out = inst.op.fn(states[comp.name], inst.indices, args)
-                finally:
-                    t1 = time.perf_counter()
-                    if devs:
-                        registry.release(devs, comp.name, t_lock)
-                out = out or {}
-                with meta:
-                    for key in inst.writes:
-                        k = graph.buffers[key.state]
-                        if k is not None:
-                            slots[(key.state, key.part, slot_of(key, k))] = key
-                        elif key.state not in out:
-                            raise ExecutionError(f"{inst.label()} did not return state {key.state!r} it declares")
-                        if key.state in record:
-                            records[key] = out.get(key.state)
-                        if k is None and (key.state not in final or final[key.state][0] <= key.version):
-                            final[key.state] = (key.version, out[key.state])
-                    spans.append(Span(inst.name, inst.label(), comp.name, spec.name, inst.iteration,
-                                      t0 - origin, t1 - origin, current_threads or 0,
-                                      device_s[0] if device_s else None))
-                for key, dests in route[uid]:
-                    value = out.get(key.state)
-                    if local_readers.get((spec.name, key), 0) > 0:
-                        local[key] = value
-                    for d in dests:
-                        channels[d].put(key, value)
-                finished_iteration = False
-                with meta:
-                    completion.append(uid)
-                    per_iter_done[inst.iteration] += 1
-                    if per_iter_done[inst.iteration] == per_iter_total[inst.iteration]:
-                        barrier[inst.iteration].set()
-                        finished_iteration = True
-                        recorded = {k.state: v for k, v in records.items() if k.version[:1] == (inst.iteration,)}
-                done[uid].set()
-                if finished_iteration and on_iteration is not None:
-                    with progress_lock:
-                        on_iteration(inst.iteration, recorded)
+            worker = _Worker(spec, channels[spec.name], hosts.get(spec.name))
+            if worker.host is None:
+                for uid in progs[spec.name]:
+                    if not wait_ready(uid):
+                        return
+                    run_local(worker, uid)
+            else:
+                prog = progs[spec.name]
+                pos = 0
+                while pos < len(prog):
+                    if not wait_ready(prog[pos]):
+                        return
+                    batch = ready_run(spec.name, prog, pos)
+                    run_remote(worker, batch)
+                    pos += len(batch)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
             fail(exc)
+
+    def wait_ready(uid: int) -> bool:
+        """Block until op ``uid`` may start (its iteration barrier and semantic predecessors)."""
+        if errors:
+            return False
+        inst = graph.instances[uid]
+        lag = 2 if inst.name in plan.hoist else 1
+        if plan.barrier and inst.iteration - lag in barrier:
+            barrier[inst.iteration - lag].wait()
+        for p in graph.preds[uid]:
+            done[p].wait()
+        return not errors
+
+    def ready_run(worker: str, prog: list[int], pos: int) -> list[int]:
+        """The longest run of program ops from ``pos`` that can start now: each one's barrier is
+        passed and its predecessors are done or earlier in the run, and at most one exclusive
+        component's devices are involved. A process worker runs it on one request (no round trip
+        per op), streaming each result back as it completes."""
+        batch = [prog[pos]]
+        members = {prog[pos]}
+        locks = {instance_devices(plan, graph.instances[prog[pos]], worker)} - {()}
+        for uid in prog[pos + 1:]:
+            inst = graph.instances[uid]
+            lag = 2 if inst.name in plan.hoist else 1
+            if plan.barrier and inst.iteration - lag in barrier and not barrier[inst.iteration - lag].is_set():
+                break
+            if any(p not in members and not done[p].is_set() for p in graph.preds[uid]):
+                break
+            devs = instance_devices(plan, inst, worker) if wf.component(inst.component).exclusive else ()
+            if devs and locks and devs not in locks:
+                break
+            locks |= {devs} - {()}
+            batch.append(uid)
+            members.add(uid)
+        return batch
+
+    def check_slots(inst: OpInstance, pending: dict[tuple[str, int | None, int], VersionKey]) -> None:
+        """Every in-place read must find its version in its buffer slot (``pending``: slots written
+        by ops of the same run that precede this one)."""
+        for key in inst.reads:
+            k = graph.buffers[key.state]
+            if k is None:
+                continue
+            slot = (key.state, key.part, slot_of(key, k))
+            with meta:
+                held = pending.get(slot, slots.get(slot))
+            if held != key:
+                raise LegalityError(
+                    f"{inst.label()} reads {key} but its buffer holds {held}: plan {plan.name!r} "
+                    "reordered an in-place state without enough buffers"
+                )
+
+    def gather(worker: _Worker, inst: OpInstance) -> dict[VersionKey, Any]:
+        """The values ``inst`` reads that this worker must supply (for a process worker, not those
+        its process already holds: those are listed in ``worker.in_child``)."""
+        values: dict[VersionKey, Any] = {}
+        worker.in_child, worker.keep, worker.drop = [], [], []
+        for key in inst.reads:
+            lk = (worker.spec.name, key)
+            local_readers[lk] -= 1
+            if key in worker.in_process:
+                worker.in_child.append(str(key))
+            else:
+                if key in worker.local:
+                    value = worker.local[key]
+                elif key in graph.inputs:
+                    value = _lookup_input(inputs, key)
+                else:
+                    value = worker.inbox.get(key)
+                    worker.local[key] = value
+                values[key] = value
+                if worker.host is not None and local_readers[lk] > 0:
+                    worker.keep.append(str(key))
+                    worker.in_process.add(key)
+            if local_readers[lk] == 0:
+                worker.local.pop(key, None)
+                if key in worker.in_process:
+                    worker.drop.append(str(key))
+                    worker.in_process.discard(key)
+        return values
+
+    def quota_of(inst: OpInstance) -> int | None:
+        comp = wf.component(inst.component)
+        quota = plan.threads.get(comp.name, plan.default_threads)
+        if not inst.op.quota_invariant and comp.name in plan.pinned_threads:
+            quota = plan.pinned_threads[comp.name]
+        return quota
+
+    def run_local(worker: _Worker, uid: int) -> None:
+        inst = graph.instances[uid]
+        check_slots(inst, {})
+        values = gather(worker, inst)
+        args = {name: [values[k] for k in keys] if multi else values[keys[0]] for name, keys, multi in inst.read_groups}
+        comp = wf.component(inst.component)
+        quota = quota_of(inst)
+        if quota is not None and quota != worker.threads:
+            set_worker_threads(quota)
+            worker.threads = quota
+        devs = instance_devices(plan, inst, worker.spec.name) if comp.exclusive else ()
+        t_lock = 0.0
+        state = states[(worker.spec.name, comp.name)]
+        if devs:
+            on = (lambda s=state, h=comp.onload: h(s)) if comp.onload else None
+            off = (lambda s=state, h=comp.offload: h(s)) if comp.offload else None
+            t_lock = registry.acquire(devs, comp.name, comp.memory_mb, on, off)
+        t0 = time.perf_counter()
+        device_s: list[float] = []
+        try:
+            if timer is not None:
+                with timer.time(device_s.append):
+                    out = inst.op.fn(state, inst.indices, args)
+            else:
+                out = inst.op.fn(state, inst.indices, args)
+        finally:
+            t1 = time.perf_counter()
+            if devs:
+                registry.release(devs, comp.name, t_lock)
+        finish(worker, uid, out or {}, t0, t1, device_s[0] if device_s else None)
+
+    def run_remote(worker: _Worker, batch: list[int]) -> None:
+        """Send a ready run of ops to the worker's process in one request; finish each op (record,
+        route, mark done) as its result streams back, so readers elsewhere start as early as ever."""
+        assert worker.host is not None
+        calls: list[_Call] = []
+        pending: dict[tuple[str, int | None, int], VersionKey] = {}
+        lock: tuple[tuple[str, ...], Any] | None = None
+        for uid in batch:
+            inst = graph.instances[uid]
+            check_slots(inst, pending)
+            for key in inst.writes:
+                k = graph.buffers[key.state]
+                if k is not None:
+                    pending[(key.state, key.part, slot_of(key, k))] = key
+            values = gather(worker, inst)
+            keep_out = tuple((k.state, str(k)) for k in inst.writes if local_readers.get((worker.spec.name, k), 0) > 0)
+            worker.in_process.update(k for k in inst.writes if (k.state, str(k)) in keep_out)
+            calls.append(_Call(inst.name, inst.indices, {str(k): v for k, v in values.items()}, tuple(worker.in_child),
+                               tuple((n, tuple(map(str, keys)), multi) for n, keys, multi in inst.read_groups),
+                               tuple(worker.keep), keep_out, tuple(worker.drop)))
+            comp = wf.component(inst.component)
+            if comp.exclusive and lock is None:
+                devs = instance_devices(plan, inst, worker.spec.name)
+                if devs:
+                    lock = (devs, comp)
+        t_lock = registry.acquire(lock[0], lock[1].name, lock[1].memory_mb, None, None) if lock else 0.0
+        try:
+            worker.host.send(calls)
+            for uid, call in zip(batch, calls):
+                out, t0, t1 = worker.host.result(call.op)
+                finish(worker, uid, out or {}, t0, t1, None)
+        finally:
+            if lock:
+                registry.release(lock[0], lock[1].name, t_lock)
+
+    def finish(worker: _Worker, uid: int, out: dict[str, Any], t0: float, t1: float, device_s: float | None) -> None:
+        """Record one finished op, route its outputs, mark it done (and its iteration, if last)."""
+        inst = graph.instances[uid]
+        with meta:
+            for key in inst.writes:
+                k = graph.buffers[key.state]
+                if k is not None:
+                    slots[(key.state, key.part, slot_of(key, k))] = key
+                elif key.state not in out:
+                    raise ExecutionError(f"{inst.label()} did not return state {key.state!r} it declares")
+                if key.state in record:
+                    records[key] = out.get(key.state)
+                if k is None and (key.state not in final or final[key.state][0] <= key.version):
+                    final[key.state] = (key.version, out[key.state])
+            spans.append(Span(inst.name, inst.label(), inst.component, worker.spec.name, inst.iteration,
+                              t0 - origin, t1 - origin, worker.threads or quota_of(inst) or 0, device_s))
+        for key, dests in route[uid]:
+            value = out.get(key.state)
+            if local_readers.get((worker.spec.name, key), 0) > 0 and key not in worker.in_process:
+                worker.local[key] = value
+            for d in dests:
+                channels[d].put(key, value)
+        finished_iteration = False
+        with meta:
+            completion.append(uid)
+            per_iter_done[inst.iteration] += 1
+            if per_iter_done[inst.iteration] == per_iter_total[inst.iteration]:
+                barrier[inst.iteration].set()
+                finished_iteration = True
+                recorded = {k.state: v for k, v in records.items() if k.version[:1] == (inst.iteration,)}
+        done[uid].set()
+        if finished_iteration and on_iteration is not None:
+            with progress_lock:
+                on_iteration(inst.iteration, recorded)
 
     iter_marks: list[tuple[float, float]] = []
     t_start = time.perf_counter()

@@ -20,6 +20,7 @@ class WorkerSpec:
     components: tuple[str, ...]
     kind: Literal["thread", "process"] = "thread"
     cores: tuple[int, ...] | None = None  # CPU affinity; None = leave as is
+    groups: tuple[int, ...] | None = None  # env groups this worker serves for the replicated components it hosts
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,27 @@ class Plan:
     predicted_s: float | None = None
     notes: tuple[str, ...] = ()
 
-    def worker_of(self, component: str) -> WorkerSpec:
-        for w in self.workers:
-            if component in w.components:
+    def hosts(self, component: str) -> list[WorkerSpec]:
+        """Every worker hosting ``component`` (several: the component is replicated over env groups)."""
+        return [w for w in self.workers if component in w.components]
+
+    def worker_of(self, component: str, group: int | None = None) -> WorkerSpec:
+        """The worker that runs ``component``'s op for env group ``group``. A replicated component
+        runs each group's ops on the replica serving that group, and its group-independent ops
+        (which a replicable component keeps stateless) on its first replica."""
+        hosts = self.hosts(component)
+        if not hosts:
+            raise KeyError(f"plan {self.name!r} places no worker for component {component!r}")
+        if len(hosts) == 1 or group is None:
+            return hosts[0]
+        for w in hosts:
+            if w.groups is not None and group in w.groups:
                 return w
-        raise KeyError(f"plan {self.name!r} places no worker for component {component!r}")
+        raise KeyError(f"plan {self.name!r}: no replica of {component!r} serves env group {group}")
+
+    def replica_index(self, component: str, worker: str) -> int:
+        """Position of ``worker`` among ``component``'s replicas (0 when it is not replicated)."""
+        return [w.name for w in self.hosts(component)].index(worker)
 
     def with_(self, **changes: object) -> Plan:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -67,7 +84,8 @@ class Plan:
         lines = [f"plan {self.name}:"]
         for w in self.workers:
             cores = "any" if w.cores is None else ",".join(map(str, w.cores))
-            lines.append(f"  worker {w.name:<10} {w.kind:<7} cores={cores:<5} hosts {', '.join(w.components)}")
+            groups = "" if w.groups is None else f" for env groups {','.join(map(str, w.groups))}"
+            lines.append(f"  worker {w.name:<10} {w.kind:<7} cores={cores:<5} hosts {', '.join(w.components)}{groups}")
         if self.groups:
             lines.append(f"  env groups (pipeline stages m) = {self.groups}")
         if self.threads:

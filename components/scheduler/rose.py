@@ -14,6 +14,9 @@ Transformations (all plan rewrites; the workflow never changes):
 * ``side_worker`` / ``side_process`` — side work (evaluation with the previous weights, retrieval)
   on its own worker thread, or in its own process (no GIL sharing; pays pickling per op),
   overlapping the rollout tail and the learner;
+* ``replicate_rollout`` — the replicable components (env groups and their policy copy) replicated
+  on one process per core, each serving its share of the env groups: the rollout itself runs in
+  parallel (data-parallel, as RLinf's env/rollout workers), the learner gathers every group;
 * ``split:<component>`` — a component on its own worker (learner-side work such as per-group
   advantages starts as each group's rollout ends);
 * ``hoist:<op>`` — exempt an op from the iteration barrier so it runs in the previous iteration's
@@ -133,12 +136,31 @@ def _workers_without(plan: Plan, comps: tuple[str, ...]) -> list[WorkerSpec]:
     for w in plan.workers:
         rest = tuple(c for c in w.components if c not in comps)
         if rest:
-            out.append(WorkerSpec(w.name, rest, w.kind, w.cores))
+            out.append(WorkerSpec(w.name, rest, w.kind, w.cores, w.groups))
     return out
 
 
-def candidate_transformations(workflow: Workflow, plan: Plan) -> list[Transformation]:
-    """Every rewrite Rose may try on ``plan`` (legality is checked separately)."""
+def replicate_rollout(workflow: Workflow, plan: Plan, replicas: int) -> Plan | None:
+    """``plan`` with its replicable components on ``replicas`` process workers, env groups split
+    evenly between them (the stage count rises to ``replicas`` if it was lower); None if nothing
+    is replicable or already replicated."""
+    comps = tuple(c.name for c in workflow.components if c.replicable and c.process_ok)
+    if GROUP_LOOP not in workflow.loops or not comps or replicas < 2:
+        return None
+    if any(len(plan.hosts(c)) > 1 for c in comps):
+        return None
+    groups = max(plan.groups or workflow.loops[GROUP_LOOP], replicas)
+    groups += (-groups) % replicas
+    share = groups // replicas
+    rollout = tuple(WorkerSpec(f"rollout{r}", comps, kind="process", groups=tuple(range(r * share, (r + 1) * share)))
+                    for r in range(replicas))
+    threads = {**plan.threads, **{c: 1 for c in comps}}
+    return plan.with_(workers=(*_workers_without(plan, comps), *rollout), groups=groups, threads=threads)
+
+
+def candidate_transformations(workflow: Workflow, plan: Plan, replicas: int = 2) -> list[Transformation]:
+    """Every rewrite Rose may try on ``plan`` (legality is checked separately); ``replicas``: how
+    many rollout replicas ``replicate_rollout`` makes (the cores there are)."""
     out: list[Transformation] = []
     if GROUP_LOOP in workflow.loops and (plan.groups or workflow.loops[GROUP_LOOP]) == 1:
         def pipeline(p: Plan) -> Plan:
@@ -160,6 +182,9 @@ def candidate_transformations(workflow: Workflow, plan: Plan) -> list[Transforma
                 return p.with_(workers=(*_workers_without(p, side), WorkerSpec("side", side, kind="process")),
                                threads=threads)
             out.append(Transformation("side_process", side_process))
+    if replicate_rollout(workflow, plan, replicas) is not None:
+        out.append(Transformation("replicate_rollout",
+                                  lambda p: replicate_rollout(workflow, p, replicas) or p))
     for w in plan.workers:
         if len(w.components) > 1:
             for c in w.components:
@@ -221,7 +246,7 @@ class RoseOptimizer:
                 break
             current_pred = self.predict(current, current)
             scored: list[tuple[float, Transformation, Plan]] = []
-            for t in candidate_transformations(self.workflow, current):
+            for t in candidate_transformations(self.workflow, current, replicas=max(int(self.capacity), 1)):
                 if t.name in tried:
                     continue
                 tried.add(t.name)

@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from components.scheduler.executor import programs
+from components.scheduler.executor import instance_devices, programs
 from components.scheduler.graph import Graph, OpInstance
 from components.scheduler.plan import Plan
 
@@ -84,7 +84,7 @@ def simulate(graph: Graph, plan: Plan, duration: Callable[[OpInstance, int], flo
             return None
         comp = graph.workflow.component(inst.component)
         if comp.exclusive:
-            for d in plan.placement.get(comp.name, ()):
+            for d in instance_devices(plan, inst, w):
                 if locks.get(d) is not None:
                     return None
         return uid
@@ -100,7 +100,7 @@ def simulate(graph: Graph, plan: Plan, duration: Callable[[OpInstance, int], flo
                 inst = graph.instances[uid]
                 comp = graph.workflow.component(inst.component)
                 if comp.exclusive:
-                    for d in plan.placement.get(comp.name, ()):
+                    for d in instance_devices(plan, inst, w):
                         locks[d] = uid
                 q = threads[inst.component]
                 if not inst.op.quota_invariant and inst.component in plan.pinned_threads:
@@ -131,7 +131,7 @@ def simulate(graph: Graph, plan: Plan, duration: Callable[[OpInstance, int], flo
             pos[w] += 1
             comp = graph.workflow.component(inst.component)
             if comp.exclusive:
-                for d in plan.placement.get(comp.name, ()):
+                for d in instance_devices(plan, inst, w):
                     locks[d] = None
             per_iter_left[inst.iteration] -= 1
             if per_iter_left[inst.iteration] == 0:

@@ -53,7 +53,9 @@ class Component:
     worker builds it in its own process). ``exclusive`` components (models) take a per-device lock
     for every op and pay ``onload``/``offload`` when the device changes hands; host-side code such
     as a CPU simulator is not exclusive. ``memory_mb`` counts against the device's budget while
-    the component is onloaded.
+    the component is onloaded. ``replicable``: the component keeps only per-env-group state (each
+    group-indexed op touches its own group's part) and its group-independent ops are pure, so a plan
+    may host one replica per set of env groups on several workers (data-parallel rollout).
     """
 
     name: str
@@ -64,6 +66,7 @@ class Component:
     onload: SwitchHook | None = None
     offload: SwitchHook | None = None
     process_ok: bool = True
+    replicable: bool = False
 
 
 @dataclass(frozen=True)

@@ -3,18 +3,20 @@
 One iteration (CleanRL's PPO, written as a workflow so any plan can run it):
 
     draw       noise@i                  one N(0,1) block for every env and step (group-independent)
-    sync       pol@i      <- params@i   inference copy of the weights (in place)
     reset[g]   obs[g]@0, env[g]@0       reseeded from (seed, i): episode layouts per robot
     for t < T, for g < G:
-      infer[g]     act[g]@t <- obs[g]@t, pol@i, noise@i     a = μ(o) + σ·ε,  log π(a|o),  V(o)
+      infer[g]     act[g]@t <- obs[g]@t, params@i, noise@i  a = μ(o) + σ·ε,  log π(a|o),  V(o)
       env_step[g]  obs[g]@t+1, rew[g]@t <- act[g]@t, env[g]@t
-    bootstrap[g] last[g]@i  <- obs[g]@T, pol@i              V(o_T)
+    bootstrap[g] last[g]@i  <- obs[g]@T, params@i           V(o_T)
     advantage[g] adv[g]@i   <- rollout of group g, last[g]@i   GAE(γ, λ)
     learn        params@i+1 <- adv[*]@i, params@i           clipped surrogate + value + entropy, Adam
     eval         evalm@i    <- params@i                     held-out robots, mean actions (previous weights)
 
 Every random draw is per robot (sim) or per (iteration, env) (noise, minibatch order), so the
 trajectories and weights do not depend on the group count or the plan; tests check it bit for bit.
+Inference loads ``params@i`` into its model the first time an op of iteration ``i`` reads it, so the
+simulator and the policy hold only per-group state: a plan may replicate them, one replica per set
+of env groups on its own process (data-parallel rollout).
 ``run_ppo`` is what the Prefect train task calls.
 """
 
@@ -131,6 +133,14 @@ class Inference:
     def __init__(self, spec: PPOSpec) -> None:
         self.model = ActorCritic(spec).to(spec.device)
         self.spec = spec
+        self.loaded: int | None = None  # iteration whose params@iteration the model holds
+
+    def weights_of(self, iteration: int, params: dict[str, torch.Tensor]) -> ActorCritic:
+        """The model holding ``params@iteration`` (loaded once per iteration, whatever the op order)."""
+        if self.loaded != iteration:
+            self.model.load_state_dict(params)
+            self.loaded = iteration
+        return self.model
 
 
 class Learner:
@@ -192,11 +202,6 @@ def op_draw(s: Sim, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]:
     return {"noise": rng.standard_normal((spec.steps, spec.envs, action_dim(spec.sim)), dtype=np.float32)}
 
 
-def op_sync(p: Inference, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]:
-    p.model.load_state_dict(inp["params"])
-    return {"pol": None}
-
-
 def op_reset(s: Sim, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]:
     obs, _ = s.envs[idx["group"]].reset(seed=_seed(s.spec.seed, RESET_STREAM, idx["iteration"]) % (2**31))
     return {"obs": obs, "env": None}
@@ -208,12 +213,13 @@ def op_infer(p: Inference, idx: dict[str, int], inp: dict[str, Any]) -> dict[str
     dev = p.spec.device
     obs = torch.from_numpy(inp["obs"]).to(dev)
     eps = torch.from_numpy(inp["noise"][idx["step"], rows]).to(dev)
+    model = p.weights_of(idx["iteration"], inp["params"])
     with torch.no_grad():
-        mean = chunked(p.model.actor, obs, p.spec.infer_chunk)
-        dist = torch.distributions.Normal(mean, p.model.log_std.exp())
+        mean = chunked(model.actor, obs, p.spec.infer_chunk)
+        dist = torch.distributions.Normal(mean, model.log_std.exp())
         action = dist.mean + dist.stddev * eps
         logp = dist.log_prob(action).sum(-1)
-        value = chunked(p.model.value, obs, p.spec.infer_chunk)
+        value = chunked(model.value, obs, p.spec.infer_chunk)
     return {"act": {"action": action.cpu().numpy(), "logp": logp.cpu().numpy(), "value": value.cpu().numpy()}}
 
 
@@ -225,9 +231,10 @@ def op_env_step(s: Sim, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, A
 
 
 def op_bootstrap(p: Inference, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]:
+    model = p.weights_of(idx["iteration"], inp["params"])
     with torch.no_grad():
         obs = torch.from_numpy(inp["obs"]).to(p.spec.device)
-        return {"last": chunked(p.model.value, obs, p.spec.infer_chunk).cpu().numpy()}
+        return {"last": chunked(model.value, obs, p.spec.infer_chunk).cpu().numpy()}
 
 
 def op_advantage(ls: Learner, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]:
@@ -315,8 +322,9 @@ def weights_digest(params: dict[str, torch.Tensor]) -> str:
 def ppo_workflow(spec: PPOSpec, groups: int = 1) -> Workflow:
     """The PPO iteration as a scheduler workflow with ``groups`` env groups."""
     comps = (
-        Component("sim", _sim),
-        Component("policy", _inference, exclusive=True, memory_mb=_model_mb(spec), onload=onload, offload=offload),
+        Component("sim", _sim, replicable=True),
+        Component("policy", _inference, exclusive=True, memory_mb=_model_mb(spec), onload=onload, offload=offload,
+                  replicable=True),
         Component("learner", _learner, exclusive=True, memory_mb=4 * _model_mb(spec), onload=onload,
                   offload=offload),
         Component("evaluator", _evaluator),
@@ -325,20 +333,18 @@ def ppo_workflow(spec: PPOSpec, groups: int = 1) -> Workflow:
         StateSpec("noise"), StateSpec("obs"), StateSpec("act"), StateSpec("rew"), StateSpec("last"),
         StateSpec("adv"), StateSpec("params"), StateSpec("stats"), StateSpec("evalm"),
         StateSpec("env", buffers=1, double_bufferable=True),
-        StateSpec("pol", buffers=1),
     )
     body: tuple[OpSpec | ForEach, ...] = (
         OpSpec("draw", "sim", op_draw, writes=("noise@iteration",)),
-        OpSpec("sync", "policy", op_sync, reads=("params@iteration",), writes=("pol@iteration",)),
         ForEach("group", (OpSpec("reset", "sim", op_reset, writes=("obs[group]@step=0", "env[group]@step=0")),)),
         ForEach("step", (ForEach("group", (
-            OpSpec("infer", "policy", op_infer, reads=("obs[group]@step", "pol@iteration", "noise@iteration"),
+            OpSpec("infer", "policy", op_infer, reads=("obs[group]@step", "params@iteration", "noise@iteration"),
                    writes=("act[group]@step",)),
             OpSpec("env_step", "sim", op_env_step, reads=("act[group]@step", "env[group]@step"),
                    writes=("obs[group]@step+1", "rew[group]@step", "env[group]@step+1")),
         )),)),
         ForEach("group", (
-            OpSpec("bootstrap", "policy", op_bootstrap, reads=("obs[group]@step=end", "pol@iteration"),
+            OpSpec("bootstrap", "policy", op_bootstrap, reads=("obs[group]@step=end", "params@iteration"),
                    writes=("last[group]@iteration",)),
             OpSpec("advantage", "learner", op_advantage,
                    reads=("obs[group]@step=*", "act[group]@step=*", "rew[group]@step=*", "last[group]@iteration"),
