@@ -66,6 +66,9 @@ def test_replicated_rollout_is_bit_identical(ppo_reference, groups):
     assert [m.weights_digest for m in got.metrics] == [m.weights_digest for m in ppo_reference.metrics]
     assert [m.eval_successes for m in got.metrics] == [m.eval_successes for m in ppo_reference.metrics]
     assert {s.worker for s in got.timeline.spans if s.op == "infer"} == {"rollout0", "rollout1"}
+    ops_on = {w: sum(s.worker == w for s in got.timeline.spans) for w in ("rollout0", "rollout1")}
+    for w, n in ops_on.items():  # a rollout's ready ops go in a few requests, not one per op
+        assert 0 < got.run.process_requests[w] < n / 4, (w, got.run.process_requests[w], n)
     assert all(n == 1 for n in max_concurrent_owners(got.run.lock_events).values())
 
 

@@ -58,6 +58,7 @@ class RunResult:
     switch: SwitchStats
     channels: dict[str, ChannelStats]
     completion_order: list[int] = field(default_factory=list)
+    process_requests: dict[str, int] = field(default_factory=dict)  # process worker -> requests sent to it
 
 
 def plan_workflow(workflow: Workflow, plan: Plan) -> Workflow:
@@ -237,6 +238,7 @@ class _ProcessHost:
                 else:
                     os.environ[k] = v
         self.name = spec.name
+        self.requests = 0
         kind, _ = self._recv("start")
         if kind != "ready":  # pragma: no cover
             raise ExecutionError(f"process worker {spec.name} failed to start")
@@ -258,6 +260,7 @@ class _ProcessHost:
         # the same versioned state at that moment (seen: a learner loading params@i while they moved
         # gave different weights in 1 of 6 runs of the evaluator-in-a-side-process plan)
         self.conn.send_bytes(pickle.dumps(("run", calls), protocol=pickle.HIGHEST_PROTOCOL))
+        self.requests += 1
 
     def result(self, op: str) -> tuple[dict[str, Any], float, float]:
         """The next streamed result: outputs and the op's start/end (``perf_counter``, system-wide)."""
@@ -460,9 +463,12 @@ def execute(
         passed and its predecessors are done or earlier in the run, and at most one exclusive
         component's devices are involved. A process worker runs it on one request (no round trip
         per op), streaming each result back as it completes."""
+        def locked(inst: OpInstance) -> tuple[str, ...]:
+            return instance_devices(plan, inst, worker) if wf.component(inst.component).exclusive else ()
+
         batch = [prog[pos]]
         members = {prog[pos]}
-        locks = {instance_devices(plan, graph.instances[prog[pos]], worker)} - {()}
+        locks = {locked(graph.instances[prog[pos]])} - {()}
         for uid in prog[pos + 1:]:
             inst = graph.instances[uid]
             lag = 2 if inst.name in plan.hoist else 1
@@ -470,7 +476,7 @@ def execute(
                 break
             if any(p not in members and not done[p].is_set() for p in graph.preds[uid]):
                 break
-            devs = instance_devices(plan, inst, worker) if wf.component(inst.component).exclusive else ()
+            devs = locked(inst)
             if devs and locks and devs not in locks:
                 break
             locks |= {devs} - {()}
@@ -673,6 +679,7 @@ def execute(
         switch=registry.stats(),
         channels={k: c.stats() for k, c in channels.items()},
         completion_order=completion,
+        process_requests={name: h.requests for name, h in hosts.items()},
     )
 
 
