@@ -23,7 +23,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from components.config import SchedulerConfig
@@ -161,7 +161,7 @@ def _check_placement(workflow: Workflow, plan: Plan) -> None:
 
 
 # ----------------------------------------------------------------------------------------- process
-def _process_main(conn: Any, workflow: Workflow, components: tuple[str, ...], ctx: BuildContext,
+def _process_main(conn: Any, workflow: Workflow, components: dict[str, BuildContext],
                   threads: int | None, cores: tuple[int, ...] | None, blas_threads: int | None = None) -> None:
     """Body of a process worker: build the hosted components, then run ops on request."""
     if cores is not None and hasattr(os, "sched_setaffinity"):
@@ -169,11 +169,11 @@ def _process_main(conn: Any, workflow: Workflow, components: tuple[str, ...], ct
     if threads is not None:
         set_worker_threads(threads)
     with apply_blas_limit(blas_threads):  # the plan's BLAS limit is process-wide: apply it here too
-        _serve(conn, workflow, components, ctx)
+        _serve(conn, workflow, components)
 
 
-def _serve(conn: Any, workflow: Workflow, components: tuple[str, ...], ctx: BuildContext) -> None:
-    states = {c: workflow.component(c).factory(ctx) for c in components}
+def _serve(conn: Any, workflow: Workflow, components: dict[str, BuildContext]) -> None:
+    states = {c: workflow.component(c).factory(ctx) for c, ctx in components.items()}
     ops = {op.name: op for op, _ in workflow.ops_with_scope()}
     kept: dict[str, Any] = {}  # versions this worker reads again: sent (or produced) once, then held here
     conn.send(("ready", None))
@@ -220,14 +220,14 @@ class _Call:
 class _ProcessHost:
     """Parent-side handle of a spawned worker process (spawn: safe after LanceDB/torch threads)."""
 
-    def __init__(self, spec: WorkerSpec, workflow: Workflow, ctx: BuildContext, threads: int | None,
+    def __init__(self, spec: WorkerSpec, workflow: Workflow, contexts: dict[str, BuildContext], threads: int | None,
                  env: dict[str, str], blas_threads: int | None = None) -> None:
         mpctx = mp.get_context("spawn")
         self.conn, child = mpctx.Pipe()
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)  # MPS quota etc. must be in the child's environment at launch
         try:
-            self.proc = mpctx.Process(target=_process_main, args=(child, workflow, spec.components, ctx, threads,
+            self.proc = mpctx.Process(target=_process_main, args=(child, workflow, contexts, threads,
                                                                  spec.cores, blas_threads),
                                       daemon=True, name=f"worker-{spec.name}")
             self.proc.start()
@@ -330,6 +330,11 @@ def execute(
     check_schedule(graph, plan)
     inputs = dict(inputs or {})
     ctx = BuildContext(payload, dict(wf.loops))
+
+    def context_of(component: str, worker: WorkerSpec) -> BuildContext:
+        """A replica is told which env groups it serves (it may build only those)."""
+        return replace(ctx, groups=worker.groups) if len(plan.hosts(component)) > 1 else ctx
+
     progs = programs(graph, plan)
     inst_worker = [worker_of_instance(plan, i) for i in graph.instances]
 
@@ -404,11 +409,12 @@ def execute(
             bad = [c for c in w.components if not wf.component(c).process_ok]
             if bad:
                 raise LegalityError(f"plan {plan.name!r}: components {bad} cannot run in a process worker")
-            hosts[w.name] = _ProcessHost(w, wf, ctx, threads, env, plan.blas_threads)
+            hosts[w.name] = _ProcessHost(w, wf, {c: context_of(c, w) for c in w.components}, threads, env,
+                                         plan.blas_threads)
         else:
             for c in w.components:
                 replicated = len(plan.hosts(c)) > 1
-                states[(w.name, c)] = prebuilt[c] if c in prebuilt and not replicated else wf.component(c).factory(ctx)
+                states[(w.name, c)] = prebuilt[c] if c in prebuilt and not replicated else wf.component(c).factory(context_of(c, w))
 
     def fail(exc: BaseException) -> None:
         with meta:

@@ -39,10 +39,12 @@ class WorkflowError(ValueError):
 
 @dataclass(frozen=True)
 class BuildContext:
-    """What a component factory gets: the workload's payload (picklable) and the loop counts."""
+    """What a component factory gets: the workload's payload (picklable), the loop counts, and for a
+    replica the env groups it serves (``None``: every group)."""
 
     payload: Any
     loops: dict[str, int]
+    groups: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -120,12 +120,13 @@ def group_rows(envs: int, groups: int, g: int) -> slice:
 
 # ------------------------------------------------------------------------------------ components
 class Sim:
-    """One vectorized env per group, each over its own slice of the robots."""
+    """One vectorized env per group, each over its own slice of the robots (a replica builds only the
+    groups it serves)."""
 
-    def __init__(self, spec: PPOSpec, groups: int) -> None:
+    def __init__(self, spec: PPOSpec, groups: int, served: tuple[int, ...] | None = None) -> None:
         self.spec = spec
         self.envs = [make_env(spec.sim, list(spec.robot_ids[group_rows(spec.envs, groups, g)]), spec.seed)
-                     for g in range(groups)]
+                     if served is None or g in served else None for g in range(groups)]
         self.groups = groups
 
 
@@ -180,7 +181,7 @@ def offload(component: Inference | Learner) -> None:
 
 
 def _sim(ctx: BuildContext) -> Sim:
-    return Sim(ctx.payload, ctx.loops["group"])
+    return Sim(ctx.payload, ctx.loops["group"], ctx.groups)
 
 
 def _inference(ctx: BuildContext) -> Inference:
