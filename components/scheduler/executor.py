@@ -288,7 +288,15 @@ class _Worker:
     local: dict[VersionKey, Any] = field(default_factory=dict)
     in_process: set[VersionKey] = field(default_factory=set)  # versions held inside the worker's process
     threads: int | None = None
-    in_child: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Reads:
+    """What one op reads, as its worker supplies it: ``values`` to send (or pass), and for a process
+    worker the versions its process already holds (``held``), should keep, or may drop after."""
+
+    values: dict[VersionKey, Any] = field(default_factory=dict)
+    held: list[str] = field(default_factory=list)
     keep: list[str] = field(default_factory=list)
     drop: list[str] = field(default_factory=list)
 
@@ -452,14 +460,21 @@ def execute(
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
             fail(exc)
 
+    def barrier_before(inst: OpInstance) -> threading.Event | None:
+        """The iteration barrier ``inst`` waits for (two back for hoisted ops), if any."""
+        lag = 2 if inst.name in plan.hoist else 1
+        return barrier.get(inst.iteration - lag) if plan.barrier else None
+
+    def exclusive_devices(inst: OpInstance, worker: str) -> tuple[str, ...]:
+        return instance_devices(plan, inst, worker) if wf.component(inst.component).exclusive else ()
+
     def wait_ready(uid: int) -> bool:
         """Block until op ``uid`` may start (its iteration barrier and semantic predecessors)."""
         if errors:
             return False
-        inst = graph.instances[uid]
-        lag = 2 if inst.name in plan.hoist else 1
-        if plan.barrier and inst.iteration - lag in barrier:
-            barrier[inst.iteration - lag].wait()
+        gate = barrier_before(graph.instances[uid])
+        if gate is not None:
+            gate.wait()
         for p in graph.preds[uid]:
             done[p].wait()
         return not errors
@@ -469,20 +484,17 @@ def execute(
         passed and its predecessors are done or earlier in the run, and at most one exclusive
         component's devices are involved. A process worker runs it on one request (no round trip
         per op), streaming each result back as it completes."""
-        def locked(inst: OpInstance) -> tuple[str, ...]:
-            return instance_devices(plan, inst, worker) if wf.component(inst.component).exclusive else ()
-
         batch = [prog[pos]]
         members = {prog[pos]}
-        locks = {locked(graph.instances[prog[pos]])} - {()}
+        locks = {exclusive_devices(graph.instances[prog[pos]], worker)} - {()}
         for uid in prog[pos + 1:]:
             inst = graph.instances[uid]
-            lag = 2 if inst.name in plan.hoist else 1
-            if plan.barrier and inst.iteration - lag in barrier and not barrier[inst.iteration - lag].is_set():
+            gate = barrier_before(inst)
+            if gate is not None and not gate.is_set():
                 break
             if any(p not in members and not done[p].is_set() for p in graph.preds[uid]):
                 break
-            devs = locked(inst)
+            devs = exclusive_devices(inst, worker)
             if devs and locks and devs not in locks:
                 break
             locks |= {devs} - {()}
@@ -506,16 +518,15 @@ def execute(
                     "reordered an in-place state without enough buffers"
                 )
 
-    def gather(worker: _Worker, inst: OpInstance) -> dict[VersionKey, Any]:
-        """The values ``inst`` reads that this worker must supply (for a process worker, not those
-        its process already holds: those are listed in ``worker.in_child``)."""
-        values: dict[VersionKey, Any] = {}
-        worker.in_child, worker.keep, worker.drop = [], [], []
+    def gather(worker: _Worker, inst: OpInstance) -> _Reads:
+        """The versions ``inst`` reads, as this worker supplies them (a process worker does not
+        resend what its process holds)."""
+        reads = _Reads()
         for key in inst.reads:
             lk = (worker.spec.name, key)
             local_readers[lk] -= 1
             if key in worker.in_process:
-                worker.in_child.append(str(key))
+                reads.held.append(str(key))
             else:
                 if key in worker.local:
                     value = worker.local[key]
@@ -524,16 +535,16 @@ def execute(
                 else:
                     value = worker.inbox.get(key)
                     worker.local[key] = value
-                values[key] = value
+                reads.values[key] = value
                 if worker.host is not None and local_readers[lk] > 0:
-                    worker.keep.append(str(key))
+                    reads.keep.append(str(key))
                     worker.in_process.add(key)
             if local_readers[lk] == 0:
                 worker.local.pop(key, None)
                 if key in worker.in_process:
-                    worker.drop.append(str(key))
+                    reads.drop.append(str(key))
                     worker.in_process.discard(key)
-        return values
+        return reads
 
     def quota_of(inst: OpInstance) -> int | None:
         comp = wf.component(inst.component)
@@ -545,14 +556,14 @@ def execute(
     def run_local(worker: _Worker, uid: int) -> None:
         inst = graph.instances[uid]
         check_slots(inst, {})
-        values = gather(worker, inst)
+        values = gather(worker, inst).values
         args = {name: [values[k] for k in keys] if multi else values[keys[0]] for name, keys, multi in inst.read_groups}
         comp = wf.component(inst.component)
         quota = quota_of(inst)
         if quota is not None and quota != worker.threads:
             set_worker_threads(quota)
             worker.threads = quota
-        devs = instance_devices(plan, inst, worker.spec.name) if comp.exclusive else ()
+        devs = exclusive_devices(inst, worker.spec.name)
         t_lock = 0.0
         state = states[(worker.spec.name, comp.name)]
         if devs:
@@ -587,17 +598,15 @@ def execute(
                 k = graph.buffers[key.state]
                 if k is not None:
                     pending[(key.state, key.part, slot_of(key, k))] = key
-            values = gather(worker, inst)
+            reads = gather(worker, inst)
             keep_out = tuple((k.state, str(k)) for k in inst.writes if local_readers.get((worker.spec.name, k), 0) > 0)
             worker.in_process.update(k for k in inst.writes if (k.state, str(k)) in keep_out)
-            calls.append(_Call(inst.name, inst.indices, {str(k): v for k, v in values.items()}, tuple(worker.in_child),
+            calls.append(_Call(inst.name, inst.indices, {str(k): v for k, v in reads.values.items()}, tuple(reads.held),
                                tuple((n, tuple(map(str, keys)), multi) for n, keys, multi in inst.read_groups),
-                               tuple(worker.keep), keep_out, tuple(worker.drop)))
-            comp = wf.component(inst.component)
-            if comp.exclusive and lock is None:
-                devs = instance_devices(plan, inst, worker.spec.name)
-                if devs:
-                    lock = (devs, comp)
+                               tuple(reads.keep), keep_out, tuple(reads.drop)))
+            devs = exclusive_devices(inst, worker.spec.name)
+            if devs and lock is None:
+                lock = (devs, wf.component(inst.component))
         t_lock = registry.acquire(lock[0], lock[1].name, lock[1].memory_mb, None, None) if lock else 0.0
         try:
             worker.host.send(calls)
