@@ -1,11 +1,12 @@
 """Fleet scaling: does the shared policy get better from the fleet's own executions, and with more robots?
 
-    python -m benchmarks.fleet_scaling --workers 2       # built-in pick-place task (9 seeds; ~45 min of one core)
+    python -m benchmarks.fleet_scaling                   # built-in pick-place task (9 seeds, ~45 min of one core)
     python -m benchmarks.fleet_scaling --sim metaworld   # Meta-World pick-place-v3 (smaller plan, see PLANS)
     python -m benchmarks.fleet_scaling --quick           # smoke run (< 1 min; --sim metaworld --quick ~1 min)
     python -m benchmarks.fleet_scaling --replot          # redraw PNG + docs section from the saved JSON
 
-``--workers N`` runs N seeds at once, one process each; the figures do not depend on it.
+``--workers N`` runs N seeds at once, one process each (default: one per core); the figures do not
+depend on it.
 
 Sizes (``PLANS``) are cut to fit the shared machine and written into the JSON: built-in task 9 seeds
 (3 until the FERT - filtered BC gap's interval was seen to straddle its target; seeds 0-1 chose the
@@ -525,8 +526,8 @@ def main() -> None:
     parser.add_argument("--sim-set", nargs="*", default=[], metavar="KEY=VALUE", help="override sim: fields")
     parser.add_argument("--fert-set", nargs="*", default=[], metavar="KEY=VALUE", help="override fert: fields")
     parser.add_argument("--methods", nargs="+", help="fleet methods (default filtered_bc fert)")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="seeds run at once, one process each (same figures; use up to the free cores)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="seeds run at once, one process each (same figures; default: one per core)")
     parser.add_argument("--out", help="results file stem (default fleet_scaling_<sim>[_quick])")
     parser.add_argument("--replot", action="store_true", help="redraw the PNG and docs section from the saved JSON")
     args = parser.parse_args()
