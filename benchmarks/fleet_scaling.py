@@ -292,10 +292,11 @@ def run(plan: Plan, out_name: str, workers: int = 1) -> dict:
     scratch = Path(tempfile.mkdtemp(prefix="fleet_scaling_"))
     started = time.perf_counter()
     seeds = range(plan.seeds)
+    workers = min(workers, plan.seeds)
     try:
         if workers > 1:
             context = multiprocessing.get_context("spawn")  # LanceDB and torch state do not survive a fork
-            with ProcessPoolExecutor(min(workers, plan.seeds), mp_context=context) as pool:
+            with ProcessPoolExecutor(workers, mp_context=context) as pool:
                 per_seed = list(pool.map(run_seed, repeat(settings), repeat(plan), seeds, repeat(scratch)))
         else:
             per_seed = [run_seed(settings, plan, seed, scratch) for seed in seeds]
