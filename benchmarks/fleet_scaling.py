@@ -304,7 +304,7 @@ def run(plan: Plan, out_name: str, workers: int = 1) -> dict:
         shutil.rmtree(scratch, ignore_errors=True)
     initial = [score for score, _ in per_seed]
     rows = [row for _, seed_rows in per_seed for row in seed_rows]
-    result = summarize_run(plan, settings, rows, initial, time.perf_counter() - started)
+    result = summarize_run(plan, settings, rows, initial, time.perf_counter() - started, workers)
     write_outputs(result, out_name)
     return result
 
@@ -382,7 +382,9 @@ def pooled(scores: list[Score], confidence: float, sampled: bool = False) -> dic
     }
 
 
-def summarize_run(plan: Plan, settings: Settings, rows: list[RunRow], initial: list[Score], seconds: float) -> dict:
+def summarize_run(
+    plan: Plan, settings: Settings, rows: list[RunRow], initial: list[Score], seconds: float, workers: int = 1,
+) -> dict:
     conf = settings.evaluation.confidence
     methods = sorted({r.method for r in rows}, key=["bc", "filtered_bc", "fert", "fert_uniform", "fert_learned"].index)
     table = {}
@@ -419,6 +421,7 @@ def summarize_run(plan: Plan, settings: Settings, rows: list[RunRow], initial: l
             "demo": settings.demo.model_dump(mode="json"),
         },
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "workers": workers,
                     "load_avg_end": os.getloadavg()},
         "seconds": seconds,
         "initial": {"thresholded": init, "sampled": pooled(initial, conf, sampled=True)},
@@ -595,6 +598,11 @@ def _ci(points: list[float]) -> str:
     return f"{points[0]:+.1f} pts [{points[1]:+.1f}, {points[2]:+.1f}]"
 
 
+def _workers(result: dict) -> str:
+    workers = result["machine"].get("workers", 1)  # results from before --workers ran one seed at a time
+    return f", {workers} seeds at a time" if workers > 1 else ""
+
+
 def render_section(result: dict) -> str:
     """This simulator's sub-section: the table, the targets, and how the run was sized."""
     plan, sim = result["plan"], result["plan"]["sim"]
@@ -603,7 +611,8 @@ def render_section(result: dict) -> str:
         f"### {sim}",
         "",
         f"`python -m benchmarks.fleet_scaling --sim {sim}` → `benchmarks/results/fleet_scaling_{sim}.json`, "
-        f"`fleet_scaling_{sim}.png`; {result['seconds'] / 60:.0f} min on the shared 2-core machine.",
+        f"`fleet_scaling_{sim}.png`; {result['seconds'] / 60:.0f} min on the shared 2-core machine"
+        f"{_workers(result)}.",
         "",
         f"Plan: {plan['seeds']} seeds × {plan['rounds']} CEL rounds; fleet sizes {', '.join(map(str, fleets))}; "
         f"{plan['steps_per_robot']} steps per robot per round (fixed collection time); ~{plan['finetune_steps']} "
