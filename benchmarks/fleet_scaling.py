@@ -8,12 +8,13 @@
 ``--workers N`` runs N seeds at once, one process each (default: one per core); the figures do not
 depend on it.
 
-Sizes (``PLANS``) are cut to fit the shared machine and written into the JSON: built-in task 9 seeds
-(3 until the FERT - filtered BC gap's interval was seen to straddle its target; seeds 0-1 chose the
-FERT settings, 2-8 never did) x 6 rounds of 200 steps per robot, 16 held-out robots x 12 trials per seed, ablations (fert_uniform, fert_learned) at 96
-robots on the first seed, 16 validation robots x 12 trials for per-round selection; Meta-World 2 seeds x 1
-round, 12 x 4 trials, no per-round selection, robots' action bias widened
-to 0.15 (at the default quirks BC from the demos already solves 100% of held-out trials).
+Sizes (``PLANS``) are cut to fit the shared machine and written into the JSON. Built-in task: 9
+seeds (3 until the FERT - filtered BC gap's interval was seen to straddle its target; seeds 0-1
+chose the FERT settings, 2-8 never did) x 6 rounds of 200 steps per robot, 16 held-out robots x 12
+trials per seed, ablations (fert_uniform, fert_learned) at 96 robots on the first seed, 16
+validation robots x 12 trials for per-round selection. Meta-World: 2 seeds x 1 round, 12 x 4
+trials, no per-round selection, robots' action bias widened to 0.15 (at the default quirks BC from
+the demos already solves 100% of held-out trials).
 
 Protocol, one run per simulator (every figure of a run is measured side by side in that run):
 
