@@ -161,6 +161,12 @@ def _check_placement(workflow: Workflow, plan: Plan) -> None:
 
 
 # ----------------------------------------------------------------------------------------- process
+def _op_args(read_groups, values: Mapping[Any, Any]) -> dict[str, Any]:
+    """An op's named inputs from the versions it reads: a list for a multi-version read (one per
+    group), else the one value. Thread and process workers bind them the same way."""
+    return {name: [values[k] for k in keys] if multi else values[keys[0]] for name, keys, multi in read_groups}
+
+
 def _process_main(conn: Any, workflow: Workflow, components: dict[str, BuildContext],
                   threads: int | None, cores: tuple[int, ...] | None, blas_threads: int | None = None) -> None:
     """Body of a process worker: build the hosted components, then run ops on request."""
@@ -186,8 +192,7 @@ def _serve(conn: Any, workflow: Workflow, components: dict[str, BuildContext]) -
             try:
                 values = {**{k: kept[k] for k in call.held}, **call.values}
                 kept.update({k: values[k] for k in call.keep})
-                args = {name: [values[k] for k in keys] if multi else values[keys[0]]
-                        for name, keys, multi in call.groups}
+                args = _op_args(call.groups, values)
                 t0 = time.perf_counter()
                 out = op.fn(states[op.component], call.indices, args)
                 t1 = time.perf_counter()
@@ -557,7 +562,7 @@ def execute(
         inst = graph.instances[uid]
         check_slots(inst, {})
         values = gather(worker, inst).values
-        args = {name: [values[k] for k in keys] if multi else values[keys[0]] for name, keys, multi in inst.read_groups}
+        args = _op_args(inst.read_groups, values)
         comp = wf.component(inst.component)
         quota = quota_of(inst)
         if quota is not None and quota != worker.threads:
