@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from flows.cli import app, main
+from cli.main import app, main
 
 COMMANDS = sorted(cmd.name or cmd.callback.__name__ for cmd in app.registered_commands)
 

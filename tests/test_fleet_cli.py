@@ -13,7 +13,7 @@ from components.fleet.layout import RuntimeLayout
 from components.fleet.local import free_port
 from components.fleet.processes import pid_alive
 from components.config import load_settings
-from flows.fleet_cli import fleet_app
+from cli.fleet import fleet_app
 
 runner = CliRunner()
 

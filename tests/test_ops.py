@@ -18,7 +18,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from components.config import OpsConfig
-from flows.services import _wait, start_prefect_server
+from cli.services import _wait, start_prefect_server
 from tests.conftest import small_settings
 
 REPO = Path(__file__).resolve().parent.parent

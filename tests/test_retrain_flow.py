@@ -24,7 +24,7 @@ def test_bootstrap_then_fleet_round_registers_champion(tmp_path, prefect_harness
     assert (tmp_path / "datasets" / "episodes.dvc").exists()
     assert ws.store.episode_ids() == {ep.episode_id for ep in ws.dataset.episodes()}
 
-    from flows.reports import lineage_report, status_report
+    from cli.reports import lineage_report, status_report
 
     report = lineage_report(settings, "champion")  # what `fleetloop lineage champion` prints
     assert report["model"] == f"fleetloop-policy v{champion.version}" and "champion" in report["aliases"]

@@ -30,7 +30,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 
 
 def _mount_fleet() -> None:
-    from flows.fleet_cli import fleet_app
+    from cli.fleet import fleet_app
 
     app.add_typer(fleet_app, name="fleet", help="The fault-tolerant asynchronous fleet runtime (FATS): up, down, status, tokens, canary, chaos.")
 
@@ -203,7 +203,7 @@ def stage(name: Annotated[str, typer.Argument(help="collect | ingest | train | e
 @app.command()
 def status(as_json: JsonOpt = False, runs: Annotated[int, typer.Option(help="How many recent runs to list.", min=0)] = 5) -> None:
     """The champion, the last runs and the data size."""
-    from flows.reports import status_report
+    from cli.reports import status_report
 
     _print(status_report(_settings(), runs), as_json)
 
@@ -211,7 +211,7 @@ def status(as_json: JsonOpt = False, runs: Annotated[int, typer.Option(help="How
 @app.command()
 def lineage(version: Annotated[str, typer.Argument(help="Model version number, or an alias such as champion.")], as_json: JsonOpt = False) -> None:
     """Model version → MLflow run → git commit, params, DVC snapshot, LanceDB version → episodes per robot."""
-    from flows.reports import LineageNotFound, lineage_report
+    from cli.reports import LineageNotFound, lineage_report
 
     try:
         report = lineage_report(_settings(), version)
@@ -239,7 +239,7 @@ def serve() -> None:
 def ui() -> None:
     """Start the Prefect server and the MLflow UI on 127.0.0.1 (Ctrl-C stops both)."""
     settings = _settings()
-    from flows.services import run_uis
+    from cli.services import run_uis
 
     run_uis(settings, console)
 
