@@ -78,14 +78,15 @@ def demo() -> None:
             rows.append(row)
             progress.advance(bar)
     table = Table(title=f"fleetloop demo: closed-loop rounds (held-out success, Wilson {100 * settings.evaluation.confidence:.0f}% CI)")
-    for col in ("round", "robots", "episodes", "fleet success", "held-out success [CI]", "trials", "promoted", "champion"):
+    for col in ("round", "robots", "episodes", "fleet success", "held-out success [CI]", "trials", "promoted", "champion",
+                "method", "plan", "ms/iteration", "retrieved"):
         table.add_column(col, no_wrap=True)
     for r in rows:
         table.add_row(
             r.round, str(r.robots), str(r.episodes), f"{100 * r.collected_success:.1f}%", r.heldout, str(r.trials),
-            "yes" if r.promoted else "no", f"v{r.champion}",
+            "yes" if r.promoted else "no", f"v{r.champion}", r.method, r.plan, r.iteration_ms, str(r.retrieved),
         )
-    Console(width=max(console.width, 120)).print(table)
+    Console(width=max(console.width, 200)).print(table)
 
 
 @app.command()

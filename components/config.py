@@ -55,6 +55,7 @@ class FleetConfig(Section):
     num_robots: int = 8
     robot_prefix: str = "robot"
     heldout_prefix: str = "heldout"
+    validation_prefix: str = "validation"  # robots for selection during training: never collect, never reported
     num_heldout_robots: int = 16
     steps_per_robot: int = 1200
     extra_robots: tuple[str, ...] = ()
@@ -67,6 +68,9 @@ class FleetConfig(Section):
     def heldout_ids(self, count: int | None = None) -> list[str]:
         n = self.num_heldout_robots if count is None else count
         return [f"{self.heldout_prefix}-{i:04d}" for i in range(n)]
+
+    def validation_ids(self, count: int) -> list[str]:
+        return [f"{self.validation_prefix}-{i:04d}" for i in range(count)]
 
 
 class EpisodesConfig(Section):
@@ -130,19 +134,24 @@ class ShuffleConfig(Section):
 
 
 class TrainConfig(Section):
-    """Training loop hyper-parameters."""
+    """The one trainer (components/training/trainer.py): weighted BC run as a scheduler workflow."""
 
-    method: Literal["bc", "filtered_bc", "fert", "fert_uniform"] = "bc"
-    epochs: int = 30
-    batch_size: int = 256
+    # which frames to imitate and how often (components/fert/methods.py): fert is the product;
+    # bc (demos), filtered_bc (every success) and fert_uniform are baselines of the same workflow
+    method: Literal["bc", "filtered_bc", "fert", "fert_uniform"] = "fert"
+    epochs: int = Field(default=30, ge=1)  # steps = epochs x frames / batch_size
+    batch_size: int = Field(default=256, ge=1)
     lr: float = 1e-3
     weight_decay: float = 1e-4
-    world_size: int = 1
-    threads: int = 0  # 0 = leave torch's default
+    world_size: int = Field(default=1, ge=1)  # > 1: expert-parallel ranks under torchrun (MoE policy)
+    threads: int = Field(default=0, ge=0)  # learner intra-op threads, the same in every plan; 0 = 1
     log_every: int = 50
-    # what the train task runs: imitation (method above), or a workload through the embedded
-    # scheduler (components/pipeline/scheduled.py; sizes and plan in the scheduler section)
-    workload: Literal["imitation", "ppo", "fert_iteration"] = "imitation"
+    steps_per_iteration: int = Field(default=50, ge=1)  # optimizer steps per workflow iteration
+    validation_robots: int = Field(default=4, ge=0)  # validation rollouts each iteration (0 = none)
+    validation_episodes: int = Field(default=1, ge=1)  # per validation robot and iteration
+    # what the train task runs: imitation (the method above, through the trainer's workflow), or
+    # PPO on the built-in simulator (components/pipeline/scheduled.py); both through the scheduler
+    workload: Literal["imitation", "ppo"] = "imitation"
 
 
 class FertConfig(Section):
@@ -235,16 +244,15 @@ class SchedulerConfig(Section):
     activity_threshold: float = 0.75  # busy fraction of devices below which a window is low-activity
     min_window_ms: float = 2.0
     quota_max_steps: int = 4
-    # which schedule the training workloads use by default
-    plan: Literal["sequential", "coarse", "planner", "rose"] = "planner"
+    # which schedule training uses: auto = profiled once per machine and workload shape (cached
+    # under <root>/.fleetloop/plans), M2Flow + Rose propose, kept only if measured faster
+    plan: Literal["auto", "sequential", "coarse", "planner", "rose"] = "auto"
     # workloads the Prefect train task runs through the scheduler (train.workload)
     iterations: int = Field(default=10, ge=1)
     ppo_steps: int = Field(default=64, ge=1)  # rollout steps per iteration (all fleet robots as envs)
     ppo_epochs: int = Field(default=2, ge=1)
     ppo_minibatches: int = Field(default=4, ge=1)
     ppo_eval_steps: int = Field(default=32, ge=1)  # held-out evaluation of the previous weights
-    fert_learn_steps: int = Field(default=8, ge=1)  # BC steps per FERT iteration
-    fert_eval_steps: int = Field(default=60, ge=1)
 
 
 class OpsConfig(Section):

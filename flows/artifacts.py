@@ -10,6 +10,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from components.evaluation.heldout import EvaluationReport
 from components.pipeline.ingest import IngestResult
 from components.pipeline.promote import PromotionOutcome
+from components.pipeline.steps import TrainingSummary
 
 
 class ProgressArtifact:
@@ -50,7 +51,8 @@ def learning_curve_png(losses: list[float]) -> bytes:
 
 
 def retrain_summary(
-    ingest: IngestResult, report: EvaluationReport, promotion: PromotionOutcome, mlflow_run_url: str, losses: list[float]
+    ingest: IngestResult, report: EvaluationReport, promotion: PromotionOutcome, mlflow_run_url: str, losses: list[float],
+    training: TrainingSummary | None = None,
 ) -> None:
     cand = promotion.candidate
     png = base64.b64encode(learning_curve_png(losses)).decode() if losses else ""
@@ -69,9 +71,39 @@ def retrain_summary(
     ]
     if promotion.champion_eval:
         lines.append(f"| champion on the same trials | {100 * promotion.champion_eval['success_rate']:.1f}% |")
+    if training is not None:
+        lines += ["", *training_markdown(training)]
     if png:
         lines += ["", "## Learning curve", "", f"![training loss](data:image/png;base64,{png})"]
     create_markdown_artifact("\n".join(lines), key="retrain-summary", description="retrain: result, champion, lineage")
+
+
+def training_markdown(summary: TrainingSummary) -> list[str]:
+    """How the candidate was trained: method, retrieval, the scheduler's plan and where time went."""
+    def ms(x: float | None) -> str:
+        return "n/a" if x is None else f"{1e3 * x:.1f} ms"
+
+    fert = summary.fert
+    lines = [
+        "| training | |", "|---|---|",
+        f"| method | `{summary.method}` ({fert.get('frames', 0)} frames from {fert.get('episodes', 0)} successful episodes) |",
+        f"| FERT retrieval | {fert.get('queries', 0)} failure queries → {summary.retrieved_segments} retrieved segments "
+        f"from {fert.get('matched_robots', 0)} robots |",
+        f"| plan | `{summary.plan_name}` (scheduler.plan: {summary.plan_requested}, {summary.plan_source}) |",
+        f"| iteration time | {ms(summary.median_iteration_s)} measured, {ms(summary.predicted_iteration_s)} predicted, "
+        f"sequential {ms(summary.sequential_iteration_s)} |",
+        f"| speed-up over sequential | {'n/a' if summary.speedup_vs_sequential is None else f'{summary.speedup_vs_sequential:.2f}x'} |",
+        "| time per stage (s) | " + ", ".join(f"{k} {v:.2f}" for k, v in summary.stage_seconds.items()) + " |",
+    ]
+    if summary.validation:
+        lines.append("| validation success by iteration | " + " ".join(f"{100 * v:.0f}%" for v in summary.validation) + " |")
+    return lines
+
+
+def training_summary(summary: TrainingSummary) -> None:
+    create_markdown_artifact("\n".join(["# fleetloop train", "", *training_markdown(summary), "",
+                                         "```", summary.plan_text, "```"]),
+                             key="train-summary", description="train: method, plan, time split")
 
 
 def failure_tables(report: EvaluationReport) -> None:

@@ -6,6 +6,7 @@ one by one; the CLI drives the rounds and prints the per-round table.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -26,6 +27,10 @@ class RoundRow:
     trials: int
     promoted: bool
     champion: int | None
+    method: str = "-"
+    plan: str = "-"
+    iteration_ms: str = "-"  # measured median, and the sequential plan's when the plan was chosen
+    retrieved: int = 0  # FERT: segments retrieved for the champion's failures
 
 
 def _rate_with_ci(successes: int, trials: int, confidence: float) -> str:
@@ -35,10 +40,16 @@ def _rate_with_ci(successes: int, trials: int, confidence: float) -> str:
 
 def _row(label: str, robots: int, collected: CollectResult, promotion: PromotionOutcome, confidence: float) -> RoundRow:
     cand = promotion.candidate
-    return RoundRow(
+    row = RoundRow(
         label, robots, collected.episodes, collected.success_rate,
         _rate_with_ci(cand.successes, cand.trials, confidence), cand.trials, promotion.decision.promote, promotion.champion_after,
     )
+    t = promotion.training
+    if t is None:
+        return row
+    seq = "" if t.sequential_iteration_s is None else f" vs {1e3 * t.sequential_iteration_s:.0f} seq"
+    return dataclasses.replace(row, method=t.method, plan=f"{t.plan_name} ({t.plan_source})",
+                               iteration_ms=f"{1e3 * t.median_iteration_s:.0f}{seq}", retrieved=t.retrieved_segments)
 
 
 def run_demo(settings: Settings) -> Iterator[RoundRow]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from prefect import flow
@@ -27,6 +28,8 @@ def retrain(files: list[Path] | None = None, run_name: str = "retrain", settings
     promotion = promote.with_options(**options)(outcome, report, run_name, settings)
     registry = Workspace(settings).registry
     run_url = f"http://127.0.0.1:{settings.ops.mlflow_port}/#/experiments/{registry.experiment_id}/runs/{promotion.candidate.run_id}"
-    artifacts.retrain_summary(ingested, report, promotion, run_url, outcome.result.losses)
+    artifacts.retrain_summary(ingested, report, promotion, run_url, outcome.result.losses, outcome.summary)
     artifacts.failure_tables(report)
-    return promotion
+    if outcome.summary is None:
+        return promotion
+    return dataclasses.replace(promotion, training=dataclasses.replace(outcome.summary, timeline=None))

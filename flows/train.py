@@ -1,4 +1,5 @@
-"""`train`: imitation on the stored dataset (method from params), cached on data snapshot + params."""
+"""`train`: the one trainer on the stored dataset (``train.method``, FERT by default) through the
+embedded scheduler; cached on data snapshot + params + starting point."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from prefect import flow, get_run_logger, task
 from components.config import Settings
 from components.episodes.snapshot import read_snapshot
 from components.pipeline import steps
+from flows import artifacts
 from flows.artifacts import ProgressArtifact
 from components.pipeline.workspace import Workspace
 from flows.runtime import prepare_environment, settings_cache_key
@@ -16,9 +18,10 @@ TRAIN_INPUTS = ("seed", "device", "sim", "store", "policy", "train", "fert")
 
 
 def conditional_inputs(settings: Settings) -> tuple[str, ...]:
-    """Sections only some trainings read: the scheduler's (workloads run through it) and the MoE
-    shuffle's (expert-parallel training). Others never re-train a cached model when they change."""
-    return (("scheduler",) if settings.train.workload != "imitation" else ()) + (
+    """Sections only some trainings read: PPO's sizes live in the scheduler section, and the MoE
+    shuffle's in the shuffle section (expert-parallel training). The plan never changes the
+    weights of the imitation workflow, so scheduler knobs never re-train a cached model."""
+    return (("scheduler",) if settings.train.workload == "ppo" else ()) + (
         ("shuffle",) if settings.train.world_size > 1 else ())
 
 
@@ -32,25 +35,26 @@ def train_task(settings: Settings, snapshot_hash: str, champion_version: int | N
 
     def report(step: int, total: int, loss: float) -> None:
         progress.update(step, total)
-        if step == total or step % max(1, total // 10) < settings.train.log_every:
+        if step == total or step % max(1, total // 10) < settings.train.steps_per_iteration:
             logger.info("step %d/%d loss %.4f", step, total, loss)
 
-    if settings.train.world_size > 1:
-        from components.pipeline.distributed import train_expert_parallel
-
-        logger.info("expert-parallel training on %d torchrun processes", settings.train.world_size)
-        return train_expert_parallel(settings)
-    if settings.train.workload != "imitation":
+    if settings.train.workload == "ppo":
         from components.pipeline.scheduled import train_scheduled
 
-        logger.info("%s through the embedded scheduler (plan %s, %d iterations)", settings.train.workload,
-                    settings.scheduler.plan, settings.scheduler.iterations)
-        outcome = train_scheduled(settings, report)
-        if outcome.schedule is not None:
-            logger.info("%s\niteration seconds: %s", outcome.schedule.plan_text,
-                        ", ".join(f"{x:.3f}" for x in outcome.schedule.iteration_s))
-        return outcome
-    return steps.train_policy(settings, report)
+        logger.info("PPO through the embedded scheduler (plan %s, %d iterations)", settings.scheduler.plan,
+                    settings.scheduler.iterations)
+        return train_scheduled(settings, report)
+    if settings.train.world_size > 1:
+        logger.info("expert-parallel training on %d torchrun processes", settings.train.world_size)
+    outcome = steps.train_policy(settings, report, logger.info)
+    if outcome.summary is not None:
+        summary = outcome.summary
+        logger.info("%s\nmedian iteration %.1f ms (sequential %s); stage seconds: %s", summary.plan_text,
+                    1e3 * summary.median_iteration_s,
+                    "n/a" if summary.sequential_iteration_s is None else f"{1e3 * summary.sequential_iteration_s:.1f} ms",
+                    ", ".join(f"{k} {v:.2f}" for k, v in summary.stage_seconds.items()))
+        artifacts.training_summary(summary)
+    return outcome
 
 
 @flow(name="train")

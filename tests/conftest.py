@@ -21,6 +21,7 @@ from components.config import (  # noqa: E402
     DemoConfig,
     EvaluationConfig,
     FleetConfig,
+    SchedulerConfig,
     Settings,
     TrainConfig,
 )
@@ -48,8 +49,10 @@ def small_settings(root: Path, **overrides) -> Settings:
         device="cpu",
         demo=DemoConfig(expert_robots=2, expert_episodes_per_robot=6, rounds=1),
         fleet=FleetConfig(num_robots=2, num_heldout_robots=2, steps_per_robot=300),
-        train=TrainConfig(method="filtered_bc", epochs=3, batch_size=64),
+        train=TrainConfig(method="filtered_bc", epochs=3, batch_size=64, steps_per_iteration=10, validation_robots=1),
         evaluation=EvaluationConfig(trials_per_robot=3, trials_per_task=6),
+        # a fixed plan: `auto` profiles on first use (tests of it ask for it with small sizes)
+        scheduler=SchedulerConfig(plan="sequential"),
     )
     base.update(overrides)
     return Settings(**base)

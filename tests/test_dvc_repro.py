@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parent.parent
 SMALL_PARAMS = {
     "demo": {"expert_robots": 2, "expert_episodes_per_robot": 4},
     "fleet": {"num_heldout_robots": 2},
-    "train": {"epochs": 2, "batch_size": 64, "method": "filtered_bc"},
+    "train": {"epochs": 2, "batch_size": 64, "method": "fert", "steps_per_iteration": 10, "validation_robots": 1},
+    "scheduler": {"plan": "sequential"},
     "evaluation": {"trials_per_robot": 2, "trials_per_task": 4},
     "device": "cpu",
 }
@@ -29,7 +30,7 @@ def _run(args: list[str], cwd: Path) -> str:
 
 
 def _make_repo(dst: Path) -> Path:
-    for name in ("components", "flows"):
+    for name in ("components", "flows", "cli"):
         shutil.copytree(REPO / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
         shutil.copy(REPO / name, dst / name)
@@ -47,6 +48,25 @@ def _make_repo(dst: Path) -> Path:
     return dst
 
 
+def _flow_digest(repo: Path, root: Path) -> str:
+    """Bootstrap as the retrain flow's tasks do (collect → ingest → train), with repo's params.yaml."""
+    from components.config import load_settings
+    from components.pipeline import steps
+    from components.pipeline.collect import collect_expert_demos
+    from components.pipeline.ingest import ingest_files
+    from components.training.checkpoint import state_digest
+
+    old = os.environ.get("FLEETLOOP_ROOT")
+    os.environ["FLEETLOOP_ROOT"] = str(repo)
+    try:
+        settings = load_settings().model_copy(update={"root": root})
+    finally:
+        os.environ.pop("FLEETLOOP_ROOT") if old is None else os.environ.__setitem__("FLEETLOOP_ROOT", old)
+    demos = collect_expert_demos(settings, settings.paths.incoming / "expert")
+    ingest_files(settings, demos.files)
+    return state_digest(steps.train_policy(settings).result.policy.state_dict())
+
+
 @pytest.mark.slow
 def test_dvc_repro_parity_noop_metrics_plots_and_experiments(tmp_path):
     repo = _make_repo(tmp_path / "repo")
@@ -55,6 +75,11 @@ def test_dvc_repro_parity_noop_metrics_plots_and_experiments(tmp_path):
     metrics = json.loads((repo / "metrics" / "eval.json").read_text())
     assert metrics["trials"] == 2 * 2 and 0.0 <= metrics["success_rate"] <= 1.0
     assert (repo / "dvc.lock").exists()
+
+    # the flow's own steps, on the same params in another root, train the same weights bit for bit
+    trained = json.loads((repo / "metrics" / "train.json").read_text())
+    assert trained["method"] == "fert" and trained["plan"] == "sequential"
+    assert trained["weights_digest"] == _flow_digest(repo, tmp_path / "flow-root")
 
     second = _run([sys.executable, "-m", "dvc", "repro"], repo)
     assert "Data and pipelines are up to date" in second

@@ -1,15 +1,14 @@
-"""PPO and FERT iterations through the scheduler: every plan gives bit-identical weights."""
+"""PPO and the one trainer's workflow through the scheduler: every plan gives bit-identical weights."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from components.config import FertConfig, PolicyConfig, SchedulerConfig, SimConfig, StoreConfig
+from components.config import PolicyConfig, SchedulerConfig, SimConfig
 from components.scheduler.devices import max_concurrent_owners
 from components.scheduler.plan import Plan, WorkerSpec
 from components.scheduler.rose import candidate_transformations, legality, replicate_rollout
-from components.training.workloads.fert_iteration import FertIterSpec, build_fert_data, run_fert_iterations
 from components.training.workloads.ppo import PPOSpec, ppo_runtime, ppo_workflow, run_ppo
 
 POLICY = PolicyConfig(hidden=32, layers=2)
@@ -97,27 +96,35 @@ def test_ppo_learns_something(ppo_reference):
     assert len({m.weights_digest for m in ppo_reference.metrics}) == 3 and first
 
 
-@pytest.fixture(scope="module")
-def fert_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fert-store")
-    return build_fert_data(root, SIM.model_copy(update={"max_steps": 40}), StoreConfig(window=4, stride=2),
-                           FertConfig(top_k=4), POLICY, [f"robot-{i:04d}" for i in range(4)], 1, batch_size=64)
+def _train_spec():
+    import numpy as np
+
+    from components.training.imitation import TrainingSet
+    from components.training.workflow import TrainSpec, ValidationSpec
+
+    rng = np.random.default_rng(0)
+    states = rng.normal(size=(500, 11)).astype(np.float32)
+    data = TrainingSet(states, np.tanh(states[:, :3]).astype(np.float32), rng.uniform(0.5, 2.0, size=500))
+    return TrainSpec(data=data, policy=POLICY, lr=1e-3, weight_decay=1e-4, batch_size=32, seed=5, total_steps=9,
+                     steps_per_iteration=2, validation=ValidationSpec(SIM, ("validation-0000",), 1, 5))
 
 
-def test_fert_iteration_overlaps_without_changing_results(fert_data):
-    spec = FertIterSpec(sim=SIM.model_copy(update={"max_steps": 40}), policy=POLICY,
-                        eval_robot_ids=tuple(f"heldout-{i:04d}" for i in range(4)), hooks=fert_data.hooks,
-                        window=4, eval_steps=10, learn_steps=2, learner_threads=1)
-    ref = run_fert_iterations(spec, fert_data, CFG, 3, plan="sequential")
-    overlapped = Plan("overlap", (WorkerSpec("io", ("retriever", "assembler")), WorkerSpec("main", ("learner",)),
-                                  WorkerSpec("side", ("evaluator",))), threads={"learner": 1, "evaluator": 1},
-                      blas_threads=1, hoist=frozenset({"retrieve", "assemble"}))
-    got = run_fert_iterations(spec, fert_data, CFG, 3, plan=overlapped)
-    assert _same(got.weights, ref.weights)
-    assert got.success_rates == ref.success_rates and got.losses == ref.losses
-    # retrieval of iteration i+1 is hoisted: it waits for eval@i (its query), not for learn@i
+def test_training_workflow_overlaps_without_changing_results():
+    """The one trainer's workflow: sampling hoisted on its own thread and validation in its own
+    process give the sequential plan's weights, losses and validation, bit for bit."""
+    from components.training.trainer import PlanChoice, Trainer
+
+    trainer = Trainer(_train_spec(), CFG)
+    ref = trainer.run(trainer.choose("sequential"))
+    assert len(ref.losses) == 9 and len(ref.iteration_s) == len(ref.validation) == 5  # 4 x 2 steps + 1
+    overlapped = Plan("overlap", (WorkerSpec("io", ("sampler",)), WorkerSpec("main", ("learner",)),
+                                  WorkerSpec("side", ("validator",), kind="process")),
+                      threads={"learner": 1, "validator": 1, "sampler": 1}, blas_threads=1, hoist=frozenset({"sample"}))
+    got = trainer.run(PlanChoice(overlapped, "overlap", "fixed"))
+    assert _same(got.policy.state_dict(), ref.policy.state_dict())
+    assert got.losses == ref.losses and got.validation == ref.validation
     spans = got.timeline.spans
-    retrieve1 = next(s for s in spans if s.op == "retrieve" and s.iteration == 1)
-    eval0 = next(s for s in spans if s.op == "eval" and s.iteration == 0)
-    assert retrieve1.start >= eval0.end
-    assert retrieve1.worker == "io" and eval0.worker == "side"
+    assert {s.worker for s in spans if s.op == "validate"} == {"side"}
+    sample1 = next(s for s in spans if s.op == "sample" and s.iteration == 1)
+    learn0 = next(s for s in spans if s.op == "learn" and s.iteration == 0)
+    assert sample1.worker == "io" and learn0.worker == "main"

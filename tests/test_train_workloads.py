@@ -1,4 +1,4 @@
-"""train.workload: the Prefect train task runs PPO and the FERT iteration through the embedded scheduler."""
+"""The Prefect train task runs through the embedded scheduler: FERT (the one trainer) and PPO."""
 
 from __future__ import annotations
 
@@ -57,18 +57,16 @@ def test_unknown_scheduled_workload_is_refused(tmp_path):
         train_scheduled(settings)
 
 
-def test_train_flow_runs_the_fert_iteration_through_the_scheduler(tmp_path, prefect_harness):
-    """Demos -> champion -> a fleet round with failures; then the train task runs FERT iterations
-    (retrieval for the failures, batch assembly, learner, held-out evaluation) under the planner's
-    plan, and its weights equal the sequential schedule's bit for bit."""
+def test_train_flow_runs_fert_through_the_scheduler_and_caches_the_plan(tmp_path, prefect_harness):
+    """Demos -> champion -> a fleet round with failures; then the train task fine-tunes the champion
+    with FERT (one FERT: components/fert) through the one trainer under ``scheduler.plan: auto``:
+    profiled once, the choice cached under the root, weights bit-identical to the sequential plan."""
     from flows.train import train
 
     settings = small_settings(
         tmp_path, sim=SimConfig(max_steps=40), fert=FertConfig(calibration_episodes=20),
-        train=TrainConfig(method="fert", workload="fert_iteration", epochs=2, batch_size=64),
-        scheduler=SchedulerConfig(plan="planner", iterations=2, fert_learn_steps=2, fert_eval_steps=10,
-                                  pipeline_stages=(1,), profile_iterations=2, validate_iterations=1,
-                                  validate_rounds=1),
+        train=TrainConfig(method="fert", epochs=2, batch_size=64, steps_per_iteration=4, validation_robots=1),
+        scheduler=SchedulerConfig(plan="sequential"),
     )
     ingest_files(settings, collect_expert_demos(settings, tmp_path / "demos").files, snapshot=False)
     first = steps.train_policy(settings)
@@ -79,22 +77,38 @@ def test_train_flow_runs_the_fert_iteration_through_the_scheduler(tmp_path, pref
     ingest_files(settings, fleet.files, snapshot=False)
     assert any(not e.success for e in Workspace(settings).dataset.episodes())  # failures to query with
 
-    outcome = train(settings)
-    report = outcome.schedule
-    assert report is not None and report.workload == "fert_iteration"
-    assert report.plan_text.startswith("plan m2flow(m=") and "predicted iteration time" in report.plan_text
-    assert len(report.iteration_s) == len(report.losses) == settings.scheduler.iterations
-    assert all(0.0 <= r <= 1.0 for r in report.eval_successes)
+    auto = settings.model_copy(update={"scheduler": SchedulerConfig(
+        plan="auto", profile_iterations=2, validate_iterations=1, validate_rounds=1, quota_max_steps=1)})
+    outcome = train(auto)
+    summary = outcome.summary
+    assert summary is not None and summary.method == "fert" and summary.retrieved_segments > 0
+    assert summary.plan_requested == "auto" and summary.plan_source == "measured"
+    assert summary.sequential_iteration_s and summary.sequential_iteration_s > 0
+    assert summary.iterations == len(summary.validation) == -(-len(outcome.result.losses) // 4)
+    assert set(summary.stage_seconds) == {"sample", "learn", "validate"}
+    tags = summary.tags()
+    assert tags["fleetloop.method"] == "fert" and tags["fleetloop.scheduler.plan"] == summary.plan_name
+    cached = list((tmp_path / ".fleetloop" / "plans").glob("train-*.json"))
+    assert len(cached) == 1
 
-    sequential = train_scheduled(settings.model_copy(update={
-        "scheduler": settings.scheduler.model_copy(update={"plan": "sequential"})}))
+    sequential = steps.train_policy(settings)
     got, want = outcome.result.policy.state_dict(), sequential.result.policy.state_dict()
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
-    assert report.losses == sequential.schedule.losses
+    assert outcome.result.losses == sequential.result.losses
+    assert outcome.summary.validation == sequential.summary.validation
 
-    too_short = settings.model_copy(update={"scheduler": settings.scheduler.model_copy(update={"fert_eval_steps": 6})})
-    with pytest.raises(ValueError, match="scheduler.fert_eval_steps=6 is shorter than store.window=8"):
-        train_scheduled(too_short)
+    again = steps.train_policy(auto)  # the machine and the workload's shape are unchanged: no profiling
+    assert again.summary.plan_source == "cache" and again.summary.plan_name == summary.plan_name
     # it fine-tuned the champion: same normalizers, different weights
     assert torch.equal(got["obs_norm.mean"], champion.state_dict()["obs_norm.mean"])
     assert any(not torch.equal(got[k], champion.state_dict()[k]) for k in got if k.startswith("core."))
+
+    # the candidate's MLflow run carries the method, the plan, the speed-up and the Gantt image
+    version = register_candidate(auto, outcome, evaluate_policy(auto, outcome.result.policy, "candidate"), "round-1")
+    registry = Workspace(auto).registry
+    run = registry.client.get_run(version.run_id)
+    assert run.data.tags["fleetloop.method"] == "fert"
+    assert run.data.tags["fleetloop.scheduler.plan"] == summary.plan_name
+    assert float(run.data.tags["fleetloop.scheduler.speedup_vs_sequential"]) > 0
+    names = {a.path for a in registry.client.list_artifacts(version.run_id)}
+    assert {"schedule_gantt.png", "training.json"} <= names

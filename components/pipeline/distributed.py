@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from components.config import Settings
-from components.pipeline.steps import TrainOutcome, current_lineage, training_set
+from components.pipeline.steps import TrainingSummary, TrainOutcome, current_lineage, training_set
 from components.pipeline.workspace import Workspace
 from components.policy.factory import make_policy
 from components.training.expert_parallel import launch_expert_parallel
@@ -46,7 +46,8 @@ def train_expert_parallel(settings: Settings) -> TrainOutcome:
             "set policy.kind: moe_transformer in params.yaml (or train.world_size: 1)"
         )
     ws = Workspace(settings)
-    data = training_set(settings, ws)
+    built = training_set(settings, ws)
+    data = built.data
     settings.paths.artifacts.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=settings.paths.artifacts) as tmp:
         data_path = Path(tmp) / "training_set.npz"
@@ -66,5 +67,14 @@ def train_expert_parallel(settings: Settings) -> TrainOutcome:
         policy = make_policy(ws.obs_dim, ws.act_dim, settings.policy)
         policy.load_state_dict(torch.load(run.state_dict_path, weights_only=True))
     policy.eval()
-    result = TrainResult(policy=policy, losses=run.losses, steps=len(run.losses), seconds=float(sum(run.step_times_s)), device="cpu")
-    return TrainOutcome(result, current_lineage(settings, ws, len(data.states)), len(data.states))
+    seconds = float(sum(run.step_times_s))
+    result = TrainResult(policy=policy, losses=run.losses, steps=len(run.losses), seconds=seconds, device="cpu")
+    median = float(np.median(run.step_times_s)) * settings.train.steps_per_iteration if run.step_times_s else 0.0
+    summary = TrainingSummary(
+        method=built.report.method, fert=built.report.to_dict(), plan_name=f"sequential x {run.world_size} torchrun ranks",
+        plan_text=f"every rank runs the training workflow's sequential plan ({run.dispatcher} shuffle)",
+        plan_requested=settings.scheduler.plan, plan_source="fixed", iterations=-(-len(run.losses) // settings.train.steps_per_iteration),
+        iteration_s=[], median_iteration_s=median, predicted_iteration_s=None, sequential_iteration_s=None,
+        speedup_vs_sequential=None, stage_seconds={"learn": seconds}, validation=[],
+    )
+    return TrainOutcome(result, current_lineage(settings, ws, len(data.states)), len(data.states), summary)

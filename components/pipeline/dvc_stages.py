@@ -17,7 +17,7 @@ import torch
 from components.config import Settings
 from components.pipeline import collect, evaluate, ingest, steps
 from components.policy.factory import make_policy
-from components.training.imitation import train_imitation
+from components.training.checkpoint import state_digest
 
 BUILD_DIR = "build"
 
@@ -45,20 +45,31 @@ def stage_ingest(settings: Settings) -> None:
 
 
 def stage_train(settings: Settings) -> None:
+    """The flow's train step (``steps.train_policy``, or PPO for ``train.workload: ppo``) on the build root."""
     build = _build_settings(settings)
-    ws = steps.Workspace(build)
-    data = steps.training_set(build, ws)
-    result = train_imitation(data, build.policy, build.train, seed=build.seed, device="cpu")
+    if build.train.workload == "ppo":
+        from components.pipeline.scheduled import train_scheduled
+
+        outcome: steps.TrainOutcome = train_scheduled(build, log=print)
+    else:
+        outcome = steps.train_policy(build, log=print)
+    result = outcome.result
     model_dir = build.root / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
     torch.save(result.policy.state_dict(), model_dir / "policy.pt")
     metrics = settings.paths.metrics
-    _write_json(metrics / "train.json", {"final_loss": result.final_loss, "frames": len(data.states), "steps": result.steps})
+    summary = outcome.summary
+    _write_json(metrics / "train.json", {
+        "final_loss": result.final_loss, "frames": outcome.frames, "steps": result.steps,
+        "method": build.train.method if build.train.workload == "imitation" else build.train.workload,
+        "plan": summary.plan_name if summary else None, "weights_digest": state_digest(result.policy.state_dict()),
+    })
     with (metrics / "loss.csv").open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["step", "loss"])
         every = max(1, len(result.losses) // 200)
         writer.writerows([i, f"{loss:.6f}"] for i, loss in enumerate(result.losses) if i % every == 0)
+    print(f"train: {outcome.frames} frames, {result.steps} steps, plan {summary.plan_name if summary else '-'}")
 
 
 def stage_evaluate(settings: Settings) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from components.config import Settings
 from components.evaluation.heldout import EvaluationReport
-from components.pipeline.steps import TrainOutcome
+from components.pipeline.steps import TrainingSummary, TrainOutcome
 from components.pipeline.workspace import Workspace
 from components.registry.gate import GateDecision
 from components.registry.model_registry import PolicyVersion
@@ -20,19 +22,45 @@ class PromotionOutcome:
     champion_after: int | None
     champion_eval: dict | None = None
     canary: int | None = None  # the version now rolling out as canary (rollout: canary)
+    training: TrainingSummary | None = None  # how the candidate was trained (method, plan, timings)
 
 
 def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: EvaluationReport, run_name: str) -> PolicyVersion:
-    """One MLflow run (params, metrics, lineage, model) registered as a new version."""
-    return Workspace(settings).registry.log_candidate(
-        outcome.result.policy,
-        evaluation.to_dict(),
-        outcome.lineage,
-        params=settings.model_dump(mode="json", exclude={"root"}),
-        metrics={"train_final_loss": outcome.result.final_loss, "train_seconds": outcome.result.seconds, "train_frames": outcome.frames},
-        loss_curve=outcome.result.losses,
-        run_name=run_name,
-    )
+    """One MLflow run (params, metrics, lineage, how it was trained, model) registered as a new version."""
+    summary = outcome.summary
+    metrics = {"train_final_loss": outcome.result.final_loss, "train_seconds": outcome.result.seconds,
+               "train_frames": outcome.frames, **(summary.metrics() if summary else {})}
+    with tempfile.TemporaryDirectory() as tmp:
+        images = [schedule_gantt(summary, Path(tmp))] if summary is not None and summary.timeline is not None else []
+        return Workspace(settings).registry.log_candidate(
+            outcome.result.policy,
+            evaluation.to_dict(),
+            outcome.lineage,
+            params=settings.model_dump(mode="json", exclude={"root"}),
+            metrics=metrics,
+            loss_curve=outcome.result.losses,
+            run_name=run_name,
+            tags=summary.tags() if summary else None,
+            artifacts=images,
+            dicts={"training.json": _training_dict(summary)} if summary else None,
+        )
+
+
+def schedule_gantt(summary: TrainingSummary, folder: Path) -> Path:
+    """The train task's schedule: ops per worker over time (first iterations), as a PNG."""
+    import os
+
+    from components.scheduler.gantt import plot_timelines
+
+    last = min(3, max(s.iteration for s in summary.timeline.spans)) if summary.timeline.spans else 0
+    return plot_timelines([(f"{summary.plan_name}: median {1e3 * summary.median_iteration_s:.0f} ms/iteration",
+                            summary.timeline)], folder / "schedule_gantt.png", float(os.cpu_count() or 1), (0, last))
+
+
+def _training_dict(summary: TrainingSummary) -> dict:
+    body = {k: v for k, v in summary.__dict__.items() if k != "timeline"}
+    body["retrieved_segments"] = summary.retrieved_segments
+    return body
 
 
 def gate_candidate(settings: Settings, candidate: PolicyVersion, champion_eval: EvaluationReport | None) -> PromotionOutcome:

@@ -1,4 +1,7 @@
-"""Train step through the embedded scheduler: ``train.workload: ppo | fert_iteration``.
+"""Train step for ``train.workload: ppo``: PPO on the built-in fleet simulator, through the scheduler.
+
+(``train.workload: imitation``, the default, trains ``train.method`` with the one trainer in
+``steps.train_policy``, also through the scheduler.)
 
     Settings ──workload spec (fleet robots, held-out robots, scheduler sizes)──► SchedulerRuntime
        ──scheduler.plan (sequential | coarse | planner | rose)──► iterations, reported one by one
@@ -7,9 +10,6 @@
 
 * ``ppo`` — PPO on the built-in fleet simulator, every fleet robot one env; the actor starts from
   the champion when there is one. ``frames`` counts the env steps trained on.
-* ``fert_iteration`` — FERT fine-tuning iterations on the stored dataset: failure windows of the
-  stored failed episodes query the segment store, retrieved successes and demos form the batch,
-  and each iteration's held-out evaluation yields the next failure queries.
 
 Every plan gives bit-identical weights (tests), so the plan only changes how long it takes.
 """
@@ -36,7 +36,7 @@ from components.store.encoder import NormalizedStateEncoder
 from components.training.imitation import ProgressFn, TrainResult
 from components.training.workloads.ppo import PPOSpec, initial_params, run_ppo
 
-SCHEDULED_WORKLOADS = ("ppo", "fert_iteration")
+SCHEDULED_WORKLOADS = ("ppo",)
 
 
 @dataclass(frozen=True)
@@ -78,9 +78,7 @@ def train_scheduled(settings: Settings, progress: ProgressFn | None = None,
     ws = Workspace(settings)
     total = settings.scheduler.iterations
     on_iteration = _progress_callback(progress, total)
-    if workload == "ppo":
-        return _train_ppo(settings, ws, on_iteration, log)
-    return _train_fert(settings, ws, on_iteration, log)
+    return _train_ppo(settings, ws, on_iteration, log)
 
 
 def _progress_callback(progress: ProgressFn | None, total: int) -> Callable[[int, dict[str, Any]], None] | None:
@@ -125,7 +123,8 @@ def _train_ppo(settings: Settings, ws: Workspace, on_iteration: Any, log: Any) -
         for k, v in champion.state_dict().items():
             params[f"actor.{k}"] = v.detach().clone()
     t0 = time.perf_counter()
-    res = run_ppo(spec, cfg, sc.iterations, plan=sc.plan, params=params, log=log, on_iteration=on_iteration)
+    plan = "planner" if sc.plan == "auto" else sc.plan  # PPO keeps no plan cache: auto = the planner's plan
+    res = run_ppo(spec, cfg, sc.iterations, plan=plan, params=params, log=log, on_iteration=on_iteration)
     seconds = time.perf_counter() - t0
     policy = make_policy(ws.obs_dim, ws.act_dim, settings.policy)
     policy.load_state_dict(res.policy_weights)
@@ -136,68 +135,4 @@ def _train_ppo(settings: Settings, ws: Workspace, on_iteration: Any, log: Any) -
                             [m.eval_successes for m in res.metrics], res.env_steps_per_s)
     result = TrainResult(policy=policy, losses=losses, steps=sc.iterations * spec.epochs * spec.minibatches,
                          seconds=seconds, device=spec.device)
-    return ScheduledTrainOutcome(result, current_lineage(settings, ws, frames), frames, report)
-
-
-def _train_fert(settings: Settings, ws: Workspace, on_iteration: Any, log: Any) -> ScheduledTrainOutcome:
-    from components.training.workloads.fert_iteration import (
-        FertData,
-        FertIterSpec,
-        StoreFertHooks,
-        run_fert_iterations,
-    )
-
-    episodes = list(ws.dataset.episodes())
-    successes = [e for e in episodes if e.success]
-    if not successes:
-        raise RuntimeError(f"train.workload=fert_iteration needs successful episodes in {settings.paths.episodes}; "
-                           "run `fleetloop ingest` with expert demos first")
-    encoder = ws.store.load_encoder()
-    if not isinstance(encoder, NormalizedStateEncoder):
-        raise RuntimeError(
-            f"train.workload=fert_iteration queries the segment store {settings.paths.store} with its encoder, "
-            f"which is {type(encoder).__name__ if encoder is not None else 'missing'}; it needs the "
-            "normalized_state encoder (fert.encoder: normalized_state, then re-ingest)")
-    sc = settings.scheduler
-    demo_s = np.concatenate([e.states for e in successes]).astype(np.float32)
-    demo_a = np.concatenate([e.actions for e in successes]).astype(np.float32)
-    hooks = StoreFertHooks(settings.paths.store, settings.store, settings.fert, encoder.state_dict(),
-                           {e.episode_id: e for e in successes}, (demo_s, demo_a), settings.train.batch_size)
-    champion = ws.registry.load("champion") if ws.registry.champion() is not None else None
-    if champion is None:
-        torch.manual_seed(settings.seed)
-        champion = make_policy(ws.obs_dim, ws.act_dim, settings.policy)
-        assert isinstance(champion, NormalizedPolicy)
-        champion.obs_norm.fit(torch.from_numpy(demo_s))
-        champion.act_norm.fit(torch.from_numpy(demo_a))
-    params = {k: v.detach().clone() for k, v in champion.state_dict().items()}
-    w = settings.store.window
-    failed = [e for e in episodes if not e.success and e.length >= w]
-    windows = [e.states[s:s + w] for e in failed for s in range(0, e.length - w + 1, settings.store.stride)]
-    windows = _subsample(windows, settings.fert.max_queries, settings.seed)
-    queries = hooks.failure_queries(np.stack(windows) if windows else np.zeros((0, w, ws.obs_dim), np.float32))
-    data = FertData(hooks, params, queries)
-    spec = FertIterSpec(sim=settings.sim, policy=settings.policy, eval_robot_ids=tuple(settings.fleet.heldout_ids()),
-                        hooks=hooks, window=w, eval_steps=sc.fert_eval_steps, learn_steps=sc.fert_learn_steps,
-                        lr=settings.train.lr, seed=settings.seed)
-    t0 = time.perf_counter()
-    res = run_fert_iterations(spec, data, sc, sc.iterations, plan=sc.plan, log=log, on_iteration=on_iteration)
-    seconds = time.perf_counter() - t0
-    policy = make_policy(ws.obs_dim, ws.act_dim, settings.policy)
-    policy.load_state_dict(res.weights)
-    policy.eval()
-    frames = int(sum(len(e.states) for e in successes))
-    report = ScheduleReport("fert_iteration", res.plan.name, res.plan_text, res.iteration_s, res.losses,
-                            res.success_rates)
-    result = TrainResult(policy=policy, losses=res.losses, steps=sc.iterations * sc.fert_learn_steps,
-                         seconds=seconds, device="cpu")
-    return ScheduledTrainOutcome(result, current_lineage(settings, ws, frames), frames, report)
-
-
-def _subsample(windows: list[np.ndarray], limit: int, seed: int) -> list[np.ndarray]:
-    """At most ``limit`` windows, a seeded choice (deterministic for the same data and seed)."""
-    if len(windows) <= limit:
-        return windows
-    digest = int.from_bytes(hashlib.blake2b(repr((seed, len(windows))).encode(), digest_size=8).digest(), "little")
-    keep = np.sort(np.random.default_rng(digest).choice(len(windows), size=limit, replace=False))
-    return [windows[i] for i in keep]
+    return ScheduledTrainOutcome(result, current_lineage(settings, ws, frames), frames, schedule=report)

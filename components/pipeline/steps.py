@@ -1,25 +1,31 @@
-"""Train step: pick the frames to imitate for ``train.method`` and train (or fine-tune) a policy.
+"""Train step: pick the frames to imitate for ``train.method`` (one FERT, components/fert) and
+train or fine-tune a policy with the one trainer (components/training/trainer.py) through the
+embedded scheduler.
 
 The other steps live beside this file (collect, ingest, evaluate, promote). Prefect flows wrap
-each in a task (retries, caching, artifacts) and ``fleetloop stage NAME`` calls the same
-functions for ``dvc repro``, so both paths build the same thing.
+each in a task (retries, caching, artifacts); ``fleetloop stage train`` (``dvc repro``), the FATS
+fleet trainer and the benchmarks call these same functions, so every path builds the same thing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 from components.config import Settings
 from components.episodes.snapshot import read_snapshot
-from components.fert.methods import build_training_set
+from components.fert.methods import MethodTrainingSet, build_training_set
 from components.pipeline.workspace import Workspace
 from components.registry.lineage import Lineage, git_commit, params_hash
-from components.training.imitation import ProgressFn, TrainingSet, TrainResult, train_imitation
+from components.policy.normalizer import NormalizedPolicy
+from components.training.imitation import ProgressFn, TrainResult
+from components.training.trainer import TrainRun, make_trainer
 
 
 # -- train -----------------------------------------------------------------------------------
-def training_set(settings: Settings, ws: Workspace) -> TrainingSet:
+def training_set(settings: Settings, ws: Workspace) -> MethodTrainingSet:
     """Frames to imitate (and how often) for ``train.method``; see components/fert/methods.py.
 
     bc: expert demos; filtered_bc: every success; fert / fert_uniform: every success, with the
@@ -33,7 +39,7 @@ def training_set(settings: Settings, ws: Workspace) -> TrainingSet:
             f"no successful episodes to train on in {settings.paths.episodes}; run `fleetloop ingest` with expert demos first"
         )
     if method in ("bc", "filtered_bc"):
-        return build_training_set(method, episodes, settings.fert).data
+        return build_training_set(method, episodes, settings.fert)
     encoder = ws.store.load_encoder()
     if encoder is None:
         raise RuntimeError(f"train.method={method!r} needs the segment store: run `fleetloop ingest` first ({settings.paths.store})")
@@ -42,7 +48,57 @@ def training_set(settings: Settings, ws: Workspace) -> TrainingSet:
     if champion is not None:
         mine = [ep for ep in failed if ep.policy_version == f"v{champion.version}"]
         failed = mine or failed  # the champion has not run on the fleet yet: every failure queries
-    return build_training_set(method, episodes, settings.fert, ws.store, encoder, failed=failed, seed=settings.seed).data
+    return build_training_set(method, episodes, settings.fert, ws.store, encoder, failed=failed, seed=settings.seed)
+
+
+@dataclass(frozen=True)
+class TrainingSummary:
+    """How a policy was trained: the method's training set and the schedule it ran under."""
+
+    method: str
+    fert: dict[str, Any]  # FertReport.to_dict(): queries, matches, retrieved frames, ...
+    plan_name: str
+    plan_text: str
+    plan_requested: str  # scheduler.plan (auto | sequential | ...)
+    plan_source: str  # fixed | measured | cache
+    iterations: int
+    iteration_s: list[float]
+    median_iteration_s: float
+    predicted_iteration_s: float | None
+    sequential_iteration_s: float | None  # the sequential plan, measured when the plan was chosen
+    speedup_vs_sequential: float | None
+    stage_seconds: dict[str, float]
+    validation: list[float]  # validation-robot success of each iteration's starting weights
+    timeline: Any = field(default=None, repr=False)  # scheduler Timeline (for the Gantt image)
+
+    @property
+    def retrieved_segments(self) -> int:
+        return int(self.fert.get("matches", 0))
+
+    def tags(self) -> dict[str, str]:
+        def fmt(x: float | None, spec: str) -> str:
+            return "n/a" if x is None else format(x, spec)
+
+        return {
+            "fleetloop.method": self.method,
+            "fleetloop.scheduler.plan": self.plan_name,
+            "fleetloop.scheduler.plan_requested": self.plan_requested,
+            "fleetloop.scheduler.plan_source": self.plan_source,
+            "fleetloop.scheduler.speedup_vs_sequential": fmt(self.speedup_vs_sequential, ".3f"),
+            "fleetloop.scheduler.iteration_ms": fmt(1e3 * self.median_iteration_s, ".1f"),
+            "fleetloop.scheduler.predicted_iteration_ms": fmt(None if self.predicted_iteration_s is None
+                                                              else 1e3 * self.predicted_iteration_s, ".1f"),
+            "fleetloop.scheduler.sequential_iteration_ms": fmt(None if self.sequential_iteration_s is None
+                                                               else 1e3 * self.sequential_iteration_s, ".1f"),
+            "fleetloop.fert.retrieved_segments": str(self.retrieved_segments),
+        }
+
+    def metrics(self) -> dict[str, float]:
+        out = {"train_iterations": float(self.iterations), "train_median_iteration_s": self.median_iteration_s}
+        out.update({f"train_stage_s.{op}": s for op, s in self.stage_seconds.items()})
+        if self.speedup_vs_sequential is not None:
+            out["train_speedup_vs_sequential"] = self.speedup_vs_sequential
+        return out
 
 
 @dataclass
@@ -50,6 +106,7 @@ class TrainOutcome:
     result: TrainResult
     lineage: Lineage
     frames: int
+    summary: TrainingSummary | None = None
 
 
 def current_lineage(settings: Settings, ws: Workspace, frames: int) -> Lineage:
@@ -65,13 +122,61 @@ def current_lineage(settings: Settings, ws: Workspace, frames: int) -> Lineage:
     )
 
 
-def train_policy(settings: Settings, progress: ProgressFn | None = None) -> TrainOutcome:
-    """Train on ``training_set``; fine-tunes the champion when there is one (bootstrap otherwise)."""
-    ws = Workspace(settings)
-    data = training_set(settings, ws)
-    champion = ws.registry.load("champion") if ws.registry.champion() is not None else None
-    result = train_imitation(
-        data, settings.policy, settings.train, seed=settings.seed, device=settings.device,
-        init_policy=champion, on_progress=progress,
+def starting_policy(settings: Settings, ws: Workspace) -> NormalizedPolicy | None:
+    """The champion to fine-tune, when there is one of this policy's architecture."""
+    if ws.registry.champion() is None:
+        return None
+    champion = ws.registry.load("champion")
+    from components.policy.factory import make_policy
+
+    expected = make_policy(ws.obs_dim, ws.act_dim, settings.policy).state_dict()
+    state = champion.state_dict()
+    if state.keys() != expected.keys() or any(state[k].shape != expected[k].shape for k in expected):
+        return None  # another architecture (e.g. an MLP champion, an MoE policy): train from scratch
+    return champion
+
+
+def summarize(method: MethodTrainingSet, run: TrainRun) -> TrainingSummary:
+    choice = run.choice
+    return TrainingSummary(
+        method=method.report.method, fert=method.report.to_dict(), plan_name=choice.plan.name,
+        plan_text=choice.plan.describe(), plan_requested=choice.requested, plan_source=choice.source,
+        iterations=len(run.iteration_s), iteration_s=list(run.iteration_s), median_iteration_s=run.median_iteration_s,
+        predicted_iteration_s=choice.predicted_s, sequential_iteration_s=choice.sequential_s,
+        speedup_vs_sequential=run.speedup_vs_sequential, stage_seconds=run.stage_seconds(),
+        validation=list(run.validation), timeline=run.timeline,
     )
-    return TrainOutcome(result, current_lineage(settings, ws, len(data.states)), len(data.states))
+
+
+def train_policy(settings: Settings, progress: ProgressFn | None = None,
+                 log: Callable[[str], None] | None = None) -> TrainOutcome:
+    """Train on ``training_set`` through the one trainer; fine-tunes the champion when there is one."""
+    if settings.train.world_size > 1:
+        from components.pipeline.distributed import train_expert_parallel
+
+        return train_expert_parallel(settings)
+    ws = Workspace(settings)
+    built = training_set(settings, ws)
+    trainer = make_trainer(settings, built.data, starting_policy(settings, ws), log)
+    run = trainer.run(on_iteration=_progress_callback(progress, trainer.spec))
+    result = TrainResult(policy=run.policy, losses=run.losses, steps=len(run.losses), seconds=run.seconds, device="cpu")
+    frames = len(built.data.states)
+    return TrainOutcome(result, current_lineage(settings, ws, frames), frames, summarize(built, run))
+
+
+def _progress_callback(progress: ProgressFn | None, spec: Any) -> Callable[[int, dict[str, Any]], None] | None:
+    """The executor calls back from a worker thread; run ``progress`` in the caller's context
+    (Prefect's run context lives in context variables, which new threads do not inherit)."""
+    if progress is None:
+        return None
+    import contextvars
+
+    ctx = contextvars.copy_context()
+    done = [0]
+
+    def on_iteration(i: int, recorded: dict[str, Any]) -> None:
+        losses = recorded.get("stats", {}).get("losses", [float("nan")])
+        done[0] += len(losses)
+        ctx.run(progress, done[0], spec.total_steps, float(losses[-1]))  # the executor serializes these calls
+
+    return on_iteration

@@ -73,8 +73,12 @@ class PolicyRegistry:
         metrics: dict[str, float],
         loss_curve: list[float],
         run_name: str,
+        tags: dict[str, str] | None = None,
+        artifacts: list[Path] | None = None,
+        dicts: dict[str, dict] | None = None,
     ) -> PolicyVersion:
-        """One MLflow run: params, metrics, lineage tags, the model; registered as a new version."""
+        """One MLflow run: params, metrics, lineage (+ ``tags``), files (``artifacts``: e.g. the
+        schedule's Gantt image), JSON ``dicts``, the model; registered as a new version."""
         import mlflow.pytorch
         from mlflow.models import infer_signature
 
@@ -87,7 +91,7 @@ class PolicyRegistry:
         logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)
         with mlflow.start_run(experiment_id=self.experiment_id, run_name=run_name) as run:
             mlflow.log_params(_flatten(params))
-            mlflow.set_tags(lineage.tags())
+            mlflow.set_tags({**lineage.tags(), **(tags or {})})
             for step, value in enumerate(loss_curve[:: max(1, len(loss_curve) // 500)]):
                 mlflow.log_metric("train_loss", value, step=step)
             mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
@@ -95,6 +99,10 @@ class PolicyRegistry:
                 {"eval_success_rate": evaluation["success_rate"], "eval_ci_low": evaluation["ci_low"], "eval_ci_high": evaluation["ci_high"]}
             )
             mlflow.log_dict(evaluation, "evaluation.json")
+            for name, body in (dicts or {}).items():
+                mlflow.log_dict(body, name)
+            for path in artifacts or []:
+                mlflow.log_artifact(str(path))
             with tempfile.TemporaryDirectory() as tmp:
                 state_path = Path(tmp) / "state_dict.pt"
                 torch.save(policy.state_dict(), state_path)
@@ -111,6 +119,7 @@ class PolicyRegistry:
         version = int(model_version.version)
         tags = {
             **lineage.tags(),
+            **(tags or {}),
             "fleetloop.successes": str(evaluation["successes"]),
             "fleetloop.trials": str(evaluation["trials"]),
             "fleetloop.success_rate": f"{evaluation['success_rate']:.6f}",

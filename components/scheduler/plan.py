@@ -119,3 +119,28 @@ def sequential_plan(workflow: Workflow, threads: int | None = None, blas_threads
         default_threads=threads,
         blas_threads=blas_threads,
     )
+
+
+def plan_to_dict(plan: Plan) -> dict:
+    """A JSON-able form of ``plan`` (``plan_from_dict`` reads it back), for plan caches."""
+    from dataclasses import asdict
+
+    out = asdict(plan)
+    out["hoist"] = sorted(plan.hoist)
+    return out
+
+
+def plan_from_dict(raw: dict) -> Plan:
+    def tup(x: object) -> tuple | None:
+        return None if x is None else tuple(x)  # type: ignore[arg-type]
+
+    workers = tuple(WorkerSpec(w["name"], tuple(w["components"]), w["kind"], tup(w["cores"]), tup(w["groups"]))
+                    for w in raw["workers"])
+    return Plan(
+        name=raw["name"], workers=workers, groups=raw["groups"],
+        placement={k: tuple(v) for k, v in raw["placement"].items()}, threads=dict(raw["threads"]),
+        gpu_percent=dict(raw["gpu_percent"]), blas_threads=raw["blas_threads"], default_threads=raw["default_threads"],
+        pinned_threads=dict(raw["pinned_threads"]), hoist=frozenset(raw["hoist"]), buffers=dict(raw["buffers"]),
+        barrier=raw["barrier"], cuda_streams=raw["cuda_streams"], predicted_s=raw["predicted_s"],
+        notes=tuple(raw["notes"]),
+    )

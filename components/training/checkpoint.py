@@ -142,3 +142,15 @@ def load_latest(folder: Path) -> TrainingCheckpoint | None:
         except Exception as exc:  # noqa: BLE001 - fall back to the previous checkpoint
             log.error("checkpoint %s unreadable (%s: %s); trying an older one", path, type(exc).__name__, exc)
     return None
+
+
+def state_digest(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over a state_dict's names, dtypes, shapes and bytes: equal digests = bit-identical weights."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
+    return h.hexdigest()

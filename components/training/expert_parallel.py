@@ -1,15 +1,15 @@
 """Expert-parallel behaviour cloning under torchrun: experts sharded, dense parts data-parallel.
 
-    states/actions .npz -> every rank builds the same model (seed) and draws the same global
-    batches; rank r trains on slice r of each batch; MoE layers reach their experts through the
-    shuffle (fused or a baseline, by ``shuffle.dispatcher``); dense gradients are all-reduced,
-    expert gradients arrive through the shuffle's backward -> rank 0 saves the full state_dict.
+    states/actions .npz -> every rank runs the one trainer's workflow (``training/workflow.py``,
+    sequential plan) on the same global batches (``bc.batch_indices``); rank r trains on slice r
+    of each batch; MoE layers reach their experts through the shuffle (fused or a baseline, by
+    ``shuffle.dispatcher``); dense gradients are all-reduced, expert gradients arrive through the
+    shuffle's backward -> rank 0 saves the full state_dict.
 
-Loss scaling makes the distributed step the single-process step: each rank's MSE is summed
-over its slice and divided by the global batch size, and the MoE balance loss is split into
-additive shares (``MoEFeedForward._balance_loss``), so summing gradients over ranks gives the
-gradient of the global loss. Batch sampling copies ``training.imitation`` (with replacement,
-by ``weights`` when given), so one rank reproduces that loop's batches.
+The step is the one weighted BC step (``bc.bc_step``): each rank's squared error is divided by
+the global element count and the MoE balance loss is split into additive shares
+(``MoEFeedForward._balance_loss``), so summing gradients over ranks gives the gradient of the
+global loss, and one process with every expert local trains the same model.
 
 Run: ``launch_expert_parallel(...)`` (spawns ``torchrun --standalone --nproc-per-node=N``), or
 ``torchrun --standalone --nproc-per-node=4 -m components.training.expert_parallel --data d.npz
@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from components.config import REPO_ROOT, PolicyConfig, ShuffleConfig, TrainConfig
 from components.policy.factory import make_policy
 from components.policy.moe import enable_expert_parallel, expert_parameter_names, full_expert_state, moe_layers
+from components.training.bc import batch_indices, bc_step, make_optimizer, total_steps
 from components.training.determinism import seed_everything
 
 RESULT_SUFFIX = ".result.json"
@@ -98,7 +98,8 @@ class ExpertParallelTrainer:
         self.batch = train_cfg.batch_size
         if self.batch % self.world:
             raise ValueError(f"train.batch_size={self.batch} must be a multiple of the {self.world} ranks")
-        self.generator = seed_everything(seed)
+        seed_everything(seed)
+        self.seed, self.steps = seed, 0
         self.model = make_policy(data.states.shape[1], data.actions.shape[1], policy_cfg)
         if init_state is None:
             self.model.obs_norm.fit(data.states)
@@ -111,32 +112,19 @@ class ExpertParallelTrainer:
             enable_expert_parallel(self.model, group, shuffle_cfg)
         experts = expert_parameter_names(self.model)
         self.dense = [p for name, p in self.model.named_parameters() if name not in experts]
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=train_cfg.lr,
-                                           weight_decay=train_cfg.weight_decay)
+        self.optimizer = make_optimizer(self.model, train_cfg.lr, train_cfg.weight_decay)
         self.model.train()
         self.local = slice(self.rank * self.batch // self.world, (self.rank + 1) * self.batch // self.world)
 
     def step(self) -> tuple[float, float]:
         """One step on this rank's slice of the next global batch -> (global loss, seconds)."""
-        n = len(self.data.states)
-        if self.data.weights is None:
-            idx = torch.randint(n, (self.batch,), generator=self.generator)
-        else:
-            idx = torch.multinomial(self.data.weights, self.batch, replacement=True, generator=self.generator)
+        idx = batch_indices(len(self.data.states), self.data.weights, self.batch, 1, self.seed, self.steps)[0]
         idx = idx[self.local].to(self.device)
+        self.steps += 1
         start = time.perf_counter()
-        pred = self.model.forward_normalized(self.data.states[idx])
-        mse = nn.functional.mse_loss(pred, self.targets[idx], reduction="sum") / (self.batch * pred.shape[1])
-        loss = mse + self.model.aux_loss
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        total_loss = loss.detach().clone()
-        if self.group is not None:
-            _all_reduce_grads(self.dense, self.group)
-            dist.all_reduce(total_loss, group=self.group)
-        self.optimizer.step()
-        loss_value = float(total_loss)  # a host sync: on CUDA the step time then covers the kernels
-        return loss_value, time.perf_counter() - start
+        loss = bc_step(self.model, self.optimizer, self.data.states[idx], self.targets[idx], self.batch, self.group,
+                       self.dense)  # float(): a host sync, so on CUDA the step time covers the kernels
+        return loss, time.perf_counter() - start
 
     def shuffle_bytes_sent(self) -> int:
         return sum(layer.dispatcher.transport.meter.bytes_sent for layer in moe_layers(self.model) if layer.dispatcher)
@@ -154,37 +142,34 @@ def train_expert_parallel(
     device: torch.device | None = None,
     init_path: Path | None = None,
 ) -> ExpertParallelResult:
-    """One rank's training loop (``group=None``: a single process, experts local; ``device``: CPU by default;
-    ``init_path``: a full state_dict to fine-tune, e.g. the champion's)."""
+    """One rank's run of the one trainer (``group=None``: a single process, experts local; ``device``:
+    CPU by default; ``init_path``: a full state_dict to fine-tune, e.g. the champion's)."""
+    from components.config import SchedulerConfig
+    from components.training.imitation import TrainingSet
+    from components.training.trainer import Trainer
+    from components.training.workflow import TrainSpec
+
     world = 1 if group is None else dist.get_world_size(group)
-    data = load_npz(data_path)
+    raw = load_npz(data_path)
     torch.set_num_threads(max(1, train_cfg.threads) if world > 1 else (train_cfg.threads or torch.get_num_threads()))
-    init_state = None if init_path is None else torch.load(init_path, weights_only=True)
-    trainer = ExpertParallelTrainer(data, policy_cfg, train_cfg, shuffle_cfg, seed, group, device, init_state)
-    total = max(1, len(data.states) // train_cfg.batch_size) * train_cfg.epochs
-    total = min(total, max_steps) if max_steps else total
-    losses, times = [], []
-    for _ in range(total):
-        loss, seconds = trainer.step()
-        losses.append(loss)
-        times.append(seconds)
-    state = {k: v.cpu() for k, v in full_expert_state(trainer.model, group).items()}
-    if trainer.rank == 0:
+    data = TrainingSet(raw.states.numpy(), raw.actions.numpy(), None if raw.weights is None else raw.weights.numpy())
+    total = total_steps(len(data.states), train_cfg.batch_size, train_cfg.epochs)
+    spec = TrainSpec(
+        data=data, policy=policy_cfg, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay,
+        batch_size=train_cfg.batch_size, seed=seed, total_steps=min(total, max_steps) if max_steps else total,
+        steps_per_iteration=train_cfg.steps_per_iteration,
+        init_state=None if init_path is None else torch.load(init_path, weights_only=True),
+        learner_threads=max(1, train_cfg.threads), expert_parallel=shuffle_cfg if group is not None else None,
+        device=str(device or "cpu"),
+    )
+    trainer = Trainer(spec, SchedulerConfig(plan="sequential"))  # collectives: every rank runs ops in one order
+    run = trainer.run()
+    per_step = [s / spec.steps_in(i) for i, s in enumerate(run.iteration_s) for _ in range(spec.steps_in(i))]
+    if (0 if group is None else dist.get_rank(group)) == 0:
         out_path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(state, out_path)
-    return ExpertParallelResult(out_path, losses, times, world, shuffle_cfg.dispatcher if world > 1 else "local",
-                                trainer.shuffle_bytes_sent())
-
-
-def _all_reduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup) -> None:
-    """Sum dense gradients over ranks in one flat buffer (each rank's loss is its share of the global one)."""
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=group)
-    offset = 0
-    for p, g in zip(params, grads):
-        p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
-        offset += g.numel()
+        torch.save({k: v.cpu() for k, v in run.policy.state_dict().items()}, out_path)
+    return ExpertParallelResult(out_path, run.losses, per_step, world, shuffle_cfg.dispatcher if world > 1 else "local",
+                                run.shuffle_bytes_sent)
 
 
 # --------------------------------------------------------------------------------------------
