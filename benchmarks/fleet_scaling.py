@@ -53,7 +53,7 @@ import shutil
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import repeat
 from pathlib import Path
 
@@ -61,19 +61,18 @@ import numpy as np
 import torch
 
 from components.config import Settings, load_settings
-from components.episodes.record import Episode
 from components.evaluation.heldout import summarize
 from components.evaluation.intervals import difference_interval, wilson_interval
-from components.fert import DEMO_VERSION, build_training_set
+from components.pipeline import steps
+from components.pipeline.collect import ROUND_DIR, collect_expert_demos, collect_fleet
+from components.pipeline.evaluate import evaluate_policy
+from components.pipeline.ingest import ingest_files
+from components.pipeline.promote import gate_candidate, register_candidate
+from components.pipeline.workspace import Workspace
 from components.policy.actor import PolicyActor
 from components.policy.normalizer import NormalizedPolicy
-from components.sim.collect import collect, run_episodes
-from components.sim.factory import make_expert, make_exploration, make_thresholded
-from components.fert.encoder import ActionPredictiveEncoder
-from components.store.encoder import NormalizedStateEncoder, WindowEncoder
-from components.store.segment_store import SegmentStore
-from components.store.windows import cut_windows
-from components.training.imitation import TrainingSet, train_imitation
+from components.sim.collect import run_episodes
+from components.sim.factory import make_exploration, make_thresholded
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "results.md"
@@ -86,8 +85,8 @@ FLEET_METHODS = ("filtered_bc", "fert")
 SEED_STRIDE = 1000  # keeps the streams of different seeds / rounds apart
 EVAL_STREAM = 7919
 VALIDATION_STREAM = 4099
-INIT_STREAM = 500  # the initial policy's demo rounds (the bc line's rounds use 1..rounds)
 VALIDATION_PREFIX = "validation"  # robots for round-by-round selection: neither in the fleet nor held out
+GATE_ALPHA = 0.501  # the product gate then promotes a candidate that is not worse on the same validation trials (z >= ~0)
 
 
 @dataclass(frozen=True)
@@ -161,7 +160,11 @@ def log(message: str) -> None:
 
 
 # ------------------------------------------------------------------------------- the loop pieces
+# Each (seed, method, fleet) cell is a product root of its own (dataset, segment store, registry),
+# driven through the functions the flows call: collect -> ingest -> train -> evaluate -> gate.
+# Only the grid, the seeds, the final held-out scoring and the report live here.
 def evaluate(settings: Settings, plan: Plan, policy: NormalizedPolicy, seed: int) -> Score:
+    """The reported figure: held-out robots (never collected on, never used for a decision)."""
     robots = settings.fleet.heldout_ids(plan.heldout_robots)
     eval_seed = seed * SEED_STRIDE + EVAL_STREAM
     actor = PolicyActor(policy)
@@ -173,31 +176,21 @@ def evaluate(settings: Settings, plan: Plan, policy: NormalizedPolicy, seed: int
     )
 
 
-def validate(settings: Settings, plan: Plan, policy: NormalizedPolicy, seed: int) -> float:
-    """Thresholded success on the validation robots: the same trials for every policy of a run
-    (paired comparison), never the held-out robots the final figures come from. NaN without
-    validation robots (every round is then kept)."""
-    if plan.validation_robots <= 0:
-        return float("nan")
-    robots = [f"{VALIDATION_PREFIX}-{i:04d}" for i in range(plan.validation_robots)]
-    episodes = run_episodes(make_thresholded(settings.sim, PolicyActor(policy)), robots, settings.sim,
-                            plan.validation_trials, seed * SEED_STRIDE + VALIDATION_STREAM, "validation")
-    return float(np.mean([e.success for e in episodes]))
-
-
-def finetune_round(
-    settings: Settings, plan: Plan, data, policy: NormalizedPolicy, policy_score: float, seed: int, round_seed: int,
-) -> tuple[NormalizedPolicy, float, dict]:
-    """Fine-tune a copy of ``policy`` on ``data``; keep it only if validation says it is not worse."""
-    cfg = finetune_config(settings, len(data.states), plan.finetune_steps, plan.max_epochs)
-    trained = train_imitation(data, settings.policy, cfg, seed=round_seed, device="cpu", init_policy=_copy(policy))
-    info = {"train_steps": trained.steps, "train_seconds": trained.seconds}
-    if plan.validation_robots <= 0:
-        return trained.policy, policy_score, info
-    score = validate(settings, plan, trained.policy, seed)
-    accepted = score >= policy_score
-    info.update(validation=score, validation_kept=policy_score if not accepted else score, accepted=accepted)
-    return (trained.policy, score, info) if accepted else (policy, policy_score, info)
+def cell_settings(settings: Settings, plan: Plan, method: str, root: Path, seed: int) -> Settings:
+    """A cell's product settings: its own root; the promotion gate evaluates on *validation* robots
+    (``validation_robots`` x ``validation_trials``, never the held-out ones reported), and promotes a
+    candidate that is not worse on the same trials (``registry.gate_alpha`` 0.5: one-sided z >= 0)."""
+    fert = settings.fert.model_copy(update={"encoder": "learned"}) if method == "fert_learned" else settings.fert
+    validation = max(plan.validation_robots, 1)
+    return settings.model_copy(update={
+        "root": root, "seed": seed, "fert": fert,
+        "train": settings.train.model_copy(update={"method": "fert" if method == "fert_learned" else method,
+                                                   "validation_robots": 0}),
+        "fleet": settings.fleet.model_copy(update={"heldout_prefix": VALIDATION_PREFIX, "num_heldout_robots": validation}),
+        "evaluation": settings.evaluation.model_copy(update={"trials_per_robot": plan.validation_trials, "trials_per_task": 1}),
+        "registry": settings.registry.model_copy(update={"gate_alpha": GATE_ALPHA if plan.validation_robots > 0 else 1.0}),
+        "scheduler": settings.scheduler.model_copy(update={"plan": "sequential"}),
+    })
 
 
 def finetune_config(settings: Settings, frames: int, steps: int, max_epochs: int = 0):
@@ -210,78 +203,68 @@ def finetune_config(settings: Settings, frames: int, steps: int, max_epochs: int
     return settings.train.model_copy(update={"epochs": epochs})
 
 
-def fresh_store(root: Path, settings: Settings, episodes: list[Episode], seed: int) -> tuple[SegmentStore, WindowEncoder]:
-    """A LanceDB store holding ``episodes``; its encoder is fitted on their successes (first ingest)."""
-    window, stride = settings.store.window, settings.store.stride
-    if settings.fert.encoder == "learned":
-        fert = settings.fert
-        encoder = ActionPredictiveEncoder.from_successes(episodes, window, stride, fert.learned_dim, fert.learned_epochs, seed)
-    else:
-        windows = np.concatenate([cut_windows(e.states, window, stride).windows for e in episodes if e.success])
-        encoder = NormalizedStateEncoder(window, windows.shape[2]).fit(windows)
-    store = SegmentStore.open(root, settings.store, encoder.dim)
-    store.upsert(episodes, encoder, snapshot="first-ingest")
-    return store, encoder
+def product_round(cell: Settings, plan: Plan, label: str, files: list[Path], budget_steps: int | None) -> dict:
+    """ingest -> train (fine-tunes @champion) -> evaluate on validation robots -> register -> gate."""
+    ws = Workspace(cell)
+    ingested = ingest_files(cell, files, snapshot=False) if files else None
+    if budget_steps is not None:
+        frames = sum(e.length for e in ws.dataset.episodes() if e.success)
+        cell = cell.model_copy(update={"train": finetune_config(cell, frames, budget_steps, plan.max_epochs)})
+    outcome = steps.train_policy(cell)
+    report = evaluate_policy(cell, outcome.result.policy, "candidate")
+    champion = ws.registry.champion()
+    champion_eval = evaluate_policy(cell, ws.registry.load(champion.version), f"v{champion.version}") if champion else None
+    version = register_candidate(cell, outcome, report, label)
+    promotion = gate_candidate(cell, version, champion_eval)
+    info = {"train_steps": outcome.result.steps, "train_seconds": outcome.result.seconds,
+            "validation": report.overall.rate, "accepted": promotion.decision.promote,
+            "validation_kept": report.overall.rate if promotion.decision.promote or champion_eval is None
+            else champion_eval.overall.rate, "version": version.version}
+    if ingested is not None:
+        info["episodes_added"] = len(ingested.report.added)
+    if outcome.summary is not None and outcome.summary.method.startswith("fert"):
+        fert = outcome.summary.fert
+        info.update({k: fert.get(k) for k in ("queries", "matches", "matched_robots", "retrieved_frames",
+                                                "retrieved_mass", "sigma", "fallback_rate")})
+    return info
 
 
-def cel_run(
-    settings: Settings, plan: Plan, method: str, fleet: int, seed: int, init: NormalizedPolicy,
-    demos: list[Episode], scratch: Path,
-) -> RunRow:
-    """``plan.rounds`` CEL rounds of ``method`` on ``fleet`` robots, starting from ``init``."""
+def bootstrap_cell(cell: Settings, plan: Plan) -> tuple[Path, dict]:
+    """The product's bootstrap in the cell's root: scripted-expert demos -> the first champion
+    (BC on the demos with train: of params.yaml), then ``plan.init_rounds`` demos-only rounds
+    through the gate. The
+    same in every cell of a seed (deterministic), so every method starts from one policy."""
+    demos = collect_expert_demos(cell, cell.paths.incoming / "expert")
+    boot = cell.model_copy(update={"train": cell.train.model_copy(update={"method": "bc"})})
+    first = product_round(boot, plan, "bootstrap", demos.files, None)
+    for r in range(1, plan.init_rounds + 1):
+        product_round(boot, plan, f"init-{r}", [], plan.finetune_steps)
+    return cell.paths.incoming, first
+
+
+def cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, scratch: Path) -> tuple[RunRow, Score]:
+    """``plan.rounds`` CEL rounds of ``method`` on ``fleet`` robots in a fresh product root."""
     start = time.perf_counter()
-    if method == "fert_learned":  # FERT with the learned window encoder (ablation)
-        settings = settings.model_copy(update={"fert": settings.fert.model_copy(update={"encoder": "learned"})})
-    build_method = "fert" if method == "fert_learned" else method
-    policy = init
-    policy_score = validate(settings, plan, policy, seed)
-    episodes = list(demos)
-    store_dir = scratch / f"store-{seed}-{method}-{fleet}"
-    store, encoder = None, None
+    root = scratch / f"cell-{seed}-{method}-{fleet}"
+    cell = cell_settings(settings, plan, method, root, seed)
+    bootstrap_cell(cell, plan)
+    registry = Workspace(cell).registry
+    initial = evaluate(settings, plan, registry.load("champion"), seed)
     rounds = []
     for r in range(1, plan.rounds + 1):
-        round_seed = seed * SEED_STRIDE + r
-        actor = make_exploration(settings.sim, PolicyActor(policy), round_seed)  # jaw sampled + motion noise
-        robots = settings.fleet.robot_ids(fleet)
-        collected = collect(actor, robots, settings.sim, plan.steps_per_robot, round_seed, f"{method}-r{r}")
-        episodes += collected.episodes
-        failed = [e for e in collected.episodes if not e.success]
-        if build_method.startswith("fert"):
-            if store is None:  # first ingest: the encoder is fitted on demos + this round's successes
-                store, encoder = fresh_store(store_dir, settings, episodes, round_seed)
-            else:
-                store.upsert(collected.episodes, encoder, snapshot=f"round-{r}")
-        built = build_training_set(build_method, episodes, settings.fert, store, encoder, failed=failed, seed=round_seed)
-        policy, policy_score, trained = finetune_round(settings, plan, built.data, policy, policy_score, seed, round_seed)
-        info = {
-            "round": r, "episodes": len(collected.episodes), "collected_success": collected.success_rate,
-            "failed": len(failed), "train_frames": built.report.frames, "build_seconds": built.report.seconds, **trained,
-        }
-        if built.priority is not None:
-            info.update(_fert_diagnostics(built, episodes))
-        rounds.append(info)
-    score = evaluate(settings, plan, policy, seed)
-    if store is not None:
-        shutil.rmtree(store_dir, ignore_errors=True)
-    return RunRow(seed, method, fleet, score, rounds, time.perf_counter() - start)
-
-
-def _fert_diagnostics(built, episodes: list[Episode]) -> dict:
-    """Where the retrieved mass lands: share on stuck (jaw closed on nothing) frames vs uniform."""
-    report = built.report
-    out = {
-        "failures_fallback_rate": report.fallback_rate, "queries": report.queries, "matches": report.matches,
-        "matched_robots": report.matched_robots, "retrieved_frames": report.retrieved_frames,
-        "retrieved_mass": report.retrieved_mass, "sigma": report.sigma,
-    }
-    if report.threshold is not None:
-        out.update(threshold_consecutive=report.threshold.consecutive, threshold_false_fire=report.threshold.false_fire_rate)
-    stages = [e.extras.get("stage") for e in episodes if e.success]
-    if all(s is not None for s in stages) and stages:
-        failed_stage = np.concatenate(stages) <= 1  # reach/grasp frames: where the fleet's failures happen
-        out["mass_on_reach_grasp"] = float(built.data.weights[failed_stage].sum())
-        out["uniform_on_reach_grasp"] = float(failed_stage.mean())
-    return out
+        champion = registry.champion()
+        if method == "bc":  # demos only: the same budget, no fleet data
+            info = product_round(cell, plan, f"round-{r}", [], plan.finetune_steps)
+            rounds.append({"round": r, **info})
+            continue
+        collected = collect_fleet(cell, registry.load(champion.version), f"v{champion.version}",
+                                  cell.paths.incoming / ROUND_DIR.format(r), round_index=r, num_robots=fleet)
+        info = product_round(cell, plan, f"round-{r}", collected.files, plan.finetune_steps)
+        rounds.append({"round": r, "episodes": collected.episodes, "collected_success": collected.success_rate,
+                       "failed": collected.episodes - collected.successes, **info})
+    score = evaluate(settings, plan, registry.load("champion"), seed)
+    shutil.rmtree(root, ignore_errors=True)
+    return RunRow(seed, method, fleet, score, rounds, time.perf_counter() - start), initial
 
 
 # ------------------------------------------------------------------------------- the run
@@ -323,51 +306,27 @@ def plan_settings(plan: Plan) -> Settings:
 
 
 def run_seed(settings: Settings, plan: Plan, seed: int, scratch: Path) -> tuple[Score, list[RunRow]]:
-    """One seed of the study: demos, the initial policy, the ``bc`` line and every (method, fleet) cell."""
+    """One seed of the study: the ``bc`` line and every (method, fleet) cell, each from the same bootstrap."""
     torch.set_num_threads(1)
-    expert = make_expert(settings.sim)
-    demos = run_episodes(
-        expert, settings.fleet.robot_ids(settings.demo.expert_robots), settings.sim,
-        settings.demo.expert_episodes_per_robot, seed * SEED_STRIDE, DEMO_VERSION,
-    )
-    good = [e for e in demos if e.success]  # an expert's failed demo is never imitated either
-    demo_set = TrainingSet(np.concatenate([e.states for e in good]), np.concatenate([e.actions for e in good]))
-    init = train_imitation(demo_set, settings.policy, settings.train, seed=seed, device="cpu").policy
-    if plan.init_rounds > 0:
-        score = validate(settings, plan, init, seed)
-        for r in range(1, plan.init_rounds + 1):
-            init, score, _ = finetune_round(settings, plan, demo_set, init, score, seed, seed * SEED_STRIDE + INIT_STREAM + r)
-    initial = evaluate(settings, plan, init, seed)
-    log(f"seed {seed}: {len(demos)} demos ({np.mean([e.success for e in demos]):.0%} expert success), "
-        f"initial policy {initial.rate:.1%} held-out (sampled {initial.sampled_rate:.1%})")
-
-    # bc: demos only, same per-round budget, so it is one line whatever the fleet size
     rows: list[RunRow] = []
-    policy, t0 = init, time.perf_counter()
-    policy_score = validate(settings, plan, policy, seed)
-    for r in range(1, plan.rounds + 1):
-        policy, policy_score, _ = finetune_round(settings, plan, demo_set, policy, policy_score, seed, seed * SEED_STRIDE + r)
-    bc_score = evaluate(settings, plan, policy, seed)  # the same policy for every fleet size (it never sees the fleet)
-    rows += [RunRow(seed, "bc", fleet, bc_score, seconds=time.perf_counter() - t0) for fleet in plan.fleet_sizes]
-    log(f"seed {seed}: bc (demos only) {bc_score.rate:.1%}")
-
+    bc, initial = cel_run(settings, plan, "bc", plan.fleet_sizes[0], seed, scratch)  # it never sees the fleet
+    rows += [replace(bc, fleet=fleet) for fleet in plan.fleet_sizes]
+    log(f"seed {seed}: initial policy {initial.rate:.1%} held-out (sampled {initial.sampled_rate:.1%}); "
+        f"bc (demos only) {bc.score.rate:.1%}")
     methods = [(m, n) for n in plan.fleet_sizes for m in plan.methods]
     if plan.ablation and seed == 0:  # ablations: largest fleet, first seed only (time)
         methods += [("fert_uniform", plan.fleet_sizes[-1]), ("fert_learned", plan.fleet_sizes[-1])]
     for method, fleet in methods:
-        row = cel_run(settings, plan, method, fleet, seed, _copy(init), demos, scratch)
+        row, start = cel_run(settings, plan, method, fleet, seed, scratch)
+        if (start.successes, start.trials) != (initial.successes, initial.trials):
+            raise RuntimeError(f"seed {seed}: cell {method}/{fleet} bootstrapped a different policy than the bc cell; "
+                               "the bootstrap must be deterministic")
         rows.append(row)
         last = row.rounds[-1]
         log(f"seed {seed}: {method:12s} fleet {fleet:3d}: {row.score.rate:.1%} held-out "
             f"(sampled {row.score.sampled_rate:.1%}); last round collected {last['collected_success']:.1%} "
             f"of {last['episodes']} episodes; {row.seconds:.0f}s")
     return initial, rows
-
-
-def _copy(policy: NormalizedPolicy) -> NormalizedPolicy:
-    import copy
-
-    return copy.deepcopy(policy)
 
 
 # ------------------------------------------------------------------------------- reporting

@@ -112,6 +112,53 @@ def interleaved(rt: Any, plans: list[Plan], iterations: int, rounds: int,
     return out
 
 
+def train_workflow_section(settings: Any, quick: bool, iterations: int) -> dict[str, Any]:
+    """The train task's FERT workflow (sample -> learn, validation beside it) on a product root:
+    expert demos -> bootstrap policy -> one fleet round with failures -> the FERT training set ->
+    ``make_trainer``; every plan kind measured interleaved, and the ``auto`` decision."""
+    from components.pipeline import steps
+    from components.pipeline.collect import collect_expert_demos, collect_fleet
+    from components.pipeline.ingest import ingest_files
+    from components.pipeline.workspace import Workspace
+    from components.training.checkpoint import state_digest
+    from components.training.trainer import make_trainer
+
+    log("train workflow: building a FERT training set through the product path ...")
+    with tempfile.TemporaryDirectory() as tmp:
+        cell = settings.model_copy(update={"root": Path(tmp), "scheduler": settings.scheduler.model_copy(
+            update={"plan": "sequential"})})
+        ingest_files(cell, collect_expert_demos(cell, cell.paths.incoming / "expert").files, snapshot=False)
+        boot = steps.train_policy(cell).result.policy
+        fleet = collect_fleet(cell, boot, "v1", cell.paths.incoming / "round-001", round_index=1,
+                              num_robots=4 if quick else 8)
+        ingest_files(cell, fleet.files, snapshot=False)
+        built = steps.training_set(cell, Workspace(cell))
+        trainer = make_trainer(cell.model_copy(update={"scheduler": settings.scheduler}), built.data, boot, log)
+        rt = trainer.runtime
+        seq, seq_default, coarse = rt.sequential(), rt.sequential(tuned=False), rt.coarse()
+        planner_plan = rt.plan().best.plan
+        rose_plan = rt.optimize(planner_plan).plan
+        auto = trainer.choose("auto")
+        plans = [seq, seq_default, coarse, planner_plan, rose_plan]
+        meas = interleaved(rt, plans, iterations, 2 if quick else 3)
+        digests = {p.name: state_digest(rt.run(p, trainer.spec.iterations).final["params"]) for p in plans}
+    med = {p.name: meas[p.name]["median_s"] for p in plans}
+    shares = _op_shares(meas[seq.name]["last"])
+    best_other = min((p for p in plans if p is not rose_plan), key=lambda p: med[p.name])
+    return {
+        "workload": {"frames": len(built.data.states), "method": built.report.method, "retrieved_segments": built.report.matches,
+                     "batch_size": trainer.spec.batch_size, "steps_per_iteration": trainer.spec.steps_per_iteration,
+                     "validation_robots": len(trainer.spec.validation.robot_ids) if trainer.spec.validation else 0,
+                     "share_of_sequential_iteration": shares},
+        "median_ms": {k: v * 1e3 for k, v in med.items()},
+        "speedup_rose_vs_sequential": med[seq.name] / med[rose_plan.name],
+        "speedup_rose_vs_best_other": med[best_other.name] / med[rose_plan.name], "best_other": best_other.name,
+        "auto": {"chosen": auto.plan.name, "source": auto.source, "candidates_ms": {k: v * 1e3 for k, v in auto.candidates.items()}},
+        "bit_identical": len(set(digests.values())) == 1, "weights_digests": digests,
+        "plans": {p.name: p.describe() for p in (planner_plan, rose_plan)},
+    }
+
+
 def paired_ratio(meas: dict[str, dict[str, Any]], a: str, b: str) -> float:
     """Median over rounds of a's time / b's time in the same round (robust to drift between rounds)."""
     ra, rb = meas[a]["round_medians"], meas[b]["round_medians"]
@@ -129,7 +176,7 @@ def main() -> None:
                     help="run the evaluator as an MPS client process with this SM percentage (GPU only)")
     ap.add_argument("--tiny", action="store_true",
                     help="code-path check: tiny sizes, one round, no FERT section or SM sweep (numbers meaningless)")
-    ap.add_argument("--no-fert", action="store_true", help="skip the FERT-iteration section")
+    ap.add_argument("--no-fert", action="store_true", help="skip the train task's FERT workflow section")
     ap.add_argument("--rounds", type=int, help="interleaved measurement rounds (default 12; quick 2)")
     ap.add_argument("--name", default=NAME, help="results file stem (benchmarks/results/NAME.json/.png)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="results directory")
@@ -248,27 +295,10 @@ def main() -> None:
     chosen_row = next(r for r in bf_rows if r["chosen"])
     regret = chosen_row["measured_ms"] / best_measured - 1.0
 
-    # ---- FERT iteration through the scheduler
+    # ---- the train task's own workflow (FERT fine-tuning through the one trainer)
     fert: dict[str, Any] = {"skipped": True}
     if not (args.no_fert or tiny):
-        log("FERT iteration: sequential vs planner + Rose ...")
-        # imported here: LanceDB is heavy, and spawned process workers re-import this module
-        from components.training.workloads.fert_iteration import FertIterSpec, build_fert_data, fert_runtime
-
-        with tempfile.TemporaryDirectory() as tmp:
-            data = build_fert_data(Path(tmp), s.sim, s.store, s.fert, s.policy, s.fleet.robot_ids(8 if quick else 16),
-                                   2, batch_size=512 if quick else 2048, seed=s.seed)
-            fspec = FertIterSpec(sim=s.sim, policy=s.policy, eval_robot_ids=tuple(s.fleet.heldout_ids(16 if quick else 32)),
-                                 hooks=data.hooks, window=s.store.window, eval_steps=40 if quick else 80, seed=s.seed)
-            frt = fert_runtime(fspec, data, cfg, log=log)
-            f_seq = frt.sequential(True)
-            f_plan = frt.plan().best.plan
-            f_rose = frt.optimize(f_plan).plan
-            fmeas = interleaved(frt, [f_seq, f_plan, f_rose], iterations, 2)
-        fert = {"median_ms": {p.name: fmeas[p.name]["median_s"] * 1e3 for p in (f_seq, f_plan, f_rose)},
-                "speedup_rose_vs_sequential": fmeas[f_seq.name]["median_s"] / fmeas[f_rose.name]["median_s"],
-                "bit_identical": len({tuple(fmeas[p.name]["digests"]) for p in (f_seq, f_plan, f_rose)}) == 1,
-                "plan": f_rose.describe()}
+        fert = train_workflow_section(s, quick, iterations)
 
     # ---- SM model
     sm = None
@@ -331,7 +361,7 @@ def main() -> None:
         "work_bound": bound,
         "bit_identical_across_plans": identical,
         "digests": {k: [list(x) for x in v] for k, v in digests.items()},
-        "fert_iteration": fert,
+        "train_workflow": fert,
         "sm_model": {"label": sm.label, "params": asdict(sm.params),
                      "runs": [{"name": r.name, "iteration_ms": r.iteration_s * 1e3, "env_steps_per_s": r.env_steps_per_s,
                                "sm_activity": r.sm_activity} for r in sm.runs],

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-import numpy as np
 import pytest
 import torch
 
 from benchmarks import fleet_scaling as fs
 from components.config import load_settings
-from components.training.imitation import TrainingSet
 
 
 def test_finetune_budget_is_about_the_steps_but_at_most_max_epochs_passes():
@@ -74,31 +72,18 @@ def test_seeds_run_in_worker_processes_give_the_same_study(tmp_path, monkeypatch
     assert figures(pooled) == figures(alone)
 
 
-def test_a_round_keeps_the_fine_tuned_policy_only_if_validation_says_it_is_not_worse():
-    torch.set_num_threads(1)
+def test_cells_drive_the_product_and_gate_on_validation_robots(tmp_path):
+    """A cell is a product root: the gate evaluates on validation robots (not the reported held-out
+    ones) and promotes a candidate that is not worse on the same trials."""
     settings = load_settings()
-    plan = replace(fs.QUICK["pickplace"], finetune_steps=40, validation_robots=4, validation_trials=3)
-    demos = fs.run_episodes(fs.make_expert(settings.sim), settings.fleet.robot_ids(4), settings.sim, 30, 0, fs.DEMO_VERSION)
-    demo_set = TrainingSet(np.concatenate([e.states for e in demos]), np.concatenate([e.actions for e in demos]))
-    champion = fs.train_imitation(demo_set, settings.policy, settings.train, seed=0, device="cpu").policy
-    before = {k: v.clone() for k, v in champion.state_dict().items()}
-    score = fs.validate(settings, plan, champion, seed=0)
-    assert score > 0.3  # a policy worth protecting
+    plan = replace(fs.QUICK["pickplace"], validation_robots=3, validation_trials=2)
+    cell = fs.cell_settings(settings, plan, "fert_learned", tmp_path / "cell", seed=4)
+    assert cell.root == tmp_path / "cell" and cell.seed == 4
+    assert cell.train.method == "fert" and cell.fert.encoder == "learned"
+    assert cell.fleet.heldout_ids() == ["validation-0000", "validation-0001", "validation-0002"]
+    assert not set(cell.fleet.heldout_ids()) & set(settings.fleet.heldout_ids(plan.heldout_robots))
+    assert cell.evaluation.trials_for(3) == 2
+    from components.registry.gate import two_proportion_gate
 
-    # labels scrambled across frames: the fine-tuned copy is worse, so the champion stays
-    rng = np.random.default_rng(0)
-    scrambled = replace(demo_set, actions=demo_set.actions[rng.permutation(len(demo_set.actions))])
-    kept, kept_score, info = fs.finetune_round(settings, plan, scrambled, champion, score, seed=0, round_seed=1)
-    assert not info["accepted"] and info["validation"] < score
-    assert kept is champion and kept_score == score
-    assert all(torch.equal(before[k], v) for k, v in champion.state_dict().items())  # never fine-tuned in place
-
-    # fine-tuned on the demos again it is not worse than a bar it clears, so it replaces the champion
-    kept, kept_score, info = fs.finetune_round(settings, plan, demo_set, champion, 0.0, seed=0, round_seed=1)
-    assert info["accepted"] and kept is not champion and kept_score == info["validation"]
-
-    # without validation robots every round is kept (nothing to compare with)
-    unvalidated = replace(plan, validation_robots=0)
-    assert np.isnan(fs.validate(settings, unvalidated, champion, seed=0))
-    kept, _, info = fs.finetune_round(settings, unvalidated, scrambled, champion, float("nan"), seed=0, round_seed=1)
-    assert kept is not champion and "accepted" not in info
+    assert two_proportion_gate(5, 6, 5, 6, cell.registry.gate_alpha).promote  # equal: kept
+    assert not two_proportion_gate(4, 6, 5, 6, cell.registry.gate_alpha).promote  # worse: refused

@@ -11,7 +11,7 @@
     fert_uniform  fert with w = 1 on every retrieved frame (ablation of the weighting)
 
 Failed episodes only ever provide *queries*; the frames returned are always from successes.
-Fine-tuning from the champion is the trainer's job (``train_imitation(init_policy=...)``).
+Fine-tuning from the champion is the trainer's job (``training.trainer.make_trainer(settings, data, init)``).
 """
 
 from __future__ import annotations

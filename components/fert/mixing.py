@@ -8,7 +8,7 @@ Frames that loop removal left out (``FrameTable.imitated``, fert/revisits.py) ar
     retrieved  frames inside kept matches, drawn by w      share fert.mix_retrieved
 
 A frame that belongs to several pools gets the sum of its pools' probabilities, so one weighted
-draw with replacement (``train_imitation``'s sampler) realizes the mix exactly without copying
+draw with replacement (the trainer's sampler, ``training.bc.batch_indices``) realizes the mix exactly without copying
 frames. Shares of empty pools (no demos, nothing retrieved) go to the others in proportion.
 """
 

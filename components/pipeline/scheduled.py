@@ -17,7 +17,6 @@ Every plan gives bit-identical weights (tests), so the plan only changes how lon
 from __future__ import annotations
 
 import contextvars
-import hashlib
 import math
 import time
 from collections.abc import Callable
@@ -25,14 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from components.config import SchedulerConfig, Settings
 from components.pipeline.steps import TrainOutcome, current_lineage
 from components.pipeline.workspace import Workspace
 from components.policy.factory import make_policy
-from components.policy.normalizer import NormalizedPolicy
-from components.store.encoder import NormalizedStateEncoder
 from components.training.imitation import ProgressFn, TrainResult
 from components.training.workloads.ppo import PPOSpec, initial_params, run_ppo
 

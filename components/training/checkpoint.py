@@ -11,7 +11,6 @@ the steps after a resume draw exactly the batches they would have drawn.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import re
 from dataclasses import dataclass, field
@@ -20,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from components.fsio import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +83,6 @@ def restore_rng(state: dict[str, Any], generator: torch.Generator | None = None,
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(folder: Path, checkpoint: TrainingCheckpoint, keep: int = 3) -> Path:
     """Write ``checkpoint`` atomically; keep the newest ``keep``; returns its path."""
     folder = Path(folder)
@@ -97,7 +90,6 @@ def save_checkpoint(folder: Path, checkpoint: TrainingCheckpoint, keep: int = 3)
     for stray in folder.glob(TMP_GLOB):
         stray.unlink(missing_ok=True)
     path = folder / NAME.format(step=checkpoint.step)
-    tmp = folder / f".{path.name}.{os.getpid()}.tmp"
     payload = {
         "step": checkpoint.step,
         "model": checkpoint.model,
@@ -106,12 +98,8 @@ def save_checkpoint(folder: Path, checkpoint: TrainingCheckpoint, keep: int = 3)
         "cursor": checkpoint.cursor,
         "extra": checkpoint.extra,
     }
-    with open(tmp, "wb") as handle:
-        torch.save(payload, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(folder)
+    with atomic_path(path) as tmp:  # .<name>.<pid>.tmp, which TMP_GLOB sweeps after a crash
+        torch.save(payload, tmp)
     for old in list_checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
     return path

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from components.config import REPO_ROOT, PolicyConfig, ShuffleConfig, TrainConfig
 from components.policy.factory import make_policy
-from components.policy.moe import enable_expert_parallel, expert_parameter_names, full_expert_state, moe_layers
+from components.policy.moe import enable_expert_parallel, expert_parameter_names, moe_layers
 from components.training.bc import batch_indices, bc_step, make_optimizer, total_steps
 from components.training.determinism import seed_everything
 
