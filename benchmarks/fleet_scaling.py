@@ -268,11 +268,11 @@ def cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, 
 
 
 # ------------------------------------------------------------------------------- the run
-def run(plan: Plan, out_name: str, workers: int = 1) -> dict:
+def run(plan: Plan, out_name: str, workers: int = 1, settings: Settings | None = None) -> dict:
     """Every seed of ``plan`` (``workers`` > 1: that many seeds at once, one process and one torch
     thread each; a seed's figures do not depend on which process ran it), then the JSON + PNG."""
     torch.set_num_threads(1)
-    settings = plan_settings(plan)
+    settings = plan_settings(plan, settings)
     scratch = Path(tempfile.mkdtemp(prefix="fleet_scaling_"))
     started = time.perf_counter()
     seeds = range(plan.seeds)
@@ -293,9 +293,9 @@ def run(plan: Plan, out_name: str, workers: int = 1) -> dict:
     return result
 
 
-def plan_settings(plan: Plan) -> Settings:
-    """params.yaml with the plan's simulator and its sim / FERT overrides."""
-    settings = load_settings()
+def plan_settings(plan: Plan, base: Settings | None = None) -> Settings:
+    """params.yaml (or ``base``) with the plan's simulator and its sim / FERT overrides."""
+    settings = base or load_settings()
     settings = settings.model_copy(update={
         "sim": settings.sim.model_copy(update={"name": plan.sim, **plan.sim_overrides}),
         "fert": settings.fert.model_copy(update=plan.fert_overrides),

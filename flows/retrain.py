@@ -32,4 +32,4 @@ def retrain(files: list[Path] | None = None, run_name: str = "retrain", settings
     artifacts.failure_tables(report)
     if outcome.summary is None:
         return promotion
-    return dataclasses.replace(promotion, training=dataclasses.replace(outcome.summary, timeline=None))
+    return dataclasses.replace(promotion, training=outcome.summary)

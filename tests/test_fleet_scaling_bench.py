@@ -20,13 +20,23 @@ def test_finetune_budget_is_about_the_steps_but_at_most_max_epochs_passes():
     assert fs.finetune_config(settings, 10, 600).epochs == 600  # fewer frames than a batch: one step a pass
 
 
+def _small() -> "fs.Settings":
+    """params.yaml with a short bootstrap: few demos, few epochs (the study's grid is what is tested)."""
+    s = load_settings()
+    return s.model_copy(update={
+        "demo": s.demo.model_copy(update={"expert_robots": 2, "expert_episodes_per_robot": 6}),
+        "train": s.train.model_copy(update={"epochs": 3, "batch_size": 64, "steps_per_iteration": 10}),
+        "fert": s.fert.model_copy(update={"calibration_episodes": 20}),
+    })
+
+
 def test_tiny_study_writes_consistent_results(tmp_path, monkeypatch):
     monkeypatch.setattr(fs, "RESULTS", tmp_path)
     threads = torch.get_num_threads()
-    plan = replace(fs.QUICK["pickplace"], fleet_sizes=(1, 2), steps_per_robot=60, finetune_steps=20,
-                   heldout_robots=2, trials_per_robot=2, init_rounds=1)
+    plan = replace(fs.QUICK["pickplace"], rounds=1, fleet_sizes=(1, 2), steps_per_robot=60, finetune_steps=20,
+                   heldout_robots=2, trials_per_robot=2, validation_robots=2, validation_trials=2, init_rounds=1)
     try:
-        result = fs.run(plan, "tiny")
+        result = fs.run(plan, "tiny", settings=_small())
     finally:
         torch.set_num_threads(threads)  # run() pins torch to 1 thread, as the benchmark does
     saved = json.loads((tmp_path / "tiny.json").read_text())
@@ -57,8 +67,8 @@ def test_seeds_run_in_worker_processes_give_the_same_study(tmp_path, monkeypatch
     plan = replace(fs.QUICK["pickplace"], seeds=2, rounds=1, fleet_sizes=(2,), steps_per_robot=60, finetune_steps=10,
                    heldout_robots=2, trials_per_robot=2, validation_robots=2, validation_trials=2, methods=("fert",))
     try:
-        alone = fs.run(plan, "alone")
-        pooled = fs.run(plan, "pooled", workers=2)
+        alone = fs.run(plan, "alone", settings=_small())
+        pooled = fs.run(plan, "pooled", workers=2, settings=_small())
     finally:
         torch.set_num_threads(threads)
 

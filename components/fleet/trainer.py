@@ -1,8 +1,12 @@
 """The asynchronous fleet trainer: keeps learning from whatever the fleet has stored so far.
 
     poll the episode dataset -> episodes past the data cursor join the replay buffer
-      (successful, uninterrupted ones: filtered BC; or every uninterrupted one)
-    -> ``steps_per_episode`` optimizer steps owed per new episode (replay ratio)
+      (uninterrupted ones; the frames and weights to imitate come from the one training-set
+       builder, ``components/fert`` with ``train.method`` — filtered BC unless the method is bc)
+    -> ``steps_per_episode`` optimizer steps owed per new episode (replay ratio), each the one
+       trainer's step (``training.bc.bc_step``) on the one sampler's batches (``batch_indices``,
+       step s = row s % K of iteration s // K's draw, K = ``train.steps_per_iteration``), so on a
+       fixed dataset it trains the weights the flow's train task trains
     -> every ``checkpoint_every`` steps an atomic checkpoint: weights, optimizer, RNGs, cursor,
        steps owed, the loss curve and the resume log
     on start: resume from the newest checkpoint (buffer rebuilt from the first ``cursor``
@@ -22,18 +26,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import nn
 
 from components.config import Settings
 from components.episodes.dataset import EpisodeDataset
 from components.episodes.record import Episode
 from components.fleet.clients import CoordinatorClient, HeartbeatThread
 from components.fleet.layout import RuntimeLayout, atomic_write
-from components.policy.factory import make_policy
+from components.fert.methods import build_training_set
 from components.policy.normalizer import NormalizedPolicy
 from components.sim.factory import action_dim, observation_dim
+from components.training.bc import as_weights, batch_indices, bc_step, make_optimizer
 from components.training.checkpoint import TrainingCheckpoint, capture_rng, load_latest, restore_rng, save_checkpoint
 from components.training.determinism import seed_everything
+from components.training.imitation import TrainingSet
+from components.training.workflow import TrainSpec, initial_policy
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +72,10 @@ class FleetTrainer:
         self.state = TrainerState()
         self.policy: NormalizedPolicy | None = None
         self.optimizer: torch.optim.Optimizer | None = None
-        self._states: list[np.ndarray] = []
-        self._actions: list[np.ndarray] = []
-        self._buffer: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._episodes: list[Episode] = []
+        self._buffer: TrainingSet | None = None
+        self._block: torch.Tensor | None = None
+        self._block_key: tuple[int, int] | None = None
 
     # -------------------------------------------------------------------------- data
     def _keep(self, episode: Episode) -> bool:
@@ -82,8 +89,7 @@ class FleetTrainer:
         for episode in self.dataset.episodes(start, stop):
             read += 1
             if self._keep(episode):
-                self._states.append(episode.states)
-                self._actions.append(episode.actions)
+                self._episodes.append(episode)
                 self.state.frames += episode.length
         if read:
             self._buffer = None
@@ -107,43 +113,54 @@ class FleetTrainer:
         self.state.owed += new * self.cfg.steps_per_episode
         return new
 
-    def _tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _tensors(self) -> TrainingSet:
+        """The buffer as the one training-set builder sees it (method from ``train.method``; FERT,
+        which needs the segment store, trains as filtered BC here: the fleet's ingest does not embed)."""
+        episodes = sorted(self._episodes, key=lambda ep: ep.episode_id)  # as steps.training_set orders them
+        if self._buffer is None and not self.cfg.trainer_success_only:  # every uninterrupted episode, uniform
+            self._buffer = TrainingSet(np.concatenate([e.states for e in episodes]).astype(np.float32),
+                                       np.concatenate([e.actions for e in episodes]).astype(np.float32))
         if self._buffer is None:
-            self._buffer = (
-                torch.as_tensor(np.concatenate(self._states), dtype=torch.float32),
-                torch.as_tensor(np.concatenate(self._actions), dtype=torch.float32),
-            )
+            method = "bc" if self.settings.train.method == "bc" else "filtered_bc"
+            self._buffer = build_training_set(method, episodes, self.settings.fert).data
         return self._buffer
 
     # -------------------------------------------------------------------------- model
-    def _build(self) -> None:
-        policy = make_policy(self.obs_dim, self.act_dim, self.settings.policy)
-        self.policy = policy
-        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=self.settings.train.lr, weight_decay=self.settings.train.weight_decay)
+    def _build(self, data: TrainingSet) -> None:
+        spec = TrainSpec(data=data, policy=self.settings.policy, lr=self.settings.train.lr,
+                         weight_decay=self.settings.train.weight_decay, batch_size=self.cfg.trainer_batch_size,
+                         seed=self.settings.seed, total_steps=1, steps_per_iteration=self.settings.train.steps_per_iteration)
+        self.policy = initial_policy(spec)  # normalizers fitted on the training set, as the flow's trainer does
+        self.optimizer = make_optimizer(self.policy, self.settings.train.lr, self.settings.train.weight_decay)
 
     def ready(self) -> bool:
         return self.state.frames >= self.cfg.trainer_batch_size
 
+    def _batch(self, data: TrainingSet, step: int) -> torch.Tensor:
+        """Frame indices of optimizer step ``step`` (0-based): the one sampler's draw for its iteration."""
+        k = self.settings.train.steps_per_iteration
+        key = (step // k, len(data.states))
+        if self._block_key != key:
+            self._block = batch_indices(len(data.states), as_weights(data.weights), self.cfg.trainer_batch_size, k,
+                                        self.settings.seed, step // k)
+            self._block_key = key
+        return self._block[step % k]
+
     def train(self, steps: int) -> None:
         """``steps`` optimizer steps on the buffer (fits the normalizers first if the model is new)."""
-        states, actions = self._tensors()
+        data = self._tensors()
         if self.policy is None:
-            self._build()
-            assert self.policy is not None
-            self.policy.obs_norm.fit(states)
-            self.policy.act_norm.fit(actions)
+            self._build(data)
         assert self.policy is not None and self.optimizer is not None
         self.policy.train()
-        targets = self.policy.act_norm.normalize(actions)
+        states = torch.as_tensor(data.states)
+        targets = self.policy.act_norm.normalize(torch.as_tensor(data.actions))
         for _ in range(steps):
-            idx = torch.randint(len(states), (self.cfg.trainer_batch_size,), generator=self.generator)
-            loss = nn.functional.mse_loss(self.policy.forward_normalized(states[idx]), targets[idx]) + self.policy.aux_loss
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
+            idx = self._batch(data, self.state.step)
+            loss = bc_step(self.policy, self.optimizer, states[idx], targets[idx])
             self.state.step += 1
             self.state.owed = max(0, self.state.owed - 1)
-            self.state.losses.append((self.state.step, float(loss.detach())))
+            self.state.losses.append((self.state.step, loss))
             if len(self.state.losses) > LOSS_HISTORY:
                 del self.state.losses[: len(self.state.losses) - LOSS_HISTORY]
             if self.state.step % self.cfg.checkpoint_every == 0:
@@ -179,7 +196,7 @@ class FleetTrainer:
                 f"checkpoint step {ckpt.step} consumed {cursor} episodes but {self.settings.paths.episodes} has fewer; "
                 f"it belongs to another dataset: move {self.layout.checkpoints} aside"
             )
-        self._build()
+        self._build(self._tensors())
         assert self.policy is not None and self.optimizer is not None
         self.policy.load_state_dict(ckpt.model)
         self.optimizer.load_state_dict(ckpt.optimizer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,10 @@ def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: Ev
     metrics = {"train_final_loss": outcome.result.final_loss, "train_seconds": outcome.result.seconds,
                "train_frames": outcome.frames, **(summary.metrics() if summary else {})}
     with tempfile.TemporaryDirectory() as tmp:
-        images = [schedule_gantt(summary, Path(tmp))] if summary is not None and summary.timeline is not None else []
+        images = []
+        if summary is not None and summary.gantt_png and Path(summary.gantt_png).exists():
+            images.append(Path(tmp) / "schedule_gantt.png")
+            shutil.copyfile(summary.gantt_png, images[0])
         return Workspace(settings).registry.log_candidate(
             outcome.result.policy,
             evaluation.to_dict(),
@@ -42,25 +46,9 @@ def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: Ev
             run_name=run_name,
             tags=summary.tags() if summary else None,
             artifacts=images,
-            dicts={"training.json": _training_dict(summary)} if summary else None,
+            dicts={"training.json": {**summary.__dict__, "retrieved_segments": summary.retrieved_segments}}
+            if summary else None,
         )
-
-
-def schedule_gantt(summary: TrainingSummary, folder: Path) -> Path:
-    """The train task's schedule: ops per worker over time (first iterations), as a PNG."""
-    import os
-
-    from components.scheduler.gantt import plot_timelines
-
-    last = min(3, max(s.iteration for s in summary.timeline.spans)) if summary.timeline.spans else 0
-    return plot_timelines([(f"{summary.plan_name}: median {1e3 * summary.median_iteration_s:.0f} ms/iteration",
-                            summary.timeline)], folder / "schedule_gantt.png", float(os.cpu_count() or 1), (0, last))
-
-
-def _training_dict(summary: TrainingSummary) -> dict:
-    body = {k: v for k, v in summary.__dict__.items() if k != "timeline"}
-    body["retrieved_segments"] = summary.retrieved_segments
-    return body
 
 
 def gate_candidate(settings: Settings, candidate: PolicyVersion, champion_eval: EvaluationReport | None) -> PromotionOutcome:

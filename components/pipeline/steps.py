@@ -9,7 +9,9 @@ fleet trainer and the benchmarks call these same functions, so every path builds
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +35,9 @@ def training_set(settings: Settings, ws: Workspace) -> MethodTrainingSet:
     episodes' actions are never imitated.
     """
     method = settings.train.method
-    episodes = list(ws.dataset.episodes())
+    # by id, not by arrival: the same stored episodes give the same training set (and model) on
+    # every path, whatever order a flow, a dvc stage or the fleet's ingest stored them in
+    episodes = sorted(ws.dataset.episodes(), key=lambda ep: ep.episode_id)
     if not any(ep.success for ep in episodes):
         raise RuntimeError(
             f"no successful episodes to train on in {settings.paths.episodes}; run `fleetloop ingest` with expert demos first"
@@ -69,7 +73,7 @@ class TrainingSummary:
     speedup_vs_sequential: float | None
     stage_seconds: dict[str, float]
     validation: list[float]  # validation-robot success of each iteration's starting weights
-    timeline: Any = field(default=None, repr=False)  # scheduler Timeline (for the Gantt image)
+    gantt_png: str | None = None  # the schedule's Gantt chart, written under <root>/artifacts/schedules
 
     @property
     def retrieved_segments(self) -> int:
@@ -136,16 +140,28 @@ def starting_policy(settings: Settings, ws: Workspace) -> NormalizedPolicy | Non
     return champion
 
 
-def summarize(method: MethodTrainingSet, run: TrainRun) -> TrainingSummary:
+def summarize(method: MethodTrainingSet, run: TrainRun, gantt_dir: Path | None = None) -> TrainingSummary:
+    """What the MLflow run, the retrain artifact and the demo table show; small enough to travel as a
+    flow parameter (the timeline itself stays behind: only its Gantt image is kept, in ``gantt_dir``)."""
     choice = run.choice
-    return TrainingSummary(
+    summary = TrainingSummary(
         method=method.report.method, fert=method.report.to_dict(), plan_name=choice.plan.name,
         plan_text=choice.plan.describe(), plan_requested=choice.requested, plan_source=choice.source,
         iterations=len(run.iteration_s), iteration_s=list(run.iteration_s), median_iteration_s=run.median_iteration_s,
         predicted_iteration_s=choice.predicted_s, sequential_iteration_s=choice.sequential_s,
         speedup_vs_sequential=run.speedup_vs_sequential, stage_seconds=run.stage_seconds(),
-        validation=list(run.validation), timeline=run.timeline,
+        validation=list(run.validation),
     )
+    if gantt_dir is None or not run.timeline.spans:
+        return summary
+    from components.scheduler.gantt import plot_timelines
+    from components.training.checkpoint import state_digest
+
+    path = gantt_dir / f"train-{state_digest(run.policy.state_dict())[:16]}.png"
+    last = min(3, max(s.iteration for s in run.timeline.spans))
+    plot_timelines([(f"{summary.plan_name}: median {1e3 * summary.median_iteration_s:.0f} ms/iteration", run.timeline)],
+                   path, float(os.cpu_count() or 1), (0, last))
+    return dataclasses.replace(summary, gantt_png=str(path))
 
 
 def train_policy(settings: Settings, progress: ProgressFn | None = None,
@@ -161,7 +177,8 @@ def train_policy(settings: Settings, progress: ProgressFn | None = None,
     run = trainer.run(on_iteration=_progress_callback(progress, trainer.spec))
     result = TrainResult(policy=run.policy, losses=run.losses, steps=len(run.losses), seconds=run.seconds, device="cpu")
     frames = len(built.data.states)
-    return TrainOutcome(result, current_lineage(settings, ws, frames), frames, summarize(built, run))
+    summary = summarize(built, run, settings.paths.artifacts / "schedules")
+    return TrainOutcome(result, current_lineage(settings, ws, frames), frames, summary)
 
 
 def _progress_callback(progress: ProgressFn | None, spec: Any) -> Callable[[int, dict[str, Any]], None] | None:
