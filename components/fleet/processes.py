@@ -112,14 +112,16 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> bool:
-    """Poll ``url/healthz`` until it answers 200 (False on timeout or if ``proc`` exits)."""
+def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None, any_answer: bool = False) -> bool:
+    """Poll ``url/healthz`` until it answers 200 (any HTTP answer if ``any_answer``); False on
+    timeout or if ``proc`` exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             return False
         try:
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+            code = httpx.get(f"{url}/healthz", timeout=1.0).status_code
+            if code == 200 or any_answer:
                 return True
         except httpx.HTTPError:
             pass
