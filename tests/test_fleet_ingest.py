@@ -5,7 +5,10 @@ rate limit, disk full -> 507 + unhealthy, no unauthenticated API docs."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import stat
+import subprocess
 import threading
 from pathlib import Path
 
@@ -302,3 +305,56 @@ def test_disk_full_answers_507_with_a_reason_and_healthz_turns_unhealthy(tmp_pat
         assert (result.status, result.http_status) == ("retry", 507)  # kept in the spool, retried later
         assert result.detail["field"] == "disk" and "full" in result.detail["reason"] and result.retry_after_s >= 1
     assert _dataset(settings).num_episodes == 0 and not list(Path(settings.paths.quarantine).glob("*"))
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """``tmp_path/datasets`` on a 4 MiB tmpfs (needs root and mount; skipped elsewhere)."""
+    folder = tmp_path / "datasets"
+    folder.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a real full disk needs root to mount a small tmpfs")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode()[:200]}")
+    try:
+        yield tmp_path
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def _fill(folder: Path) -> Path:
+    """Write until the disk says no more (ENOSPC); returns the filler file."""
+    filler = folder / "filler"
+    with open(filler, "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def test_a_really_full_disk_answers_507_keeps_no_0_byte_files_and_recovers(tiny_disk):
+    settings = with_free_ports(small_settings(tiny_disk), min_free_bytes=0)  # no reserve: hit ENOSPC itself
+    layout = RuntimeLayout.of(settings).ensure()
+    tokens = issue_tokens(layout.token_file, [ROBOT])
+    with running_service(settings, "ingest"):
+        client = IngestClient(service_url(settings, "ingest"), tokens.robots[ROBOT], 30.0)
+        assert client.upload(episode_to_ipc(synthetic_episode(ROBOT, seed=20))).http_status == 201
+        filler = _fill(tiny_disk / "datasets")
+        episode = synthetic_episode(ROBOT, seed=21)
+        full = client.upload(episode_to_ipc(episode))
+        assert (full.status, full.http_status) == ("retry", 507), full.detail
+        assert full.detail["field"] == "disk" and full.retry_after_s >= 1
+        garbage = client.upload(b"G" * 5000)  # its quarantine write fails too: nothing half-written
+        assert garbage.http_status == 400 and garbage.detail["quarantined_as"] is None
+        quarantine = Path(settings.paths.quarantine)
+        leftovers = list(quarantine.iterdir()) if quarantine.exists() else []
+        assert not [p for p in leftovers if p.stat().st_size == 0 or not p.name.endswith(".reason.json") and not Path(str(p) + ".reason.json").exists()]
+        filler.unlink()
+        again = client.upload(episode_to_ipc(episode))  # what the robot's retry does
+        client.close()
+    assert (again.status, again.http_status) == ("added", 201)
+    assert _dataset(settings).num_episodes == 2

@@ -10,12 +10,14 @@
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 # errno values that mean "no room": the disk (or a quota) is full
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+NO_SPACE_TEXT = os.strerror(errno.ENOSPC)  # "No space left on device"
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ def is_no_space(exc: BaseException) -> bool:
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+            return True
+        if isinstance(exc, OSError) and NO_SPACE_TEXT in str(exc):  # pyarrow's IO errors carry no errno
             return True
         exc = exc.__cause__ or exc.__context__
     return False
