@@ -1,7 +1,8 @@
 """The coordinator: starts every fleet process, holds their leases, restarts what dies.
 
     start: ingest, inference, trainer, one robot agent per robot id (each its own OS process)
-    every heartbeat_s (one supervisor thread):
+    every heartbeat_s (the supervisor thread; policy + canary on a second one, so a slow registry
+    never delays a restart):
       exited?           -> restart after a backoff: restart_backoff_s * 2^(failures in a row),
                            capped at restart_backoff_max_s; a member that beats (or answers
                            /healthz) after its start resets the count. A finite robot that
@@ -114,6 +115,7 @@ class Coordinator:
         self._last_alias_poll = float("-inf")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
+        self._policy_thread = threading.Thread(target=self._run_policy, name="policy", daemon=True)
         self._registry = None
         self._rollout = None
 
@@ -153,12 +155,14 @@ class Coordinator:
                 self._start(member, "fleet up")
         self.write_status()  # every member's identity is on disk before anything can go wrong
         self._thread.start()
+        self._policy_thread.start()
 
     def stop(self) -> None:
         """Stop supervising, then every child (SIGTERM, SIGKILL after the grace period)."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10.0)
+        for thread in (self._thread, self._policy_thread):
+            if thread.is_alive():
+                thread.join(timeout=10.0)
         with self.lock:
             for member in self.members.values():
                 if member.proc is not None and member.proc.poll() is None:
@@ -269,15 +273,19 @@ class Coordinator:
 
     # ------------------------------------------------------------------ loop + status
     def tick(self) -> None:
+        """Liveness of every member, then status.json (never waits on the registry)."""
         now = time.monotonic()
         with self.lock:
             for member in self.members.values():
                 self.check(member, now)
+        self.write_status()
+
+    def policy_tick(self) -> None:
+        """Staleness + canary: on its own thread, since MLflow calls can take seconds."""
         try:
-            self.check_policy(now)
+            self.check_policy(time.monotonic())
         except Exception:  # noqa: BLE001 - a registry hiccup must not stop supervision
             log.exception("policy check failed; retrying next tick")
-        self.write_status()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -285,6 +293,11 @@ class Coordinator:
                 self.tick()
             except Exception:  # noqa: BLE001 - supervision must outlive any one bad tick
                 log.exception("supervisor tick failed; retrying next tick")
+            self._stop.wait(self.cfg.heartbeat_s)
+
+    def _run_policy(self) -> None:
+        while not self._stop.is_set():
+            self.policy_tick()
             self._stop.wait(self.cfg.heartbeat_s)
 
     def status(self) -> dict:
