@@ -12,13 +12,14 @@ import subprocess
 import sys
 import time
 
+import httpx
 from typer.testing import CliRunner
 
 from cli.fleet import fleet_app
 from components.config import load_settings
 from components.fleet.identity import ProcessIdentity, fleet_processes, read_pid_file
 from components.fleet.layout import RuntimeLayout
-from components.fleet.local import free_port
+from components.fleet.local import free_port, service_url
 from components.fleet.processes import ProcessSpec, start_process, write_settings
 
 runner = CliRunner()
@@ -61,6 +62,10 @@ def test_no_member_outlives_a_sigkilled_coordinator_and_up_never_starts_a_second
     layout = RuntimeLayout.of(load_settings())
     try:
         assert _wait(lambda: len(_processes(layout)) == MEMBERS + 1), _processes(layout)
+        url = service_url(load_settings(), "coordinator")
+        assert httpx.get(f"{url}/healthz", timeout=10.0).json()["ok"] is True
+        for path in ("/docs", "/redoc", "/openapi.json"):  # no unauthenticated API surface
+            assert httpx.get(f"{url}{path}", timeout=10.0).status_code in (401, 404), path
         coordinator = read_pid_file(layout.coordinator_pid_file, "coordinator")
         members = [p for p in _processes(layout) if p.pid != coordinator.pid]
         os.kill(coordinator.pid, signal.SIGKILL)

@@ -47,6 +47,7 @@ from fastapi.responses import JSONResponse
 from components.config import Settings
 from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook
 from components.fleet.clients import HEARTBEAT_PATH, STATUS_PATH, base_url
+from components.fleet.health import HealthProblem
 from components.fleet.http_server import NO_API_DOCS, add_health, auth_dependency, http_error, read_body_limited, serve
 from components.fleet.identity import ProcessIdentity, remove_pid_file_if_mine, write_pid_file
 from components.fleet.layout import RuntimeLayout, atomic_write
@@ -300,6 +301,13 @@ class Coordinator:
             self.policy_tick()
             self._stop.wait(self.cfg.heartbeat_s)
 
+    def problem(self) -> HealthProblem | None:
+        """Unhealthy when a supervising thread died (it would supervise nothing)."""
+        for thread in (self._thread, self._policy_thread):
+            if thread.ident is not None and not thread.is_alive() and not self._stop.is_set():
+                return HealthProblem(f"the {thread.name} thread is dead", restart=True)
+        return None
+
     def status(self) -> dict:
         now = time.monotonic()
         with self.lock:
@@ -347,7 +355,7 @@ def create_coordinator_app(coordinator: Coordinator, book: TokenBook) -> FastAPI
     app = FastAPI(title="fleetloop coordinator", lifespan=lifespan, **NO_API_DOCS)
     member_auth = auth_dependency(book, [ROBOT, SERVICE])
     service_only = auth_dependency(book, [SERVICE])
-    add_health(app, lambda: {"service": "coordinator"})
+    add_health(app, lambda: {"service": "coordinator"}, coordinator.problem)
 
     @app.post(HEARTBEAT_PATH)
     async def heartbeat(request: Request, principal: Principal = Depends(member_auth)) -> JSONResponse:
