@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,7 +22,7 @@ from components.fleet.clients import InferenceClient, IngestClient
 from components.fleet.layout import RuntimeLayout
 from components.fleet.local import register_policy, running_service, service_url, synthetic_episode, with_free_ports
 from components.fleet.robot_agent import Backoff, RobotAgent, RobotReport, Uploader, run_robot, safe_action
-from components.fleet.spool import Spool, content_hash
+from components.fleet.spool import Spool, SpoolBusy, content_hash
 from components.policy.factory import make_policy
 from components.registry.model_registry import PolicyRegistry
 from components.sim.pickplace import GRIPPER_ACTION
@@ -204,3 +207,20 @@ def test_a_4xx_upload_is_set_aside_with_its_reason_not_retried_forever(services,
     assert not spool.pending() and (report.uploaded, report.rejected) == (1, 1)
     reason = json.loads((spool.rejected_dir / (garbage.name + ".reason.json")).read_text())
     assert reason["http_status"] == 400 and reason["reason"] and good.episode_id in {e.episode_id for e in spool.ledger()}
+
+
+def test_two_agents_can_never_share_one_spool(tmp_path: Path):
+    """Issue 20: two agents per robot on one spool uploaded one id with two contents (83 lost)."""
+    first = Spool(tmp_path / "spool").claim()
+    try:
+        with pytest.raises(SpoolBusy):
+            Spool(tmp_path / "spool").claim()
+        probe = subprocess.run(
+            [sys.executable, "-c", "import sys; from components.fleet.spool import Spool, SpoolBusy\n"
+             "try:\n    Spool(sys.argv[1]).claim()\nexcept SpoolBusy:\n    sys.exit(3)", str(tmp_path / "spool")],
+            cwd=str(Path(__file__).resolve().parents[1]),
+        )
+        assert probe.returncode == 3  # another process is refused too
+    finally:
+        os.close(first)
+    os.close(Spool(tmp_path / "spool").claim())  # free again once the holder let go

@@ -18,6 +18,7 @@ exits 0 once N episodes are finished *and* uploaded.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -249,6 +250,7 @@ def run_robot(settings: Settings, robot_id: str, token: str, stop: threading.Eve
     stop = stop or threading.Event()
     layout = RuntimeLayout.of(settings)
     spool = Spool(layout.spool(robot_id))
+    claim = spool.claim()  # one agent per spool, or SpoolBusy (exit 1: the coordinator backs off)
     inference = InferenceClient(base_url(cfg.host, cfg.inference_port), token, cfg.inference_timeout_s)
     ingest = IngestClient(base_url(cfg.host, cfg.ingest_port), token, cfg.upload_timeout_s)
     agent = RobotAgent(settings, robot_id, inference, spool)
@@ -283,3 +285,4 @@ def run_robot(settings: Settings, robot_id: str, token: str, stop: threading.Eve
         heartbeat.stop()
         for client in (inference, ingest, coordinator):
             client.close()
+        os.close(claim)

@@ -14,6 +14,7 @@ reuses an id that already names stored content.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import uuid
@@ -29,6 +30,7 @@ PENDING = "pending"
 REJECTED = "rejected"
 UNREADABLE = "unreadable"
 EPOCH = "epoch"
+AGENT_LOCK = "agent.lock"
 REASON_SUFFIX = ".reason.json"
 EPOCH_BITS = 63
 LEDGER = "ledger.jsonl"
@@ -39,6 +41,10 @@ def content_hash(table: pa.Table) -> str:
     """The hash the episode dataset stores for this episode (no carried meta): lets anyone check
     that what was stored is exactly what the robot finished."""
     return episode_content_hash(table)
+
+
+class SpoolBusy(RuntimeError):
+    """Another live process is this spool's agent."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,19 @@ class Spool:
         finally:
             tmp.unlink(missing_ok=True)
         return int(path.read_text().strip())
+
+    def claim(self) -> int:
+        """Become this spool's only agent (an flock held until the process ends), or raise.
+
+        Two agents on one spool would number episodes alike and upload one id with two contents.
+        """
+        fd = os.open(self.folder / AGENT_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SpoolBusy(f"{self.folder}: another agent runs on this spool; one agent per robot (`fleetloop fleet status`)") from None
+        return fd
 
     def write(self, index: int, episode_id: str, content_hash: str, data: bytes) -> SpooledEpisode:
         """Durably keep one finished episode (the write-ahead step)."""
