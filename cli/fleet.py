@@ -244,7 +244,7 @@ def chaos(
     root: Annotated[Optional[Path], typer.Option(help="Root to run in (default: a scratch folder).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """SIGKILL robots, inference, ingest and the trainer mid-run; audit what was stored."""
+    """SIGKILL robots, inference, ingest, the trainer and the coordinator mid-run; audit what was stored."""
     from components.config import Settings
     from components.fleet.chaos import ChaosPlan, chaos_settings, run_chaos
 
@@ -263,5 +263,5 @@ def chaos(
         f"faults {len(report.faults)} ({', '.join(f.target for f in report.faults)}); "
         f"trainer resumed at {report.trainer_resumes}, {report.trainer_steps} steps"
     )
-    if report.lost or report.duplicated or report.corrupted or not report.completed:
+    if report.lost or report.duplicated or report.corrupted or not report.completed or report.leaked_pids or report.outlived_coordinator:
         raise typer.Exit(code=1)

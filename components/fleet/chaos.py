@@ -48,7 +48,7 @@ LOSS_WINDOW = 5  # steps averaged before/after a resume in the report
 class ChaosPlan:
     robots: int = 4
     episodes_per_robot: int = 30  # enough that data still arrives after the last kill on a quiet machine
-    kills: tuple[str, ...] = ("robot", "inference", "robot", "ingest", "trainer")  # robots finish first
+    kills: tuple[str, ...] = ("robot", "inference", "robot", "coordinator", "ingest", "trainer")  # robots finish first
     min_gap_s: float = 1.0
     max_gap_s: float = 2.5
     seed: int = 0
