@@ -18,7 +18,7 @@ import pytest
 from components.episodes.dataset import EpisodeDataset
 from components.episodes.schema import episode_to_table, table_to_ipc
 from components.fleet.auth import issue_tokens
-from components.fleet.clients import InferenceClient, IngestClient
+from components.fleet.clients import CoordinatorClient, HeartbeatThread, InferenceClient, IngestClient
 from components.fleet.layout import RuntimeLayout
 from components.fleet.local import register_policy, running_service, service_url, synthetic_episode, with_free_ports
 from components.fleet.robot_agent import Backoff, RobotAgent, RobotReport, Uploader, run_robot, safe_action
@@ -224,3 +224,65 @@ def test_two_agents_can_never_share_one_spool(tmp_path: Path):
     finally:
         os.close(first)
     os.close(Spool(tmp_path / "spool").claim())  # free again once the holder let go
+
+
+class _BeatCounter:
+    """A real loopback HTTP server that counts heartbeat POSTs (what the coordinator receives)."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        counter = self
+        self.beats = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                counter.beats += 1
+                self.send_response(200)
+                self.send_header("content-length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_robot_whose_uploader_died_stops_renewing_its_lease():
+    """Issue 20: the uploader thread died and the process kept heartbeating, so the coordinator
+    never restarted it. The lease is now renewed only while the uploader lives."""
+    server = _BeatCounter()
+    uploader_alive = threading.Event()
+    uploader_alive.set()
+    client = CoordinatorClient(server.url, "unused-token-000", 5.0)
+    beat = HeartbeatThread(client, ROBOT, 0.02, healthy=uploader_alive.is_set).start()
+    try:
+        deadline = time.monotonic() + 30.0
+        while server.beats < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.beats >= 3  # renewing while healthy
+        uploader_alive.clear()  # the uploader thread is gone
+
+        def skipped_at_least(n: int) -> None:
+            deadline = time.monotonic() + 30.0
+            while beat.skipped < n and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert beat.skipped >= n
+
+        skipped_at_least(1)  # the thread has looked since: no beat is in flight any more
+        before = server.beats
+        skipped_at_least(11)  # ten more intervals: not one renewal
+        assert server.beats == before
+    finally:
+        beat.stop()
+        client.close()
+        server.close()

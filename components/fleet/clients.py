@@ -155,6 +155,7 @@ class HeartbeatThread:
         self.interval_s = interval_s
         self.info = info
         self.healthy = healthy
+        self.skipped = 0  # renewals withheld because the member was unhealthy
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
@@ -170,4 +171,6 @@ class HeartbeatThread:
         while not self._stop.is_set():
             if self.healthy():  # a member that cannot do its job lets its lease lapse
                 self.client.heartbeat(self.name, self.info())
+            else:
+                self.skipped += 1
             self._stop.wait(self.interval_s)
