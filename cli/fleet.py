@@ -100,6 +100,9 @@ def up(
     if _coordinator(settings) is not None:
         _fail("the fleet is already up", "run `fleetloop fleet status`, or `fleetloop fleet down` first")
     orphans = _members(settings, None)
+    starting = [p.pid for p in orphans if p.is_fleet("coordinator")]
+    if starting:  # its pid file is not written yet (or it hangs): never take it for an orphan
+        _fail(f"a coordinator (pid {starting}) runs without a pid file: starting, or stuck", "wait and retry, or `fleetloop fleet down`")
     if orphans:  # a coordinator died and left members: never start a second set beside them
         stopped = _stop_members(settings, orphans)
         err.print(f"[yellow]stopped {len(stopped)} orphaned fleet processes of a dead coordinator: {stopped}[/yellow]")
