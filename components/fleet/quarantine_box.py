@@ -26,6 +26,7 @@ from components.fleet.layout import atomic_write
 log = logging.getLogger(__name__)
 
 FILE_MODE = 0o644
+MAX_NAME_ATTEMPTS = 1000  # upload names carry a random id: a clash is already rare
 
 
 def folder_bytes(folder: Path) -> int:
@@ -61,14 +62,16 @@ class BoundedQuarantine:
                     "or empty the folder)", self.folder, self.used, self.max_bytes, name, len(data),
                 )
                 return None
-            target = self._free_name(name)
-            reason_path = target.with_name(target.name + REASON_SUFFIX)
+            target = reason_path = None
             try:
+                target = self._free_name(name)
+                reason_path = target.with_name(target.name + REASON_SUFFIX)
                 atomic_write(reason_path, body, mode=FILE_MODE)
                 atomic_write(target, data, mode=FILE_MODE)
             except OSError as exc:
-                reason_path.unlink(missing_ok=True)
-                target.unlink(missing_ok=True)
+                for path in (reason_path, target):
+                    if path is not None:
+                        path.unlink(missing_ok=True)
                 self.refused += 1
                 log.error("could not quarantine %s (%s): not kept", name, exc)
                 return None
@@ -77,10 +80,9 @@ class BoundedQuarantine:
 
     def _free_name(self, name: str) -> Path:
         """``name``, or ``<stem>-N<ext>`` if taken (never overwrite an earlier quarantined file)."""
-        candidate = self.folder / name
         stem, ext = os.path.splitext(name)
-        attempt = 0
-        while candidate.exists() or candidate.with_name(candidate.name + REASON_SUFFIX).exists():
-            attempt += 1
-            candidate = self.folder / f"{stem}-{attempt}{ext}"
-        return candidate
+        for attempt in range(MAX_NAME_ATTEMPTS):
+            candidate = self.folder / (name if attempt == 0 else f"{stem}-{attempt}{ext}")
+            if not candidate.exists() and not candidate.with_name(candidate.name + REASON_SUFFIX).exists():
+                return candidate
+        raise OSError(f"{self.folder}: no free quarantine name for {name!r} after {MAX_NAME_ATTEMPTS} tries; empty the folder")
