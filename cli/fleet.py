@@ -28,6 +28,7 @@ err = Console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 START_TIMEOUT_S = 180.0
+START_GRACE_MARGIN_S = 5.0  # on top of the coordinator's own stop budget before it is killed
 
 
 def _fail(message: str, fix: str) -> None:
@@ -46,16 +47,39 @@ def _settings(robots: int | None = None, episodes: int | None = None):
     return settings
 
 
-def _coordinator_pid(settings) -> int | None:
+POLL_S = 0.1
+
+
+def _coordinator(settings):
+    """The running coordinator's verified identity (pid + start time + command line), or None.
+
+    A stale pid file (the process is gone, or its pid now names another program) reads as None
+    and is removed, so no command ever signals a process the fleet did not start.
+    """
+    from components.fleet.identity import read_pid_file
     from components.fleet.layout import RuntimeLayout
-    from components.fleet.processes import pid_alive
 
     path = RuntimeLayout.of(settings).coordinator_pid_file
-    try:
-        pid = int(path.read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
-    return pid if pid_alive(pid) else None
+    identity = read_pid_file(path, "coordinator")
+    if identity is None:
+        path.unlink(missing_ok=True)
+    return identity
+
+
+def _members(settings, coordinator) -> list:
+    """Live fleet processes of this root other than the coordinator (orphans if it is down)."""
+    from components.fleet.identity import fleet_processes
+    from components.fleet.layout import RuntimeLayout
+
+    others = fleet_processes(RuntimeLayout.of(settings).settings_file)
+    return [p for p in others if coordinator is None or p.pid != coordinator.pid]
+
+
+def _stop_members(settings, members) -> list[int]:
+    """SIGTERM, then SIGKILL after the grace period: verified identities only."""
+    from components.fleet.identity import stop_verified
+
+    return stop_verified(members, settings.runtime.stop_grace_s, POLL_S)
 
 
 @fleet_app.command()
@@ -70,15 +94,28 @@ def up(
     from components.fleet.local import service_url
     from components.fleet.processes import ProcessSpec, start_process, stop_process, wait_healthy, write_settings
 
+    from components.fleet.identity import read_pid_file
+
     settings = _settings(robots, episodes)
-    if _coordinator_pid(settings) is not None:
+    if _coordinator(settings) is not None:
         _fail("the fleet is already up", "run `fleetloop fleet status`, or `fleetloop fleet down` first")
+    orphans = _members(settings, None)
+    starting = [p.pid for p in orphans if p.is_fleet("coordinator")]
+    if starting:  # its pid file is not written yet (or it hangs): never take it for an orphan
+        _fail(f"a coordinator (pid {starting}) runs without a pid file: starting, or stuck", "wait and retry, or `fleetloop fleet down`")
+    if orphans:  # a coordinator died and left members: never start a second set beside them
+        stopped = _stop_members(settings, orphans)
+        err.print(f"[yellow]stopped {len(stopped)} orphaned fleet processes of a dead coordinator: {stopped}[/yellow]")
+        if _members(settings, None):
+            _fail("orphaned fleet processes would not stop", "run `fleetloop fleet down`, then retry")
     layout = RuntimeLayout.of(settings).ensure()
     issue_tokens(layout.token_file, settings.fleet.robot_ids())  # keeps existing tokens
     settings_file = write_settings(settings)
     proc = start_process(ProcessSpec("coordinator", "coordinator"), settings_file, layout.logs)
     url = service_url(settings, "coordinator")
-    if not wait_healthy(url, START_TIMEOUT_S, proc):
+    healthy = wait_healthy(url, START_TIMEOUT_S, proc)
+    running = read_pid_file(layout.coordinator_pid_file, "coordinator")
+    if not healthy or running is None or running.pid != proc.pid:  # the answer must come from ours
         stop_process(proc, settings.runtime.stop_grace_s)
         _fail(f"the coordinator did not start; see {layout.logs / 'coordinator.log'}", "fix the error in that log and retry")
     console.print(
@@ -99,35 +136,27 @@ def up(
 
 @fleet_app.command()
 def down() -> None:
-    """Stop the coordinator, which stops every fleet process; leftovers are killed by pid."""
+    """Stop the coordinator (which stops its members), then any member still running; verified
+    identities only (pid + start time + command line), and nothing of this root is left running."""
+    from components.fleet.identity import signal_verified, stop_verified, wait_gone
     from components.fleet.layout import RuntimeLayout
-    from components.fleet.processes import kill_pid, pid_alive
 
     settings = _settings()
     layout = RuntimeLayout.of(settings)
-    pid = _coordinator_pid(settings)
-    if pid is not None:
-        import os
-
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + settings.runtime.stop_grace_s * 4 + 5
-        while pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    leftovers = []
-    if layout.status_file.exists():
-        for member in json.loads(layout.status_file.read_text())["members"].values():
-            child = member.get("pid")
-            if child and pid_alive(child) and _is_fleet_process(child):
-                kill_pid(child)
-                leftovers.append(child)
-    console.print(f"fleet down{f' (killed leftovers {leftovers})' if leftovers else ''}")
-
-
-def _is_fleet_process(pid: int) -> bool:
-    try:
-        return b"components.fleet.serve" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
+    grace = settings.runtime.stop_grace_s
+    coordinator = _coordinator(settings)
+    if coordinator is not None:
+        signal_verified(coordinator, signal.SIGTERM, "coordinator")
+        # the coordinator gives each member stop_grace_s; then it gets as long itself
+        if wait_gone([coordinator], grace * 2 + START_GRACE_MARGIN_S, POLL_S):
+            stop_verified([coordinator], grace, POLL_S, "coordinator")
+    leftovers = _stop_members(settings, _members(settings, None))
+    still = _members(settings, None) + ([coordinator] if coordinator is not None and coordinator.running() else [])
+    if coordinator is not None and not coordinator.running():
+        layout.coordinator_pid_file.unlink(missing_ok=True)  # it was killed, so it could not clean up
+    if still:
+        _fail(f"fleet processes still running: {[p.pid for p in still]}", "check them with `ps -fp PID` and stop them by hand")
+    console.print(f"fleet down{f' (stopped leftovers {leftovers})' if leftovers else ''}")
 
 
 @fleet_app.command()
@@ -135,16 +164,30 @@ def status(as_json: JsonOpt = False) -> None:
     """Members, pids, restarts, heartbeat ages, served versions and the canary."""
     from components.fleet.layout import RuntimeLayout
 
+    from components.fleet.identity import ProcessIdentity, live_identity
+
     settings = _settings()
     path = RuntimeLayout.of(settings).status_file
-    if not path.exists():
+    coordinator = _coordinator(settings)
+    orphans = [] if coordinator is not None else [p.pid for p in _members(settings, None)]
+    if not path.exists() and coordinator is None and not orphans:
         _fail("no fleet status yet", "start the fleet with `fleetloop fleet up`")
-    body = json.loads(path.read_text())
-    body["coordinator_running"] = _coordinator_pid(settings) is not None
+    try:
+        body = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):  # not written yet: what runs is still known
+        body = {"members": {}, "served": {}, "canary": {}}
+    body["coordinator_running"] = coordinator is not None
+    # status.json is what the coordinator last wrote; "alive" is checked now, per recorded identity
+    for member in body["members"].values():
+        recorded = ProcessIdentity.from_dict(member.get("identity") or {})
+        member["alive"] = live_identity(recorded) is not None
+    body["orphans"] = orphans
+    if body["orphans"]:
+        err.print(f"[red]the coordinator is down but fleet processes {body['orphans']} still run[/red]: `fleetloop fleet down` stops them")
     if as_json:
         console.print_json(json.dumps(body))
         return
-    table = Table(title=f"fleet ({'up' if body['coordinator_running'] else 'down'}): served {body['served']}, canary {body.get('canary') or '-'}")
+    table = Table(title=f"fleet ({'up' if body['coordinator_running'] else 'down'}): served {body.get('served')}, canary {body.get('canary') or '-'}")
     for col in ("member", "role", "pid", "alive", "done", "restarts", "heartbeat age (s)", "info"):
         table.add_column(col)
     for name, m in body["members"].items():
@@ -204,7 +247,7 @@ def chaos(
     root: Annotated[Optional[Path], typer.Option(help="Root to run in (default: a scratch folder).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """SIGKILL robots, inference, ingest and the trainer mid-run; audit what was stored."""
+    """SIGKILL robots, inference, ingest, the trainer and the coordinator mid-run; audit what was stored."""
     from components.config import Settings
     from components.fleet.chaos import ChaosPlan, chaos_settings, run_chaos
 
@@ -223,5 +266,5 @@ def chaos(
         f"faults {len(report.faults)} ({', '.join(f.target for f in report.faults)}); "
         f"trainer resumed at {report.trainer_resumes}, {report.trainer_steps} steps"
     )
-    if report.lost or report.duplicated or report.corrupted or not report.completed:
+    if report.lost or report.duplicated or report.corrupted or not report.completed or report.leaked_pids or report.outlived_coordinator:
         raise typer.Exit(code=1)

@@ -296,6 +296,12 @@ class FleetRuntimeConfig(Section):
     max_upload_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     commit_window_ms: float = Field(default=20.0, ge=0)  # group commit: uploads stored together
     commit_max_episodes: int = Field(default=64, ge=1)
+    upload_rate_per_s: float = Field(default=20.0, gt=0)  # per robot, sustained; over it: 429 + Retry-After
+    upload_burst: int = Field(default=40, ge=1)  # per robot, uploads allowed at once before the rate applies
+    quarantine_max_bytes: int = Field(default=256 * 1024 * 1024, ge=0)  # rejected bytes kept by ingest; past it not kept
+    min_free_bytes: int = Field(default=64 * 1024 * 1024, ge=0)  # ingest disk reserve: below it 507 + unhealthy
+    max_connections: int = Field(default=1024, ge=1)  # per service: concurrent connections before 503
+    max_abs_observation: float = Field(default=1e6, gt=0)  # /v1/act: larger |obs| values are refused (422)
     # trainer
     checkpoint_every: int = Field(default=50, ge=1)  # optimizer steps between atomic checkpoints
     checkpoints_kept: int = Field(default=3, ge=1)
@@ -308,7 +314,8 @@ class FleetRuntimeConfig(Section):
     lease_s: float = Field(default=5.0, gt=0)  # no heartbeat for this long = hung: killed + restarted
     startup_grace_s: float = Field(default=60.0, gt=0)  # a fresh process gets this long to first heartbeat
     max_staleness_s: float = Field(default=10.0, gt=0)  # served policy may lag the registry alias this long
-    restart_backoff_s: float = Field(default=0.5, ge=0)
+    restart_backoff_s: float = Field(default=0.5, ge=0)  # first restart delay; doubles per failure in a row
+    restart_backoff_max_s: float = Field(default=30.0, ge=0)  # the doubling stops here
     stop_grace_s: float = Field(default=5.0, ge=0)  # SIGTERM, then SIGKILL after this
     # canary rollout
     canary_share: float = Field(default=0.25, ge=0, le=1)  # fraction of robots served the canary

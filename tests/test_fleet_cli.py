@@ -58,7 +58,7 @@ def test_up_status_down_leaves_no_process(tmp_path, monkeypatch):
         status = runner.invoke(fleet_app, ["status", "--json"])
         body = json.loads(status.output)
         assert body["coordinator_running"] and set(body["members"]) == {"ingest", "inference", "trainer", "robot-0000", "robot-0001"}
-        pids.add(int(layout.coordinator_pid_file.read_text()))
+        pids.add(int(json.loads(layout.coordinator_pid_file.read_text())["pid"]))
         assert runner.invoke(fleet_app, ["up", "--detach"]).exit_code == 1  # already up
     finally:
         stopped = runner.invoke(fleet_app, ["down"])

@@ -1,13 +1,16 @@
-"""Coordinator rules and the inference warm-restart cache (no processes started here)."""
+"""Coordinator rules (leases, restart backoff over a real crashing process) and the inference warm-restart cache."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
 from fastapi import HTTPException
 
-from components.fleet.auth import ROBOT, SERVICE, SERVICE_NAME, Principal
-from components.fleet.coordinator import Coordinator
+from components.fleet.auth import ROBOT, SERVICE, SERVICE_NAME, Principal, issue_tokens, revoke_robot
+from components.fleet.coordinator import Coordinator, restart_delay
+from components.fleet.layout import RuntimeLayout
 from components.fleet.inference_service import ModelCache, ModelSlots
 from components.fleet.local import with_free_ports
 from components.policy.factory import make_policy
@@ -42,3 +45,34 @@ def test_inference_cache_restores_the_last_served_models(tmp_path):
         assert torch.equal(slots.get("champion").policy(obs), policy(obs))
     (tmp_path / "cache" / "v4.pt").write_bytes(b"torn")
     assert ModelCache(tmp_path / "cache").warm_start(ModelSlots()) == {}
+
+
+def test_restart_delay_doubles_per_failure_and_is_capped():
+    assert [restart_delay(n, 0.5, 4.0) for n in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    assert restart_delay(3, 0.0, 4.0) == 0.0
+
+
+def test_a_revoked_robot_is_restarted_with_capped_exponential_backoff_not_a_storm(tmp_path):
+    """Issue 20: revoking a robot gave 13 restarts in 20 s (restart_backoff_s was read nowhere)."""
+    settings = with_free_ports(small_settings(tmp_path), restart_backoff_s=0.05, restart_backoff_max_s=0.2, heartbeat_s=0.05)
+    layout = RuntimeLayout.of(settings).ensure()
+    issue_tokens(layout.token_file, settings.fleet.robot_ids())
+    revoke_robot(layout.token_file, "robot-0000")  # its process now exits at once: no token
+    coordinator = Coordinator(settings)
+    robot = coordinator.members["robot-0000"]
+    wanted = 5
+    try:
+        with coordinator.lock:
+            coordinator._start(robot, "test")
+        deadline = time.monotonic() + 120.0  # bound only (each start imports a fresh interpreter)
+        while len(robot.delays) < wanted and time.monotonic() < deadline:
+            with coordinator.lock:
+                coordinator.check(robot, time.monotonic())
+            time.sleep(0.02)
+    finally:
+        if robot.proc is not None and robot.proc.poll() is None:
+            robot.proc.kill()
+            robot.proc.wait()
+    assert robot.delays[:wanted] == [0.05, 0.1, 0.2, 0.2, 0.2]  # doubling, then capped
+    assert robot.last_exit not in (None, 0) and robot.failures >= wanted
+    assert robot.restarts == len(robot.delays) - (robot.restart_at is not None)  # each restart waited its delay

@@ -158,3 +158,26 @@ def test_bad_requests_and_scopes(fleet):
     assert httpx.post(f"{url}/v1/act", json={"obs": [0.0] * OBS_DIM}).status_code == 401
     assert httpx.get(f"{url}/v1/stats", headers=robot).status_code == 403
     assert proc.poll() is None
+
+
+def test_bad_observations_get_a_422_naming_the_element_never_a_500_blaming_the_model(fleet):
+    """Issue 20: observations the model cannot be asked about got a 500 "model produced a
+    non-finite action"; /docs and /openapi.json answered without a token."""
+    settings, tokens, _, proc = fleet
+    url = service_url(settings, "inference")
+    robot = {"Authorization": f"Bearer {tokens.robots[ROBOTS[0]]}"}
+    cases = {
+        '{"obs": [3e38, 3e38' + ", 0" * (OBS_DIM - 2) + "]}": "obs[0]",  # finite, absurd: inf inside the model
+        '{"obs": [0, 1e39' + ", 0" * (OBS_DIM - 2) + "]}": "obs[1]",  # overflows float32
+        '{"obs": [0, 0, -Infinity' + ", 0" * (OBS_DIM - 3) + "]}": "obs[2]",
+        '{"obs": ["nan"' + ", 0" * (OBS_DIM - 1) + "]}": "obs[0]",  # a string numpy would parse
+        '{"obs": [true' + ", 0" * (OBS_DIM - 1) + "]}": "obs[0]",
+    }
+    for body, field in cases.items():
+        answer = httpx.post(f"{url}/v1/act", content=body.encode(), headers=robot, timeout=10.0)
+        assert answer.status_code == 422, (body, answer.text)
+        detail = answer.json()["detail"]
+        assert detail["field"] == field and detail["reason"] and detail["fix"], detail
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert httpx.get(f"{url}{path}", timeout=10.0).status_code in (401, 404), path
+    assert proc.poll() is None

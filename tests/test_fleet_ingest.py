@@ -1,8 +1,15 @@
-"""Ingest service over real HTTP: idempotent storage, quarantine with readable reasons, fuzzing."""
+"""Ingest service over real HTTP: idempotent storage, quarantine with readable reasons, fuzzing,
+and the issue-20 invariants: a bad upload fails only itself, the quarantine is bounded, per-robot
+rate limit, disk full -> 507 + unhealthy, no unauthenticated API docs."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import stat
+import subprocess
+import threading
 from pathlib import Path
 
 import httpx
@@ -27,7 +34,10 @@ FUZZ_EXAMPLES = 100
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     root = tmp_path_factory.mktemp("ingest")
-    settings = with_free_ports(small_settings(root), max_upload_bytes=256 * 1024, commit_window_ms=5.0)
+    # the fuzz test sends 100 uploads from one robot at once: no rate limit here (tested below)
+    settings = with_free_ports(
+        small_settings(root), max_upload_bytes=256 * 1024, commit_window_ms=5.0, upload_rate_per_s=1e6, upload_burst=10**6
+    )
     layout = RuntimeLayout.of(settings).ensure()
     tokens = issue_tokens(layout.token_file, [ROBOT, "robot-0001"])
     with running_service(settings, "ingest") as proc:
@@ -164,3 +174,187 @@ def test_fuzzed_uploads_get_a_4xx_with_a_reason_and_store_nothing(fleet, upload)
         assert _dataset(settings).num_episodes == before
     assert proc.poll() is None
     assert httpx.get(f"{url}/healthz", timeout=5.0).status_code == 200
+
+
+# ------------------------------------------------------------------ issue 20 invariants
+def _with_column(episode, name: str, array) -> bytes:
+    return table_to_ipc(episode_to_table(episode).append_column(name, array))
+
+
+def test_a_malformed_upload_fails_only_itself_never_its_group_commit(fleet):
+    """Issue 20: an extra column, float32 in one upload and a 3-vector in another, gave 500 to every
+    honest upload committed in the same group, and the episode never left the robot's spool."""
+    settings, _, _ = fleet
+    n = 12
+    honest = [synthetic_episode(ROBOT, seed=100 + i, length=n) for i in range(4)]
+    scalar = _with_column(synthetic_episode(ROBOT, seed=110, length=n), "extra", pa.array(np.ones(n, np.float32)))
+    vector = _with_column(
+        synthetic_episode(ROBOT, seed=111, length=n), "extra",
+        pa.FixedSizeListArray.from_arrays(pa.array(np.ones(3 * n, np.float32)), 3),
+    )
+    bodies = [episode_to_ipc(e) for e in honest[:2]] + [scalar, vector] + [episode_to_ipc(e) for e in honest[2:]]
+    barrier = threading.Barrier(len(bodies))
+    results: list = [None] * len(bodies)
+
+    def send(i: int) -> None:
+        client = _client(fleet)
+        barrier.wait()  # all at once: they share group commits
+        results[i] = client.upload(bodies[i])
+        client.close()
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    good = [results[i] for i in (0, 1, 4, 5)]
+    assert [(r.status, r.http_status) for r in good] == [("added", 201)] * 4
+    for bad in (results[2], results[3]):
+        assert (bad.status, bad.http_status) == ("rejected", 422)  # a 4xx: the agent does not retry it
+        assert bad.detail["field"] == "extra" and "contract" in bad.detail["reason"] and bad.detail["fix"]
+    stored = {ep.episode_id for ep in _dataset(settings).episodes()}
+    assert {e.episode_id for e in honest} <= stored
+
+
+def test_one_conflicting_member_of_a_group_commit_fails_alone(tmp_path):
+    """The writer's fallback: a group whose commit fails is committed member by member."""
+    from components.episodes.dataset import IncomingEpisode
+    from components.fleet.ingest_service import GroupCommitWriter
+    from components.fleet.quarantine_box import BoundedQuarantine
+
+    settings = small_settings(tmp_path)
+    dataset = _dataset(settings)
+    original = synthetic_episode(ROBOT, seed=5)
+    dataset.ingest_tables([IncomingEpisode(episode_to_table(original), "first")], {ROBOT}, None)
+    tampered = dataclasses.replace(original, actions=original.actions + 1.0)  # same id, other content
+    honest = synthetic_episode(ROBOT, seed=6)
+    writer = GroupCommitWriter(dataset, {ROBOT}, BoundedQuarantine(settings.paths.quarantine, 10**6), 5.0, 2)
+    try:
+        futures = [
+            writer.submit(IncomingEpisode(episode_to_table(e), f"upload:{ROBOT}:{i}"), e.episode_id, episode_to_ipc(e))
+            for i, e in enumerate((tampered, honest))
+        ]
+        outcomes = [f.result(timeout=60) for f in futures]
+    finally:
+        writer.close()
+    assert [o.status for o in outcomes] == ["rejected", "added"]
+    assert outcomes[0].error.field == "episode_id" and outcomes[0].quarantined.reason_path.exists()
+    assert writer.commits >= 1 and honest.episode_id in {e.episode_id for e in _dataset(settings).episodes()}
+
+
+def test_api_docs_and_openapi_need_a_token_or_do_not_exist(fleet):
+    settings, _, _ = fleet
+    url = service_url(settings, "ingest")
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert httpx.get(f"{url}{path}", timeout=10.0).status_code in (401, 404), path
+
+
+@pytest.fixture(scope="module")
+def strict(tmp_path_factory):
+    """An ingest service with a small quarantine cap and a tight per-robot rate limit."""
+    root = tmp_path_factory.mktemp("ingest-strict")
+    settings = with_free_ports(small_settings(root), quarantine_max_bytes=8 * 1024, upload_rate_per_s=0.01, upload_burst=3)
+    layout = RuntimeLayout.of(settings).ensure()
+    tokens = issue_tokens(layout.token_file, [ROBOT, "robot-0001"])
+    with running_service(settings, "ingest") as proc:
+        yield settings, tokens, proc
+
+
+def test_quarantine_is_bounded_and_keeps_0644_files_each_with_a_reason(strict):
+    settings, tokens, _ = strict
+    client = IngestClient(service_url(settings, "ingest"), tokens.robots["robot-0001"], 10.0)
+    first, second, third = (client.upload(bytes([65 + i]) * 3000) for i in range(3))
+    client.close()
+    assert [r.http_status for r in (first, second, third)] == [400, 400, 400]  # still told why
+    assert all(r.detail["reason"] and r.detail["field"] for r in (first, second, third))
+    assert first.detail["quarantined_as"] and second.detail["quarantined_as"]
+    assert third.detail["quarantined_as"] is None  # cap reached: not kept (the robot keeps its own copy)
+    folder = Path(settings.paths.quarantine)
+    files = [p for p in folder.iterdir() if p.is_file()]
+    assert sum(p.stat().st_size for p in files) <= settings.runtime.quarantine_max_bytes
+    kept = [p for p in files if not p.name.endswith(".reason.json")]
+    assert len(kept) == 2
+    for path in kept:
+        assert path.stat().st_size == 3000 and read_reason(path)["reason"]
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+        assert stat.S_IMODE(Path(str(path) + ".reason.json").stat().st_mode) == 0o644
+
+
+def test_a_robot_over_its_upload_rate_gets_429_with_retry_after_and_others_do_not(strict):
+    settings, tokens, _ = strict
+    url = service_url(settings, "ingest")
+    headers = {"Authorization": f"Bearer {tokens.robots[ROBOT]}"}
+    answers = [httpx.post(f"{url}/v1/episodes", content=episode_to_ipc(synthetic_episode(ROBOT, seed=200 + i)), headers=headers, timeout=30.0) for i in range(4)]
+    assert [a.status_code for a in answers] == [201, 201, 201, 429]
+    limited = answers[-1]
+    assert int(limited.headers["retry-after"]) >= 1 and limited.json()["detail"]["field"] == "rate"
+    assert IngestClient(url, tokens.robots[ROBOT], 10.0).upload(b"x").retry_after_s >= 1  # the agent sees it
+    assert limited.json()["detail"]["fix"]
+
+
+def test_disk_full_answers_507_with_a_reason_and_healthz_turns_unhealthy(tmp_path):
+    settings = with_free_ports(small_settings(tmp_path), min_free_bytes=2**62)  # more than any disk has free
+    layout = RuntimeLayout.of(settings).ensure()
+    tokens = issue_tokens(layout.token_file, [ROBOT])
+    with running_service(settings, "ingest", require_healthy=False):
+        url = service_url(settings, "ingest")
+        health = httpx.get(f"{url}/healthz", timeout=10.0)
+        assert health.status_code == 503 and health.json()["restart"] is False
+        assert "min_free_bytes" in health.json()["reason"]
+        result = IngestClient(url, tokens.robots[ROBOT], 10.0).upload(episode_to_ipc(synthetic_episode(ROBOT, seed=9)))
+        assert (result.status, result.http_status) == ("retry", 507)  # kept in the spool, retried later
+        assert result.detail["field"] == "disk" and "full" in result.detail["reason"] and result.retry_after_s >= 1
+    assert _dataset(settings).num_episodes == 0 and not list(Path(settings.paths.quarantine).glob("*"))
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """``tmp_path/datasets`` on a 4 MiB tmpfs (needs root and mount; skipped elsewhere)."""
+    folder = tmp_path / "datasets"
+    folder.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a real full disk needs root to mount a small tmpfs")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode()[:200]}")
+    try:
+        yield tmp_path
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def _fill(folder: Path) -> Path:
+    """Write until the disk says no more (ENOSPC); returns the filler file."""
+    filler = folder / "filler"
+    with open(filler, "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def test_a_really_full_disk_answers_507_keeps_no_0_byte_files_and_recovers(tiny_disk):
+    settings = with_free_ports(small_settings(tiny_disk), min_free_bytes=0)  # no reserve: hit ENOSPC itself
+    layout = RuntimeLayout.of(settings).ensure()
+    tokens = issue_tokens(layout.token_file, [ROBOT])
+    with running_service(settings, "ingest"):
+        client = IngestClient(service_url(settings, "ingest"), tokens.robots[ROBOT], 30.0)
+        assert client.upload(episode_to_ipc(synthetic_episode(ROBOT, seed=20))).http_status == 201
+        filler = _fill(tiny_disk / "datasets")
+        episode = synthetic_episode(ROBOT, seed=21)
+        full = client.upload(episode_to_ipc(episode))
+        assert (full.status, full.http_status) == ("retry", 507), full.detail
+        assert full.detail["field"] == "disk" and full.retry_after_s >= 1
+        garbage = client.upload(b"G" * 5000)  # its quarantine write fails too: nothing half-written
+        assert garbage.http_status == 400 and garbage.detail["quarantined_as"] is None
+        quarantine = Path(settings.paths.quarantine)
+        leftovers = list(quarantine.iterdir()) if quarantine.exists() else []
+        assert not [p for p in leftovers if p.stat().st_size == 0 or not p.name.endswith(".reason.json") and not Path(str(p) + ".reason.json").exists()]
+        filler.unlink()
+        again = client.upload(episode_to_ipc(episode))  # what the robot's retry does
+        client.close()
+    assert (again.status, again.http_status) == ("added", 201)
+    assert _dataset(settings).num_episodes == 2

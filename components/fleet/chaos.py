@@ -2,7 +2,9 @@
 
     fleet up (coordinator + ingest + inference + trainer + R robots, N episodes each)
     -> after the first episodes are stored, kill targets at random gaps (seeded): robots, the
-       inference service, the ingest service, the trainer (once it has a checkpoint)
+       inference service, the ingest service, the trainer (once it has a checkpoint), the
+       coordinator (its members must stop by themselves; the runner then does what an operator's
+       `fleet up` or a service manager does: stops any member that outlived it, starts a new one)
     -> wait until every robot finished and uploaded, and the trainer resumed and went on
     -> fleet down; then audit, from disk only:
          finished   = every episode any robot spooled (ledger + pending + rejected)
@@ -21,8 +23,8 @@ import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
+import httpx
 import numpy as np
 
 from components.config import FleetConfig, Settings
@@ -30,13 +32,14 @@ from components.fleet.auth import SERVICE, issue_tokens, token_for
 from components.fleet.clients import CoordinatorClient
 from components.fleet.layout import RuntimeLayout
 from components.fleet.local import register_policy, service_url, with_free_ports
-from components.fleet.processes import ProcessSpec, kill_pid, pid_alive, start_process, stop_process, wait_healthy, write_settings
+from components.fleet.identity import fleet_processes, stop_verified, wait_gone
+from components.fleet.processes import ProcessSpec, kill_pid, start_process, stop_process, wait_healthy, write_settings
 from components.fleet.spool import Spool
 from components.fleet.trainer import STATUS_NAME
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("robot", "inference", "ingest", "trainer")
+TARGETS = ("robot", "inference", "ingest", "trainer", "coordinator")
 POLL_S = 0.25
 LOSS_WINDOW = 5  # steps averaged before/after a resume in the report
 
@@ -45,7 +48,7 @@ LOSS_WINDOW = 5  # steps averaged before/after a resume in the report
 class ChaosPlan:
     robots: int = 4
     episodes_per_robot: int = 30  # enough that data still arrives after the last kill on a quiet machine
-    kills: tuple[str, ...] = ("robot", "inference", "robot", "ingest", "trainer")  # robots finish first
+    kills: tuple[str, ...] = ("robot", "inference", "robot", "coordinator", "ingest", "trainer")  # robots finish first
     min_gap_s: float = 1.0
     max_gap_s: float = 2.5
     seed: int = 0
@@ -77,6 +80,7 @@ class ChaosReport:
     loss_steps_contiguous: bool = False
     completed: bool = False  # every robot finished before the timeout
     leaked_pids: list[int] = field(default_factory=list)
+    outlived_coordinator: int = 0  # members still running stop_grace_s * 2 after a coordinator SIGKILL
     seconds: float = 0.0
 
     def to_json(self) -> str:
@@ -184,19 +188,36 @@ def run_chaos(settings: Settings, plan: ChaosPlan) -> ChaosReport:
     rng = np.random.default_rng(plan.seed)
     report = ChaosReport(plan.robots, plan.episodes_per_robot)
     service_token = token_for(SERVICE, layout.token_file, settings.runtime.tokens)
-    coordinator = start_process(ProcessSpec("coordinator", "coordinator"), settings_file, layout.logs)
-    client = CoordinatorClient(service_url(settings, "coordinator"), service_token, 5.0)
-    seen_pids: set[int] = {coordinator.pid}
-    start = time.monotonic()
-    try:
-        if not wait_healthy(service_url(settings, "coordinator"), plan.timeout_s, coordinator):
-            raise RuntimeError(f"coordinator did not start; see {layout.logs / 'coordinator.log'}")
-        deadline = start + plan.timeout_s
+    grace = settings.runtime.stop_grace_s
+    url = service_url(settings, "coordinator")
 
+    def start_coordinator():
+        proc = start_process(ProcessSpec("coordinator", "coordinator"), settings_file, layout.logs)
+        if not wait_healthy(url, plan.timeout_s, proc):
+            stop_process(proc, grace)
+            raise RuntimeError(f"coordinator did not start; see {layout.logs / 'coordinator.log'}")
+        return proc
+
+    client = CoordinatorClient(url, service_token, 5.0)
+    start = time.monotonic()
+    deadline = start + plan.timeout_s
+    carried: dict[str, int] = {}  # restarts counted by coordinators since killed (+1: the next one started them)
+    coordinator_restarts = 0
+    coordinator = start_coordinator()
+    try:
         def status() -> dict:
-            body = client.status()
-            seen_pids.update(m["pid"] for m in body["members"].values() if m["pid"])
-            return body
+            while True:  # bounded: a coordinator being replaced answers again within the deadline
+                try:
+                    return client.status()
+                except httpx.HTTPError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(POLL_S)
+
+        def restarts() -> dict[str, int]:
+            now = {n: m["restarts"] for n, m in status()["members"].items()}
+            total = {n: now.get(n, 0) + carried.get(n, 0) for n in {*now, *carried}}
+            return {n: c for n, c in total.items() if c} | ({"coordinator": coordinator_restarts} if coordinator_restarts else {})
 
         def stored_episodes() -> int:
             robots = status()["members"]
@@ -211,6 +232,20 @@ def run_chaos(settings: Settings, plan: ChaosPlan) -> ChaosReport:
                 while _trainer_status(layout).get("step", 0) < settings.runtime.checkpoint_every and time.monotonic() < deadline:
                     time.sleep(POLL_S)  # "resumed from a checkpoint" needs one to exist
             members = status()["members"]
+            if target == "coordinator":
+                for name, member in members.items():
+                    carried[name] = carried.get(name, 0) + member["restarts"] + 1
+                pid = coordinator.pid
+                kill_pid(pid)
+                coordinator.wait()
+                report.faults.append(Fault(round(time.monotonic() - fleet_up, 2), "coordinator", pid))
+                log.info("chaos: SIGKILL coordinator (pid %d)", pid)
+                outlived = wait_gone(fleet_processes(settings_file), grace * 2, POLL_S)
+                report.outlived_coordinator += len(outlived)
+                stop_verified(outlived, grace, POLL_S)  # what `fleet up` does with orphans
+                coordinator = start_coordinator()
+                coordinator_restarts += 1
+                continue
             if target == "robot":
                 running = sorted(n for n, m in members.items() if m["role"] == "robot" and m["alive"] and not m["done"])
                 if not running:
@@ -238,25 +273,16 @@ def run_chaos(settings: Settings, plan: ChaosPlan) -> ChaosReport:
             time.sleep(POLL_S)
         killed = {f.target for f in report.faults}
         while time.monotonic() < deadline:  # a kill just before the robots finished: give the restart time
-            members = status()["members"]
-            if all(members.get(t, {}).get("restarts", 0) >= 1 for t in killed):
+            if all(restarts().get(t, 0) >= 1 for t in killed):
                 break
             time.sleep(POLL_S)
-        report.restarts = {n: m["restarts"] for n, m in status()["members"].items() if m["restarts"]}
+        report.restarts = restarts()
     finally:
         client.close()
-        stop_process(coordinator, settings.runtime.stop_grace_s * 4)
-        time.sleep(POLL_S)
-        report.leaked_pids = sorted(p for p in seen_pids if pid_alive(p) and _is_fleet_process(p))
-        for pid in report.leaked_pids:
-            kill_pid(pid)
+        stop_process(coordinator, grace * 4)
+        # everything this root still runs is a leak (found by command line, stopped verified)
+        leaked = wait_gone(fleet_processes(settings_file), grace, POLL_S)
+        report.leaked_pids = sorted(p.pid for p in leaked)
+        stop_verified(leaked, grace, POLL_S)
     report.seconds = round(time.monotonic() - start, 1)
     return audit(settings, report)
-
-
-def _is_fleet_process(pid: int) -> bool:
-    """Only ever kill our own: the command line must be a fleet serve process."""
-    try:
-        return b"components.fleet.serve" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False

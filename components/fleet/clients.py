@@ -51,6 +51,7 @@ class UploadResult:
     status: str
     http_status: int = 0
     detail: dict = field(default_factory=dict)
+    retry_after_s: float = 0.0  # the service's Retry-After (429/503/507), 0 when absent
 
     @property
     def stored(self) -> bool:
@@ -80,6 +81,14 @@ class InferenceClient:
         self._http.close()
 
 
+def _retry_after(response: httpx.Response) -> float:
+    """``Retry-After`` in seconds (the delta form; an HTTP date or garbage reads as 0)."""
+    try:
+        return max(0.0, float(response.headers.get("retry-after", "0")))
+    except ValueError:
+        return 0.0
+
+
 class IngestClient:
     def __init__(self, url: str, token: str, timeout_s: float) -> None:
         self._http = httpx.Client(base_url=url, headers=_auth(token), timeout=timeout_s)
@@ -97,9 +106,10 @@ class IngestClient:
             return UploadResult(str(body.get("status", "added")), response.status_code, body)
         detail = body.get("detail", body) if isinstance(body, dict) else {"reason": str(body)}
         detail = detail if isinstance(detail, dict) else {"reason": str(detail)}
-        # 401/403 may be fixed by the operator (token file); 408/429 and 5xx are transient.
+        # 401/403 may be fixed by the operator (token file); 408/429 and 5xx are transient. Every
+        # other 4xx is this upload's own fault: retrying it can never succeed.
         retry = response.status_code in (401, 403, 408, 429) or response.status_code >= 500
-        return UploadResult("retry" if retry else "rejected", response.status_code, detail)
+        return UploadResult("retry" if retry else "rejected", response.status_code, detail, _retry_after(response))
 
     def stats(self) -> dict:
         response = self._http.get(STATS_PATH)
@@ -134,13 +144,18 @@ class CoordinatorClient:
 class HeartbeatThread:
     """Renews ``name``'s lease with the coordinator every ``interval_s`` (a daemon thread)."""
 
-    def __init__(self, client: CoordinatorClient, name: str, interval_s: float, info: Callable[[], dict] = dict) -> None:
+    def __init__(
+        self, client: CoordinatorClient, name: str, interval_s: float, info: Callable[[], dict] = dict,
+        healthy: Callable[[], bool] = lambda: True,
+    ) -> None:
         import threading
 
         self.client = client
         self.name = name
         self.interval_s = interval_s
         self.info = info
+        self.healthy = healthy
+        self.skipped = 0  # renewals withheld because the member was unhealthy
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
@@ -154,5 +169,8 @@ class HeartbeatThread:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.client.heartbeat(self.name, self.info())
+            if self.healthy():  # a member that cannot do its job lets its lease lapse
+                self.client.heartbeat(self.name, self.info())
+            else:
+                self.skipped += 1
             self._stop.wait(self.interval_s)

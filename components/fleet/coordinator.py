@@ -1,8 +1,12 @@
 """The coordinator: starts every fleet process, holds their leases, restarts what dies.
 
     start: ingest, inference, trainer, one robot agent per robot id (each its own OS process)
-    every heartbeat_s (one supervisor thread):
-      exited?           -> restart (a finite robot that exited 0 is done, not dead)
+    every heartbeat_s (the supervisor thread; policy + canary on a second one, so a slow registry
+    never delays a restart):
+      exited?           -> restart after a backoff: restart_backoff_s * 2^(failures in a row),
+                           capped at restart_backoff_max_s; a member that beats (or answers
+                           /healthz) after its start resets the count. A finite robot that
+                           exited 0 is done, not dead
       lease expired?    -> robots/trainer renew theirs by POST /v1/heartbeat; silent longer
                            than lease_s (startup_grace_s before the first beat) = hung: SIGKILL
                            + restart
@@ -12,6 +16,12 @@
       canary            -> every canary_check_s, CanaryRollout.evaluate() (promote / roll back)
       status            -> state/status.json (what `fleetloop fleet status` prints)
     SIGTERM: stop every child (SIGTERM, then SIGKILL after stop_grace_s), then exit.
+    SIGKILL: every member watches it (components/fleet/identity.py: watch_parent) and stops.
+
+One coordinator per root: it holds an exclusive lock on ``state/coordinator.lock`` for its
+lifetime (the kernel drops it when the process dies, however it dies) and records its identity
+(pid, start time, command line) in ``state/coordinator.pid``, removed by the graceful shutdown.
+``state/status.json`` records every member's identity so `fleet down` can verify before it signals.
 
 HTTP (on runtime.coordinator_port): POST /v1/heartbeat (a robot may renew only its own lease;
 the service token renews any), GET /v1/status (service token), GET /healthz.
@@ -20,6 +30,7 @@ the service token renews any), GET /v1/status (service token), GET /healthz.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
@@ -36,7 +47,9 @@ from fastapi.responses import JSONResponse
 from components.config import Settings
 from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook
 from components.fleet.clients import HEARTBEAT_PATH, STATUS_PATH, base_url
-from components.fleet.http_server import add_health, auth_dependency, http_error, read_body_limited, serve
+from components.fleet.health import HealthProblem
+from components.fleet.http_server import NO_API_DOCS, add_health, auth_dependency, http_error, read_body_limited, serve
+from components.fleet.identity import ProcessIdentity, remove_pid_file_if_mine, write_pid_file
 from components.fleet.layout import RuntimeLayout, atomic_write
 from components.fleet.processes import ProcessSpec, kill_pid, start_process, stop_process, write_settings
 
@@ -46,6 +59,7 @@ SERVICES = ("ingest", "inference")
 LEASED = ("robot", "trainer")
 MAX_HEARTBEAT_BYTES = 16 * 1024
 PROBE_TIMEOUT_S = 1.0
+EVENTS_KEPT = 32  # per member, in memory: the newest start/stop lines
 
 
 @dataclass
@@ -62,6 +76,11 @@ class Member:
     last_exit: int | None = None
     info: dict = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
+    identity: ProcessIdentity | None = None
+    failures: int = 0  # restarts in a row without a heartbeat / healthy probe in between
+    restart_at: float | None = None  # a restart is scheduled for this monotonic time
+    backoff_s: float = 0.0  # the last restart delay chosen
+    delays: list[float] = field(default_factory=list)  # restart delays chosen, newest last (bounded)
 
     @property
     def pid(self) -> int | None:
@@ -69,6 +88,11 @@ class Member:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+def restart_delay(failures: int, initial_s: float, max_s: float) -> float:
+    """Delay before the next restart of a member that failed ``failures`` times in a row."""
+    return min(max_s, initial_s * 2**failures)
 
 
 class Coordinator:
@@ -92,37 +116,54 @@ class Coordinator:
         self._last_alias_poll = float("-inf")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
+        self._policy_thread = threading.Thread(target=self._run_policy, name="policy", daemon=True)
         self._registry = None
         self._rollout = None
 
     # ------------------------------------------------------------------ processes
     def _start(self, member: Member, reason: str) -> None:
-        member.proc = start_process(member.spec, self.settings_file, self.layout.logs)
+        member.proc = start_process(member.spec, self.settings_file, self.layout.logs, parent_watch=True)
+        member.identity = ProcessIdentity.of(member.proc.pid)
         member.started = time.monotonic()
         member.last_beat = None
         member.unhealthy_since = None
+        member.restart_at = None
+        del member.events[:-EVENTS_KEPT]
         member.events.append(f"{time.time():.3f} start ({reason}) pid {member.proc.pid}")
         log.info("started %s pid %d (%s)", member.spec.name, member.proc.pid, reason)
 
-    def _restart(self, member: Member, reason: str, kill: bool) -> None:
+    def _restart(self, member: Member, reason: str, kill: bool, now: float | None = None) -> None:
+        """Kill (if asked) now; start again after the backoff (exponential in failures, capped)."""
         if kill and member.proc is not None and member.proc.poll() is None:
             kill_pid(member.proc.pid)
             member.proc.wait()
-        member.restarts += 1
-        log.warning("restarting %s: %s", member.spec.name, reason)
-        self._start(member, reason)
+        now = time.monotonic() if now is None else now
+        member.backoff_s = restart_delay(member.failures, self.cfg.restart_backoff_s, self.cfg.restart_backoff_max_s)
+        member.failures += 1
+        member.restart_at = now + member.backoff_s
+        member.delays = [*member.delays[-EVENTS_KEPT + 1 :], member.backoff_s]
+        member.events.append(f"{time.time():.3f} down ({reason}); restart in {member.backoff_s:.2f}s")
+        log.warning("restarting %s in %.2fs (failure %d in a row): %s", member.spec.name, member.backoff_s, member.failures, reason)
+
+    def _beat(self, member: Member, now: float) -> None:
+        """The member does its job: its lease is renewed and its failure streak ends."""
+        member.last_beat = now
+        member.failures = 0
 
     def start(self) -> None:
         with self.lock:
             for member in self.members.values():
                 self._start(member, "fleet up")
+        self.write_status()  # every member's identity is on disk before anything can go wrong
         self._thread.start()
+        self._policy_thread.start()
 
     def stop(self) -> None:
         """Stop supervising, then every child (SIGTERM, SIGKILL after the grace period)."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10.0)
+        for thread in (self._thread, self._policy_thread):
+            if thread.is_alive():
+                thread.join(timeout=10.0)
         with self.lock:
             for member in self.members.values():
                 if member.proc is not None and member.proc.poll() is None:
@@ -140,24 +181,35 @@ class Coordinator:
             member = self.members.get(name)
             if member is None:
                 raise http_error(404, "name", f"{name!r} is not a member of this fleet", "check the robot id")
-            member.last_beat = time.monotonic()
+            self._beat(member, time.monotonic())
             member.info = info
 
     def _probe(self, member: Member) -> bool:
+        """True while the service answers /healthz as able to work, or as degraded in a way a
+        restart cannot fix (disk full: the reason goes to its info, it is not restarted)."""
         port = self.cfg.ingest_port if member.spec.role == "ingest" else self.cfg.inference_port
         try:
             response = httpx.get(f"{base_url(self.cfg.host, port)}/healthz", timeout=PROBE_TIMEOUT_S)
-        except httpx.HTTPError:
+            body = response.json()
+        except (httpx.HTTPError, ValueError):
             return False
         if response.status_code != 200:
-            return False
+            degraded = isinstance(body, dict) and body.get("restart") is False
+            member.info = {"degraded": str(body.get("reason", ""))} if degraded else member.info
+            return degraded
+        member.info = {}
         if member.spec.role == "inference":
-            self.served = {k: int(v) for k, v in response.json().get("served", {}).items()}
+            self.served = {k: int(v) for k, v in body.get("served", {}).items()}
         return True
 
     def check(self, member: Member, now: float) -> None:
         """One member's liveness: exit, lease or health; restart when needed."""
         if member.done or member.proc is None:
+            return
+        if member.restart_at is not None:
+            if now >= member.restart_at:
+                member.restarts += 1
+                self._start(member, f"restart after {member.backoff_s:.2f}s backoff")
             return
         code = member.proc.poll()
         if code is not None:
@@ -167,22 +219,23 @@ class Coordinator:
                 member.events.append(f"{time.time():.3f} done")
                 log.info("%s finished its episodes", member.spec.name)
                 return
-            self._restart(member, f"exited with code {code}", kill=False)
+            self._restart(member, f"exited with code {code}", kill=False, now=now)
             return
         age = now - (member.last_beat if member.last_beat is not None else member.started)
         if member.spec.role in LEASED:
             limit = self.cfg.lease_s if member.last_beat is not None else self.cfg.startup_grace_s
             if age > limit:
-                self._restart(member, f"lease expired ({age:.1f}s without a heartbeat)", kill=True)
+                self._restart(member, f"lease expired ({age:.1f}s without a heartbeat)", kill=True, now=now)
             return
         if self._probe(member):
-            member.last_beat, member.unhealthy_since = now, None
+            self._beat(member, now)
+            member.unhealthy_since = None
             return
         if now - member.started < self.cfg.startup_grace_s and member.last_beat is None:
             return  # still starting
         member.unhealthy_since = member.unhealthy_since or now
         if now - member.unhealthy_since > self.cfg.lease_s:
-            self._restart(member, "health check failing", kill=True)
+            self._restart(member, "health check failing", kill=True, now=now)
 
     # ------------------------------------------------------------------ policy
     def _registry_handle(self):
@@ -209,7 +262,7 @@ class Coordinator:
             self.stale_since = self.stale_since or now
             if now - self.stale_since > self.cfg.max_staleness_s:
                 with self.lock:
-                    self._restart(inference, f"serving {self.served}, registry says {wanted}: staleness bound", kill=True)
+                    self._restart(inference, f"serving {self.served}, registry says {wanted}: staleness bound", kill=True, now=now)
                 self.stale_since = None
         else:
             self.stale_since = None
@@ -221,20 +274,39 @@ class Coordinator:
 
     # ------------------------------------------------------------------ loop + status
     def tick(self) -> None:
+        """Liveness of every member, then status.json (never waits on the registry)."""
         now = time.monotonic()
         with self.lock:
             for member in self.members.values():
                 self.check(member, now)
+        self.write_status()
+
+    def policy_tick(self) -> None:
+        """Staleness + canary: on its own thread, since MLflow calls can take seconds."""
         try:
-            self.check_policy(now)
+            self.check_policy(time.monotonic())
         except Exception:  # noqa: BLE001 - a registry hiccup must not stop supervision
             log.exception("policy check failed; retrying next tick")
-        self.write_status()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.tick()
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - supervision must outlive any one bad tick
+                log.exception("supervisor tick failed; retrying next tick")
             self._stop.wait(self.cfg.heartbeat_s)
+
+    def _run_policy(self) -> None:
+        while not self._stop.is_set():
+            self.policy_tick()
+            self._stop.wait(self.cfg.heartbeat_s)
+
+    def problem(self) -> HealthProblem | None:
+        """Unhealthy when a supervising thread died (it would supervise nothing)."""
+        for thread in (self._thread, self._policy_thread):
+            if thread.ident is not None and not thread.is_alive() and not self._stop.is_set():
+                return HealthProblem(f"the {thread.name} thread is dead", restart=True)
+        return None
 
     def status(self) -> dict:
         now = time.monotonic()
@@ -243,7 +315,10 @@ class Coordinator:
                 name: {
                     "role": m.spec.role,
                     "pid": m.pid,
+                    "identity": m.identity.to_dict() if m.identity is not None else None,
                     "alive": m.alive(),
+                    "failures": m.failures,
+                    "restart_in_s": None if m.restart_at is None else round(max(0.0, m.restart_at - now), 3),
                     "done": m.done,
                     "restarts": m.restarts,
                     "last_exit": m.last_exit,
@@ -273,12 +348,14 @@ def create_coordinator_app(coordinator: Coordinator, book: TokenBook) -> FastAPI
     async def lifespan(app: FastAPI):
         coordinator.start()
         yield
+        # here, not in a `finally` around serve(): uvicorn re-raises SIGTERM after this shutdown
         await asyncio.to_thread(coordinator.stop)
+        remove_pid_file_if_mine(coordinator.layout.coordinator_pid_file)
 
-    app = FastAPI(title="fleetloop coordinator", lifespan=lifespan)
+    app = FastAPI(title="fleetloop coordinator", lifespan=lifespan, **NO_API_DOCS)
     member_auth = auth_dependency(book, [ROBOT, SERVICE])
     service_only = auth_dependency(book, [SERVICE])
-    add_health(app, lambda: {"service": "coordinator"})
+    add_health(app, lambda: {"service": "coordinator"}, coordinator.problem)
 
     @app.post(HEARTBEAT_PATH)
     async def heartbeat(request: Request, principal: Principal = Depends(member_auth)) -> JSONResponse:
@@ -297,12 +374,33 @@ def create_coordinator_app(coordinator: Coordinator, book: TokenBook) -> FastAPI
     return app
 
 
-def run_coordinator(settings: Settings, book: TokenBook) -> None:
-    """The coordinator process: supervise the fleet until SIGTERM/SIGINT."""
-    coordinator = Coordinator(settings)
-    atomic_write(coordinator.layout.coordinator_pid_file, str(os.getpid()).encode())
+class CoordinatorAlreadyRunning(RuntimeError):
+    """Another coordinator holds this root's lock."""
+
+
+def hold_root_lock(layout: RuntimeLayout) -> int:
+    """Take ``state/coordinator.lock`` for this process's lifetime (the fd stays open), or raise."""
+    layout.state.mkdir(parents=True, exist_ok=True)
+    fd = os.open(layout.coordinator_lock_file, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        serve(create_coordinator_app(coordinator, book), settings.runtime.host, settings.runtime.coordinator_port)
-    finally:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise CoordinatorAlreadyRunning(
+            f"{layout.coordinator_lock_file} is held: a coordinator already runs for {layout.root}; "
+            "`fleetloop fleet status` shows it, `fleetloop fleet down` stops it"
+        ) from None
+    return fd
+
+
+def run_coordinator(settings: Settings, book: TokenBook) -> None:
+    """The coordinator process: supervise the fleet until SIGTERM/SIGINT (one per root)."""
+    layout = RuntimeLayout.of(settings).ensure()
+    hold_root_lock(layout)  # before any member starts: never two sets on one root
+    coordinator = Coordinator(settings)
+    write_pid_file(layout.coordinator_pid_file)
+    try:
+        serve(create_coordinator_app(coordinator, book), settings.runtime.host, settings.runtime.coordinator_port, settings.runtime.max_connections)
+    finally:  # reached on SIGINT or a start-up error (SIGTERM is handled by the lifespan)
         coordinator.stop()
-        coordinator.layout.coordinator_pid_file.unlink(missing_ok=True)
+        remove_pid_file_if_mine(layout.coordinator_pid_file)

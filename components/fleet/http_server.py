@@ -15,9 +15,12 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from components.fleet.auth import AuthError, Principal, TokenBook
+from components.fleet.health import HealthProblem
 
 log = logging.getLogger(__name__)
 HEALTH_PATH = "/healthz"
+# No /docs, /redoc or /openapi.json: they would answer without a token (the API is in the README).
+NO_API_DOCS = {"docs_url": None, "redoc_url": None, "openapi_url": None}
 
 
 def http_error(status: int, field: str, reason: str, fix: str) -> HTTPException:
@@ -61,16 +64,23 @@ async def read_body_limited(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def add_health(app: FastAPI, info: Callable[[], dict] = dict) -> None:
-    """``GET /healthz``: liveness only, no secrets, no auth."""
+def add_health(app: FastAPI, info: Callable[[], dict] = dict, problem: Callable[[], HealthProblem | None] = lambda: None) -> None:
+    """``GET /healthz``, no secrets, no auth: 200 while the service can do its job, else 503 with
+    the reason and whether a restart would help (components/fleet/health.py)."""
 
     @app.get(HEALTH_PATH)
     async def healthz() -> JSONResponse:
+        found = await asyncio.to_thread(problem)
+        if found is not None:
+            return JSONResponse({"ok": False, "restart": found.restart, "reason": found.reason, **info()}, status_code=503)
         return JSONResponse({"ok": True, **info()})
 
 
-def serve(app: FastAPI, host: str, port: int, access_log: bool = True) -> None:
-    """Run ``app`` until SIGINT/SIGTERM. Logging is the caller's (tokens redacted), not uvicorn's."""
-    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=access_log, lifespan="on")
+def serve(app: FastAPI, host: str, port: int, max_connections: int, access_log: bool = True) -> None:
+    """Run ``app`` until SIGINT/SIGTERM (503 past ``max_connections`` at once). Logging is the
+    caller's (tokens redacted), not uvicorn's."""
+    config = uvicorn.Config(
+        app, host=host, port=port, log_config=None, access_log=access_log, lifespan="on", limit_concurrency=max_connections
+    )
     server = uvicorn.Server(config)
     asyncio.run(server.serve())

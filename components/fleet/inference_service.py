@@ -20,6 +20,7 @@ import asyncio
 import io
 import json
 import logging
+import math
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -38,7 +39,8 @@ from components.config import Settings
 from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook
 from components.fleet.canary import assigned_alias
 from components.fleet.clients import ACT_PATH, POLICY_PATH, STATS_PATH
-from components.fleet.http_server import add_health, auth_dependency, http_error, read_body_limited
+from components.fleet.health import HealthProblem
+from components.fleet.http_server import NO_API_DOCS, add_health, auth_dependency, http_error, read_body_limited
 from components.fleet.layout import RuntimeLayout, atomic_write
 
 log = logging.getLogger(__name__)
@@ -239,6 +241,10 @@ class DynamicBatcher:
             except asyncio.CancelledError:
                 pass
 
+    def alive(self) -> bool:
+        """The batching task runs (before start: not yet judged)."""
+        return self._task is None or not self._task.done()
+
     async def submit(self, alias: str, obs: np.ndarray) -> tuple[np.ndarray, ServedModel]:
         assert self._queue is not None, "batcher not started"
         future = asyncio.get_running_loop().create_future()
@@ -324,19 +330,29 @@ class _LazyRegistry:
         return self._get().load(version)
 
 
-def parse_obs(body: bytes, obs_dim: int) -> np.ndarray:
-    """``{"obs": [n floats]}`` -> float32 (n,), or a 422 naming the problem."""
+def parse_obs(body: bytes, obs_dim: int, max_abs: float) -> np.ndarray:
+    """``{"obs": [n floats]}`` -> float32 (n,), or a 422 naming the offending element.
+
+    Only JSON numbers, finite, with ``|x| <= max_abs`` (runtime.max_abs_observation): a value the
+    model cannot be asked about is the caller's error, never a 500 blamed on the model.
+    """
+    fix = f"send {obs_dim} finite observation numbers with |x| <= {max_abs:g}"
     try:
         payload = json.loads(body)
         values = payload["obs"]
-        obs = np.asarray(values, dtype=np.float32)
     except (ValueError, KeyError, TypeError):
-        raise http_error(422, "obs", "body must be JSON {\"obs\": [numbers]}", f"send {obs_dim} observation floats") from None
-    if obs.shape != (obs_dim,):
-        raise http_error(422, "obs", f"expected {obs_dim} values, got shape {obs.shape}", f"send {obs_dim} observation floats")
-    if not np.isfinite(obs).all():
-        raise http_error(422, "obs", "NaN or inf in the observation", "send finite observation values")
-    return obs
+        raise http_error(422, "obs", "body must be JSON {\"obs\": [numbers]}", fix) from None
+    if not isinstance(values, list) or len(values) != obs_dim:
+        got = len(values) if isinstance(values, list) else type(values).__name__
+        raise http_error(422, "obs", f"expected a list of {obs_dim} numbers, got {got}", fix)
+    for i, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise http_error(422, f"obs[{i}]", f"not a number: {str(value)[:32]!r}", fix)
+        if not math.isfinite(value):
+            raise http_error(422, f"obs[{i}]", f"NaN or inf value ({value}) in the observation", fix)
+        if abs(value) > max_abs:
+            raise http_error(422, f"obs[{i}]", f"{value:g} is beyond runtime.max_abs_observation = {max_abs:g}", fix)
+    return np.asarray(values, dtype=np.float32)
 
 
 def create_inference_app(
@@ -377,10 +393,15 @@ def create_inference_app(
         await batcher.stop()
         await asyncio.to_thread(watcher.stop)
 
-    app = FastAPI(title="fleetloop inference", lifespan=lifespan)
+    app = FastAPI(title="fleetloop inference", lifespan=lifespan, **NO_API_DOCS)
     fleet_member = auth_dependency(book, [ROBOT, SERVICE])
     service_only = auth_dependency(book, [SERVICE])
-    add_health(app, lambda: {"service": "inference", "served": slots.versions()})
+    def problem() -> HealthProblem | None:
+        if not batcher.alive():
+            return HealthProblem("the batching task has stopped", restart=True)
+        return None
+
+    add_health(app, lambda: {"service": "inference", "served": slots.versions()}, problem)
 
     def alias_for(principal: Principal) -> str:
         canary_live = slots.get(cfg.canary_alias) is not None
@@ -388,7 +409,7 @@ def create_inference_app(
 
     @app.post(ACT_PATH)
     async def act(request: Request, principal: Principal = Depends(fleet_member)) -> JSONResponse:
-        obs = parse_obs(await read_body_limited(request, MAX_ACT_BYTES), obs_dim)
+        obs = parse_obs(await read_body_limited(request, MAX_ACT_BYTES), obs_dim, cfg.max_abs_observation)
         try:
             action, model = await batcher.submit(alias_for(principal), obs)
         except LookupError as exc:

@@ -1,15 +1,21 @@
 """The ingest service: robots upload finished episodes (Arrow IPC); stored exactly once.
 
     POST /v1/episodes (robot token, body = one episode as an Arrow IPC stream or Parquet)
+      -> per-robot rate limit (429 + Retry-After) -> disk reserve (507 + Retry-After)
       -> read (size-capped, decoded-size-capped, buffers validated) -> same robot as the token?
-      -> validated against the episode contract -> group commit: uploads arriving within
-         ``commit_window_ms`` are stored by one ``EpisodeDataset.ingest_tables`` call
+      -> validated alone against the episode contract (contract columns only) -> group commit:
+         uploads arriving within ``commit_window_ms`` are stored by one
+         ``EpisodeDataset.ingest_tables`` call; if that call fails, each upload is committed
+         alone, so a bad member fails only itself
       <- 201 added | 200 duplicate (already stored, same content) | 4xx + {field, reason, fix}
+         | 507 disk full (retry later) | 500 only for the one upload that could not be stored
 
 Delivery is at-least-once (robots retry until they get an answer); storage is exactly-once
 because the dataset dedupes by episode_id + content hash and commits atomically. A bad upload
-goes to quarantine with its reason and the reason is returned; an upload naming another robot is
-refused (403) and nothing of it is kept.
+goes to the bounded quarantine with its reason (``quarantined_as``; null when the cap is
+reached) and the reason is returned; an upload naming another robot is refused (403) and nothing
+of it is kept. ``/healthz`` is 503 while the disk is below ``min_free_bytes`` or the writer
+thread is dead.
 """
 
 from __future__ import annotations
@@ -24,29 +30,34 @@ import uuid
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from components.config import Settings
 from components.episodes.dataset import EpisodeDataset, IncomingEpisode
-from components.episodes.quarantine import QuarantinedFile, quarantine_bytes
-from components.episodes.schema import EPISODE_ID, PARQUET_MAGIC, ROBOT_ID
+from components.episodes.dataset import BOOKKEEPING_COLUMNS
+from components.episodes.quarantine import QuarantinedFile
+from components.episodes.schema import CONTRACT_COLUMNS, PARQUET_MAGIC, ROBOT_ID
 from components.episodes.validation import WHOLE_FILE, EpisodeValidationError, validate_episode_table
 from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook
 from components.fleet.clients import EPISODES_PATH, STATS_PATH
-from components.fleet.http_server import add_health, auth_dependency, http_error, read_body_limited
+from components.fleet.health import HealthProblem, disk_problem, is_no_space
+from components.fleet.http_server import NO_API_DOCS, add_health, auth_dependency, http_error, read_body_limited
+from components.fleet.quarantine_box import BoundedQuarantine
+from components.fleet.rate_limit import UploadRateLimiter, retry_after_header
 
 log = logging.getLogger(__name__)
 
 # An upload may decode to at most this many times its wire size (guards compressed IPC bombs).
 MAX_DECODE_RATIO = 16
 UNREADABLE_FIX = "send one episode as an Arrow IPC stream (components.episodes.schema.episode_to_ipc) or Parquet"
+ACCEPTED_COLUMNS = frozenset(CONTRACT_COLUMNS) | frozenset(BOOKKEEPING_COLUMNS)
+DISK_FULL_RETRY_S = 30.0  # Retry-After on 507: freeing disk space is an operator's job
 
 
 def read_upload(data: bytes, max_decoded_bytes: int, source: str) -> pa.Table:
@@ -94,7 +105,17 @@ def claimed_robots(table: pa.Table) -> set[str] | None:
 
 
 def prevalidate(table: pa.Table, known: set[str], dataset: EpisodeDataset, source: str) -> str:
-    """Validate before queueing (so one bad upload never fails a group commit); returns the episode id."""
+    """Validate alone, before queueing (so one bad upload never fails a group commit); returns the id.
+
+    Robots upload the contract's columns only: an extra column could clash with another
+    episode's column of the same name (a scalar here, a vector there) when stored together.
+    """
+    extra = sorted(set(table.column_names) - ACCEPTED_COLUMNS)
+    if extra:
+        raise EpisodeValidationError(
+            source, extra[0], f"column(s) {extra[:8]} are not in the episode contract",
+            f"drop them; the fleet ingest stores the contract columns only: {', '.join(CONTRACT_COLUMNS)}",
+        )
     try:
         episode = validate_episode_table(table, known, dataset.state_dim, dataset.action_dim, source)
     except EpisodeValidationError:
@@ -111,9 +132,11 @@ def prevalidate(table: pa.Table, known: set[str], dataset: EpisodeDataset, sourc
 class StoreOutcome:
     """What happened to one upload."""
 
-    status: str  # added | duplicate | quarantined
+    status: str  # added | duplicate | rejected | no_space | failed
     episode_id: str
-    quarantined: QuarantinedFile | None = None
+    error: EpisodeValidationError | None = None  # rejected: why
+    quarantined: QuarantinedFile | None = None  # rejected: where its bytes are kept (None: not kept)
+    reason: str = ""  # no_space | failed: what went wrong
 
 
 @dataclass
@@ -121,17 +144,22 @@ class _Pending:
     incoming: IncomingEpisode
     episode_id: str
     future: Future
+    data: bytes  # as uploaded: what quarantine keeps if the dataset refuses it
 
 
 class GroupCommitWriter:
-    """One writer thread; uploads queued within a short window are stored by one ingest call."""
+    """One writer thread; uploads queued within a short window are stored by one ingest call.
+
+    The group call fails as a whole (the dataset commits atomically); then every member is
+    committed alone, so a member that cannot be stored fails only itself.
+    """
 
     def __init__(
-        self, dataset: EpisodeDataset, known_robots: set[str], quarantine_dir: Path, window_s: float, max_items: int
+        self, dataset: EpisodeDataset, known_robots: set[str], quarantine: BoundedQuarantine, window_s: float, max_items: int
     ) -> None:
         self.dataset = dataset
         self.known_robots = known_robots
-        self.quarantine_dir = quarantine_dir
+        self.quarantine = quarantine
         self.window_s = window_s
         self.max_items = max_items
         self.commits = 0
@@ -139,10 +167,13 @@ class GroupCommitWriter:
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
         self._thread.start()
 
-    def submit(self, incoming: IncomingEpisode, episode_id: str) -> Future:
+    def submit(self, incoming: IncomingEpisode, episode_id: str, data: bytes) -> Future:
         future: Future = Future()
-        self._queue.put(_Pending(incoming, episode_id, future))
+        self._queue.put(_Pending(incoming, episode_id, future, data))
         return future
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def close(self) -> None:
         """Store what is queued, then stop."""
@@ -172,33 +203,60 @@ class GroupCommitWriter:
 
     def _commit(self, batch: list[_Pending]) -> None:
         try:
-            report = self.dataset.ingest_tables([p.incoming for p in batch], self.known_robots, self.quarantine_dir)
-        except Exception as exc:  # noqa: BLE001 - answered as 500 to every waiting upload; robots retry
-            log.exception("group commit of %d uploads failed", len(batch))
-            for pending in batch:
-                pending.future.set_exception(exc)
-            return
-        self.commits += 1
-        rejected = {q.source: q for q in report.quarantined}
-        added = set(report.added)
-        for pending in batch:
-            bad = rejected.get(pending.incoming.source)
-            if bad is not None:
-                outcome = StoreOutcome("quarantined", pending.episode_id, bad)
-            elif pending.episode_id in added:
-                outcome = StoreOutcome("added", pending.episode_id)
+            outcomes = self._store(batch)
+        except Exception as exc:  # noqa: BLE001 - the group failed as a whole: nothing of it was stored
+            if is_no_space(exc):
+                log.error("disk full: %d uploads not stored (%s)", len(batch), exc)
+                outcomes = [StoreOutcome("no_space", p.episode_id, reason=str(exc)[:200]) for p in batch]
+            elif len(batch) == 1:
+                outcomes = [self._alone_failed(batch[0], exc)]
             else:
-                outcome = StoreOutcome("duplicate", pending.episode_id)
+                log.warning("group commit of %d uploads failed (%s: %s); committing each alone", len(batch), type(exc).__name__, exc)
+                outcomes = []
+                for pending in batch:
+                    try:
+                        outcomes += self._store([pending])
+                    except Exception as alone:  # noqa: BLE001 - this member, and only it, fails
+                        outcomes.append(self._alone_failed(pending, alone))
+        for pending, outcome in zip(batch, outcomes):
             pending.future.set_result(outcome)
+
+    def _store(self, batch: list[_Pending]) -> list[StoreOutcome]:
+        """One atomic ingest call; raises if any member cannot be stored (nothing is then stored)."""
+        report = self.dataset.ingest_tables([p.incoming for p in batch], self.known_robots, None)
+        self.commits += 1
+        added = set(report.added)
         if report.added:
             log.info("stored %d episodes (%d uploads in one commit)", len(report.added), len(batch))
+        return [StoreOutcome("added" if p.episode_id in added else "duplicate", p.episode_id) for p in batch]
+
+    def _alone_failed(self, pending: _Pending, exc: Exception) -> StoreOutcome:
+        """Why one upload, committed alone, could not be stored."""
+        if is_no_space(exc):
+            return StoreOutcome("no_space", pending.episode_id, reason=str(exc)[:200])
+        if isinstance(exc, EpisodeValidationError):  # e.g. this id already names other content
+            log.warning("rejected %s: field %s: %s", pending.incoming.source, exc.field, exc.reason)
+            kept = self.quarantine.keep(pending.data, _quarantine_name(pending.incoming.source), exc)
+            return StoreOutcome("rejected", pending.episode_id, error=exc, quarantined=kept)
+        log.error("could not store %s alone", pending.incoming.source, exc_info=exc)
+        return StoreOutcome("failed", pending.episode_id, reason=f"{type(exc).__name__}: {str(exc)[:200]}")
+
+
+def _quarantine_name(source: str) -> str:
+    """``upload:<robot>:<id>`` -> ``upload-<robot>-<id>.bin``."""
+    return source.replace(":", "-") + ".bin"
 
 
 def _rejection(error: EpisodeValidationError, quarantined: QuarantinedFile | None, status: int) -> JSONResponse:
+    """A 4xx naming the field, the reason and the fix; ``quarantined_as`` is null if not kept."""
     detail = {"field": error.field, "reason": error.reason, "fix": error.fix}
-    if quarantined is not None:
-        detail["quarantined_as"] = quarantined.path.name
+    detail["quarantined_as"] = quarantined.path.name if quarantined is not None else None
     return JSONResponse({"detail": detail}, status_code=status)
+
+
+def _disk_full(reason: str) -> JSONResponse:
+    detail = {"field": "disk", "reason": f"the dataset's disk is full: {reason}", "fix": "retry later; the operator must free disk space"}
+    return JSONResponse({"detail": detail}, status_code=507, headers={"Retry-After": retry_after_header(DISK_FULL_RETRY_S)})
 
 
 def create_ingest_app(settings: Settings, book: TokenBook) -> FastAPI:
@@ -208,29 +266,47 @@ def create_ingest_app(settings: Settings, book: TokenBook) -> FastAPI:
     dataset = EpisodeDataset(paths.episodes, settings.episodes)
     known = settings.known_robots()
     state: dict[str, GroupCommitWriter] = {}
+    quarantine = BoundedQuarantine(paths.quarantine, cfg.quarantine_max_bytes)
+    limiter = UploadRateLimiter(cfg.upload_rate_per_s, cfg.upload_burst)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state["writer"] = GroupCommitWriter(
-            dataset, known, paths.quarantine, cfg.commit_window_ms / 1000.0, cfg.commit_max_episodes
+            dataset, known, quarantine, cfg.commit_window_ms / 1000.0, cfg.commit_max_episodes
         )
         yield
         await asyncio.to_thread(state["writer"].close)
 
-    app = FastAPI(title="fleetloop ingest", lifespan=lifespan)
+    def problem() -> HealthProblem | None:
+        writer = state.get("writer")
+        if writer is not None and not writer.alive():
+            return HealthProblem("the group-commit writer thread is dead", restart=True)
+        return disk_problem(paths.episodes, cfg.min_free_bytes)
+
+    app = FastAPI(title="fleetloop ingest", lifespan=lifespan, **NO_API_DOCS)
     robot_only = auth_dependency(book, [ROBOT])
     service_only = auth_dependency(book, [SERVICE])
-    add_health(app, lambda: {"service": "ingest"})
+    add_health(app, lambda: {"service": "ingest"}, problem)
 
-    def quarantine_upload(data: bytes, error: EpisodeValidationError, name: str) -> QuarantinedFile:
-        return quarantine_bytes(data, name, error, paths.quarantine)
+    def quarantine_upload(data: bytes, error: EpisodeValidationError, name: str) -> QuarantinedFile | None:
+        return quarantine.keep(data, name, error)
 
     @app.post(EPISODES_PATH)
     async def upload(request: Request, principal: Principal = Depends(robot_only)) -> JSONResponse:
+        wait_s = limiter.take(principal.name)
+        if wait_s > 0:
+            raise HTTPException(
+                429, {"field": "rate", "reason": f"more than {cfg.upload_burst} uploads at once or {cfg.upload_rate_per_s}/s "
+                      f"sustained from {principal.name}", "fix": "wait Retry-After seconds (runtime.upload_rate_per_s)"},
+                headers={"Retry-After": retry_after_header(wait_s)},
+            )
+        full = await asyncio.to_thread(disk_problem, paths.episodes, cfg.min_free_bytes)
+        if full is not None:
+            return _disk_full(full.reason)
         data = await read_body_limited(request, cfg.max_upload_bytes)
         upload_id = uuid.uuid4().hex[:12]
         source = f"upload:{principal.name}:{upload_id}"
-        name = f"upload-{principal.name}-{upload_id}.bin"
+        name = _quarantine_name(source)
         try:
             table = await asyncio.to_thread(read_upload, data, cfg.max_upload_bytes * MAX_DECODE_RATIO, source)
         except EpisodeValidationError as error:
@@ -251,11 +327,13 @@ def create_ingest_app(settings: Settings, book: TokenBook) -> FastAPI:
             log.warning("quarantined upload from %s: field %s: %s", principal.name, error.field, error.reason)
             return _rejection(error, kept, 422)
         incoming = IncomingEpisode(table=table, source=source)
-        outcome: StoreOutcome = await asyncio.wrap_future(state["writer"].submit(incoming, episode_id))
-        if outcome.status == "quarantined" and outcome.quarantined is not None:
-            q = outcome.quarantined
-            error = EpisodeValidationError(q.source, q.field, q.reason, q.fix)
-            return _rejection(error, q, 422)
+        outcome: StoreOutcome = await asyncio.wrap_future(state["writer"].submit(incoming, episode_id, data))
+        if outcome.status == "rejected" and outcome.error is not None:
+            return _rejection(outcome.error, outcome.quarantined, 422)
+        if outcome.status == "no_space":
+            return _disk_full(outcome.reason)
+        if outcome.status == "failed":
+            raise http_error(500, "episode", f"could not be stored: {outcome.reason}", "retried by the robot; see the ingest log")
         status = 201 if outcome.status == "added" else 200
         return JSONResponse({"status": outcome.status, "episode_id": episode_id}, status_code=status)
 

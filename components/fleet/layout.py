@@ -16,6 +16,7 @@ from components.config import FleetRuntimeConfig, Settings
 SETTINGS_FILE = "settings.json"
 STATUS_FILE = "status.json"
 COORDINATOR_PID_FILE = "coordinator.pid"
+COORDINATOR_LOCK_FILE = "coordinator.lock"
 GITIGNORE_BODY = "# fleet runtime state: spools, checkpoints, logs, tokens. Never commit.\n*\n"
 
 
@@ -68,6 +69,10 @@ class RuntimeLayout:
     @property
     def coordinator_pid_file(self) -> Path:
         return self.state / COORDINATOR_PID_FILE
+
+    @property
+    def coordinator_lock_file(self) -> Path:
+        return self.state / COORDINATOR_LOCK_FILE
 
     def ensure(self) -> "RuntimeLayout":
         """Create the folders (the base one self-ignoring for git)."""

@@ -40,13 +40,16 @@ def service_url(settings: Settings, role: str) -> str:
 
 
 @contextmanager
-def running_service(settings: Settings, role: str, timeout_s: float = START_TIMEOUT_S) -> Iterator[subprocess.Popen]:
-    """Start one HTTP service process, wait until healthy, stop it (and only it) on exit."""
+def running_service(
+    settings: Settings, role: str, timeout_s: float = START_TIMEOUT_S, require_healthy: bool = True
+) -> Iterator[subprocess.Popen]:
+    """Start one HTTP service process, wait until healthy (or, if not ``require_healthy``, until
+    ``/healthz`` answers at all), stop it (and only it) on exit."""
     settings_file = write_settings(settings)
     layout = RuntimeLayout.of(settings)
     proc = start_process(ProcessSpec(role, role), settings_file, layout.logs)
     try:
-        if not wait_healthy(service_url(settings, role), timeout_s, proc):
+        if not wait_healthy(service_url(settings, role), timeout_s, proc, any_answer=not require_healthy):
             log_tail = (layout.logs / f"{role}.log").read_text()[-3000:] if (layout.logs / f"{role}.log").exists() else ""
             raise RuntimeError(f"{role} service did not become healthy in {timeout_s}s; log tail:\n{log_tail}")
         yield proc

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from components.config import Settings
+from components.fleet.identity import PARENT_ENV
 from components.fleet.layout import RuntimeLayout, atomic_write
 
 ROLES = ("ingest", "inference", "trainer", "robot", "coordinator")
@@ -56,9 +57,16 @@ class ProcessSpec:
         return cmd
 
 
-def start_process(spec: ProcessSpec, settings_file: Path, log_dir: Path) -> subprocess.Popen:
-    """Start one fleet process in its own session, output appended to ``<log_dir>/<name>.log``."""
+def start_process(spec: ProcessSpec, settings_file: Path, log_dir: Path, parent_watch: bool = False) -> subprocess.Popen:
+    """Start one fleet process in its own session, output appended to ``<log_dir>/<name>.log``.
+
+    ``parent_watch``: the child dies with this process (the coordinator starts its members so);
+    without it (the CLI starting a detached coordinator) the child outlives its starter.
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != PARENT_ENV}
+    if parent_watch:
+        env[PARENT_ENV] = str(os.getpid())
     with open(log_dir / f"{spec.name}.log", "ab") as log:
         return subprocess.Popen(
             spec.command(settings_file),
@@ -67,6 +75,7 @@ def start_process(spec: ProcessSpec, settings_file: Path, log_dir: Path) -> subp
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             cwd=str(Path(__file__).resolve().parents[2]),
+            env=env,
         )
 
 
@@ -103,14 +112,16 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> bool:
-    """Poll ``url/healthz`` until it answers 200 (False on timeout or if ``proc`` exits)."""
+def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None, any_answer: bool = False) -> bool:
+    """Poll ``url/healthz`` until it answers 200 (any HTTP answer if ``any_answer``); False on
+    timeout or if ``proc`` exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             return False
         try:
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+            code = httpx.get(f"{url}/healthz", timeout=1.0).status_code
+            if code == 200 or any_answer:
                 return True
         except httpx.HTTPError:
             pass

@@ -3,17 +3,22 @@
     wait until inference answers -> run one episode: obs -> POST /v1/act -> sampled gripper -> env
       (inference times out mid-episode: hold a safe action, end the episode as interrupted)
     -> spool it (write-ahead, fsync) -> the uploader thread sends pending episodes with retries
-       and exponential backoff + jitter until the ingest service says stored (or rejects it)
+       and exponential backoff + jitter (at least the service's Retry-After on 429) until the
+       ingest service says stored, or rejects it (4xx: set aside in rejected/ with the reason)
+    an unreadable spool entry is set aside (unreadable/ + reason) and the uploader goes on; the
+    lease is renewed only while the uploader thread lives, so a dead uploader gets the robot
+    restarted
 
-Episode k of a robot always gets the same id and starting layout (seeded by seed, robot, k), and
-numbering resumes from the spool after a restart, so a crashed robot neither loses finished
-episodes nor reuses an id for different content. With ``runtime.robot_episodes = N`` the agent
+Episode k of a robot gets its id and starting layout from (seed, robot, spool epoch, k);
+numbering resumes from the spool after a restart and a lost spool starts a new random epoch, so a
+crashed or re-imaged robot neither loses finished episodes nor reuses an id for other content. With ``runtime.robot_episodes = N`` the agent
 exits 0 once N episodes are finished *and* uploaded.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -45,9 +50,9 @@ OPEN_JAW = -1.0
 UNAVAILABLE_VERSION = "unavailable"
 
 
-def episode_seed(seed: int, robot_id: str, index: int) -> int:
-    """Seed of a robot's k-th episode: stable across processes and restarts."""
-    return int(np.random.default_rng([seed, stable_robot_hash(robot_id), index, EPISODE_STREAM]).integers(2**31))
+def episode_seed(seed: int, robot_id: str, index: int, epoch: int = 0) -> int:
+    """Seed of a robot's k-th episode in a spool epoch: stable across processes and restarts."""
+    return int(np.random.default_rng([seed, stable_robot_hash(robot_id), epoch, index, EPISODE_STREAM]).integers(2**31))
 
 
 def safe_action(act_dim: int, jaw: float) -> np.ndarray:
@@ -81,6 +86,7 @@ class RobotReport:
     interrupted: int = 0
     uploaded: int = 0
     rejected: int = 0
+    unreadable: int = 0
 
 
 class Uploader:
@@ -105,12 +111,24 @@ class Uploader:
         self.wake.set()
         self._thread.join(timeout=5.0)
 
+    def alive(self) -> bool:
+        """The upload thread runs (what the robot's lease renewal depends on)."""
+        return self._thread.is_alive()
+
     def drain_once(self) -> bool:
         """Try every pending episode once; True when the spool is empty."""
         for item in self.spool.pending():
             if self._stop.is_set():
                 return False
-            result: UploadResult = self.ingest.upload(item.path.read_bytes())
+            try:
+                data = item.path.read_bytes()
+            except OSError as exc:
+                reason = f"unreadable spool entry ({type(exc).__name__}: {exc})"
+                kept = self.spool.set_aside_unreadable(item, reason)
+                self.report.unreadable += 1
+                log.error("episode %s: %s; set aside as %s, uploading the rest", item.episode_id, reason, kept)
+                continue
+            result: UploadResult = self.ingest.upload(data)
             if result.stored:
                 self.spool.ack(item, result.status)
                 self.report.uploaded += 1
@@ -120,7 +138,7 @@ class Uploader:
                 self.report.rejected += 1
                 log.error("episode %s rejected (%s): %s", item.episode_id, result.http_status, result.detail.get("reason"))
             else:
-                delay = self.backoff.next_delay()
+                delay = max(self.backoff.next_delay(), result.retry_after_s)
                 log.info("upload of %s deferred (%s %s); retry in %.2fs", item.episode_id, result.http_status, result.detail.get("reason", ""), delay)
                 self._stop.wait(delay)
                 return False
@@ -129,7 +147,13 @@ class Uploader:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.wake.clear()
-            empty = self.drain_once()
+            try:
+                empty = self.drain_once()
+            except Exception:  # noqa: BLE001 - one bad round must not end uploading; back off, go on
+                delay = self.backoff.next_delay()
+                log.exception("upload round failed; retrying in %.2fs", delay)
+                self._stop.wait(delay)
+                continue
             if empty:
                 self.idle.set()
                 self.wake.wait(timeout=1.0)
@@ -164,7 +188,7 @@ class RobotAgent:
     def run_episode(self, index: int) -> Episode:
         """One episode on the simulator; inference trouble ends it early as interrupted."""
         sim = self.settings.sim
-        seed = episode_seed(self.settings.seed, self.robot_id, index)
+        seed = episode_seed(self.settings.seed, self.robot_id, index, self.spool.epoch)
         env = make_env(sim, [self.robot_id], seed)
         versions: list[str] = []
 
@@ -200,7 +224,7 @@ class RobotAgent:
             self.policy_version = versions[0]
         length = len(states)
         return Episode(
-            episode_id=new_episode_id(np.random.default_rng([seed, index])),
+            episode_id=new_episode_id(np.random.default_rng([seed, index, self.spool.epoch])),
             robot_id=self.robot_id,
             task=sim.task,
             states=np.stack(states).astype(np.float32),
@@ -226,6 +250,7 @@ def run_robot(settings: Settings, robot_id: str, token: str, stop: threading.Eve
     stop = stop or threading.Event()
     layout = RuntimeLayout.of(settings)
     spool = Spool(layout.spool(robot_id))
+    claim = spool.claim()  # one agent per spool, or SpoolBusy (exit 1: the coordinator backs off)
     inference = InferenceClient(base_url(cfg.host, cfg.inference_port), token, cfg.inference_timeout_s)
     ingest = IngestClient(base_url(cfg.host, cfg.ingest_port), token, cfg.upload_timeout_s)
     agent = RobotAgent(settings, robot_id, inference, spool)
@@ -236,7 +261,8 @@ def run_robot(settings: Settings, robot_id: str, token: str, stop: threading.Eve
     def info() -> dict:
         return {"episodes": spool.next_index(), "pending": len(spool.pending()), "policy_version": agent.policy_version}
 
-    heartbeat = HeartbeatThread(coordinator, robot_id, cfg.heartbeat_s, info).start()
+    # no lease renewal while the uploader is dead: the coordinator then restarts this robot
+    heartbeat = HeartbeatThread(coordinator, robot_id, cfg.heartbeat_s, info, healthy=uploader.alive).start()
     from components.sim.factory import observation_dim
 
     obs_dim = observation_dim(settings.sim)
@@ -259,3 +285,4 @@ def run_robot(settings: Settings, robot_id: str, token: str, stop: threading.Eve
         heartbeat.stop()
         for client in (inference, ingest, coordinator):
             client.close()
+        os.close(claim)

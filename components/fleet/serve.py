@@ -14,6 +14,7 @@ from pathlib import Path
 
 from components.fleet.auth import SERVICE, TokenBook, configure_logging, token_for
 from components.fleet.clients import base_url
+from components.fleet.identity import watch_parent
 from components.fleet.layout import RuntimeLayout
 from components.fleet.processes import ROLES, read_settings
 
@@ -42,21 +43,27 @@ def main(argv: list[str] | None = None) -> int:
     book = TokenBook(layout.token_file, cfg.tokens)
     configure_logging(book.secrets)
     log.info("starting %s %s", args.role, args.name)
+    if args.role != "coordinator":
+        watch_parent(cfg.heartbeat_s, cfg.stop_grace_s)  # a member never outlives its coordinator
 
     if args.role == "ingest":
         from components.fleet.http_server import serve
         from components.fleet.ingest_service import create_ingest_app
 
-        serve(create_ingest_app(settings, book), cfg.host, cfg.ingest_port)
+        serve(create_ingest_app(settings, book), cfg.host, cfg.ingest_port, cfg.max_connections)
     elif args.role == "inference":
         from components.fleet.http_server import serve
         from components.fleet.inference_service import create_inference_app
 
-        serve(create_inference_app(settings, book), cfg.host, cfg.inference_port, access_log=False)  # one per control step
+        serve(create_inference_app(settings, book), cfg.host, cfg.inference_port, cfg.max_connections, access_log=False)  # one per control step
     elif args.role == "coordinator":
-        from components.fleet.coordinator import run_coordinator
+        from components.fleet.coordinator import CoordinatorAlreadyRunning, run_coordinator
 
-        run_coordinator(settings, book)
+        try:
+            run_coordinator(settings, book)
+        except CoordinatorAlreadyRunning as exc:
+            log.error("%s", exc)
+            return 1
     elif args.role == "trainer":
         from components.fleet.trainer import run_trainer
 

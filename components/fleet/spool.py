@@ -3,16 +3,21 @@
     finish episode k -> pending/<k>.<episode_id>.<content_hash>.arrow   (temp + fsync + rename)
     upload answered "stored" -> ledger.jsonl line (fsync) -> pending file removed
     upload answered 4xx      -> rejected/<file> + <file>.reason.json (kept for the operator)
+    pending file unreadable  -> unreadable/<file> + <file>.reason.json (kept; the uploader goes on)
 
 A crash at any point loses nothing: a pending file is uploaded again (the ingest service dedupes
 by id + content), a ledger line written twice is read once. ``next_index`` continues numbering
-after a restart, so an episode id is never reused for different content.
+after a restart. Episode ids are drawn from the spool's random ``epoch`` (``epoch`` file, made
+once per spool), so a robot whose local state was lost (re-imaged) starts a new epoch and never
+reuses an id that already names stored content.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +28,11 @@ from components.fleet.layout import atomic_write, fsync_dir
 
 PENDING = "pending"
 REJECTED = "rejected"
+UNREADABLE = "unreadable"
+EPOCH = "epoch"
+AGENT_LOCK = "agent.lock"
+REASON_SUFFIX = ".reason.json"
+EPOCH_BITS = 63
 LEDGER = "ledger.jsonl"
 SUFFIX = ".arrow"
 
@@ -31,6 +41,10 @@ def content_hash(table: pa.Table) -> str:
     """The hash the episode dataset stores for this episode (no carried meta): lets anyone check
     that what was stored is exactly what the robot finished."""
     return episode_content_hash(table)
+
+
+class SpoolBusy(RuntimeError):
+    """Another live process is this spool's agent."""
 
 
 @dataclass(frozen=True)
@@ -67,9 +81,45 @@ class Spool:
         self.folder = Path(folder)
         self.pending_dir = self.folder / PENDING
         self.rejected_dir = self.folder / REJECTED
+        self.unreadable_dir = self.folder / UNREADABLE
         self.ledger_path = self.folder / LEDGER
-        self.pending_dir.mkdir(parents=True, exist_ok=True)
-        self.rejected_dir.mkdir(parents=True, exist_ok=True)
+        for folder in (self.pending_dir, self.rejected_dir, self.unreadable_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.epoch = self._epoch()
+
+    def _epoch(self) -> int:
+        """This spool's random epoch: made once, read ever after (a lost spool gets a new one)."""
+        path = self.folder / EPOCH
+        try:
+            return int(path.read_text().strip())
+        except FileNotFoundError:
+            pass
+        except ValueError:
+            raise ValueError(f"{path}: not an integer epoch; restore it from a backup, or delete it to start a new epoch") from None
+        # create-if-absent, atomically: a full temp file hard-linked into place (first one wins)
+        tmp = path.with_name(f".{EPOCH}.{uuid.uuid4().hex}.tmp")
+        atomic_write(tmp, str(uuid.uuid4().int >> (128 - EPOCH_BITS)).encode())
+        try:
+            os.link(tmp, path)
+            fsync_dir(self.folder)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+        return int(path.read_text().strip())
+
+    def claim(self) -> int:
+        """Become this spool's only agent (an flock held until the process ends), or raise.
+
+        Two agents on one spool would number episodes alike and upload one id with two contents.
+        """
+        fd = os.open(self.folder / AGENT_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SpoolBusy(f"{self.folder}: another agent runs on this spool; one agent per robot (`fleetloop fleet status`)") from None
+        return fd
 
     def write(self, index: int, episode_id: str, content_hash: str, data: bytes) -> SpooledEpisode:
         """Durably keep one finished episode (the write-ahead step)."""
@@ -99,10 +149,18 @@ class Spool:
     def reject(self, item: SpooledEpisode, detail: dict) -> Path:
         """The service refused it for good: keep it aside with the service's reason."""
         target = self.rejected_dir / item.name
-        atomic_write(target.with_name(target.name + ".reason.json"), json.dumps(detail, indent=2).encode())
+        atomic_write(target.with_name(target.name + REASON_SUFFIX), json.dumps(detail, indent=2).encode())
         os.replace(item.path, target)
         fsync_dir(self.rejected_dir)
         self._append_ledger(item, "rejected")
+        return target
+
+    def set_aside_unreadable(self, item: SpooledEpisode, reason: str) -> Path:
+        """A pending entry that cannot be read: keep it (and why) out of the upload queue."""
+        target = self.unreadable_dir / item.name
+        atomic_write(target.with_name(target.name + REASON_SUFFIX), json.dumps({"reason": reason}, indent=2).encode())
+        os.replace(item.path, target)
+        fsync_dir(self.unreadable_dir)
         return target
 
     def ledger(self) -> list[LedgerEntry]:
@@ -123,13 +181,15 @@ class Spool:
         """Every episode this robot finished: episode_id -> content hash (pending, stored, rejected)."""
         done = {e.episode_id: e.content_hash for e in self.ledger()}
         done.update({p.episode_id: p.content_hash for p in self.pending()})
-        for path in self.rejected_dir.glob(f"*{SUFFIX}"):
-            item = _parse(path)
-            if item is not None:
-                done[item.episode_id] = item.content_hash
+        for item in self._set_aside():
+            done[item.episode_id] = item.content_hash
         return done
+
+    def _set_aside(self) -> list[SpooledEpisode]:
+        paths = [*self.rejected_dir.glob(f"*{SUFFIX}"), *self.unreadable_dir.glob(f"*{SUFFIX}")]
+        return [i for i in (_parse(p) for p in paths) if i is not None]
 
     def next_index(self) -> int:
         indices = [e.index for e in self.ledger()] + [p.index for p in self.pending()]
-        indices += [i.index for i in (_parse(p) for p in self.rejected_dir.glob(f"*{SUFFIX}")) if i is not None]
+        indices += [i.index for i in self._set_aside()]
         return max(indices) + 1 if indices else 0

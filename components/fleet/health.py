@@ -1,0 +1,52 @@
+"""What a member's health means: can it do its job right now (disk, threads), not just "is it up".
+
+    /healthz 200 {"ok": true, ...}                              healthy
+    /healthz 503 {"ok": false, "restart": false, "reason": ...} alive but degraded (disk full):
+                                                                 a restart would not help
+    /healthz 503 {"ok": false, "restart": true, "reason": ...}  broken (a worker thread died):
+                                                                 the coordinator restarts it
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+# errno values that mean "no room": the disk (or a quota) is full
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+NO_SPACE_TEXT = os.strerror(errno.ENOSPC)  # "No space left on device"
+
+
+@dataclass(frozen=True)
+class HealthProblem:
+    reason: str
+    restart: bool  # would restarting the process fix it?
+
+
+def disk_problem(path: Path, min_free_bytes: int) -> HealthProblem | None:
+    """Too little free space under ``path`` (its nearest existing ancestor) to store safely."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < min_free_bytes:
+        return HealthProblem(
+            f"{free} bytes free under {path}, below runtime.min_free_bytes = {min_free_bytes}", restart=False
+        )
+    return None
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """``exc`` (or what caused it) says the disk is full."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+            return True
+        if isinstance(exc, OSError) and NO_SPACE_TEXT in str(exc):  # pyarrow's IO errors carry no errno
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
