@@ -19,11 +19,11 @@ with ``read_consistency_interval=timedelta(0)``; forked children hang, so use ``
 from __future__ import annotations
 
 import dataclasses
-
 import json
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import lancedb
@@ -35,6 +35,7 @@ from lancedb.index import Bitmap, BTree, IvfPq
 from components.config import StoreConfig
 from components.episodes.record import Episode
 from components.store.encoder import WindowEncoder, encoder_fingerprint, encoder_from_state_dict
+from components.store.index_plan import IVF_PQ_MIN_ROWS, IvfPqPlan, plan_ivf_pq
 from components.store.windows import cut_windows
 
 VECTOR = "vector"
@@ -42,8 +43,14 @@ VECTOR = "vector"
 ENCODER_FINGERPRINT_KEY = "fleetloop:encoder_fingerprint"
 ENCODER_STATE_KEY = "fleetloop:encoder_state"
 ENCODER_STATE_MAX_BYTES = 1 << 20  # larger encoder states (learned nets) store only the fingerprint
-# IVF_PQ trains k-means on the rows present; below this it silently builds an empty index.
-IVF_PQ_MIN_ROWS = 256
+# ... the rows the vector index was last built on (upkeep rebuilds it as the table grows) ...
+INDEX_ROWS_KEY = "fleetloop:index_rows"
+# ... and how far the dataset's episodes are embedded (see EmbedCursor).
+EMBED_CURSOR_KEY = "fleetloop:embed_cursor"
+# Pruning stops this long before the oldest tagged version: LanceDB 0.40 refuses to prune a
+# tagged version (it cannot be told to skip them), and it fixes its cutoff only when it gets to
+# the prune step, after compaction.
+TAG_PRUNE_MARGIN = timedelta(hours=1)
 # Columns compared to decide whether a row changed. ``snapshot`` is left out on purpose: it
 # records the snapshot that last *changed* the row, so re-ingesting under a new snapshot is a no-op.
 CONTENT_COLUMNS = ("episode_id", "robot_id", "task", "start", "end", "success", "policy_version")
@@ -90,6 +97,37 @@ class UpsertReport:
     @property
     def changed(self) -> bool:
         return self.inserted + self.updated > 0
+
+
+@dataclass(frozen=True)
+class EmbedCursor:
+    """How far a dataset's episodes are embedded: the first ``episodes`` (in episode_index
+    order) all have segments, the last of them being ``last_episode_id``.
+
+    Kept in the table's metadata, so it travels with the table (and its versions). The id lets a
+    reader check the cursor still describes *this* dataset before trusting it.
+    """
+
+    episodes: int
+    last_episode_id: str
+
+
+@dataclass(frozen=True)
+class UpkeepReport:
+    """What ``SegmentStore.upkeep`` did: compaction, index fold or rebuild, version pruning."""
+
+    version_before: int
+    version_after: int
+    versions_before: int  # versions on disk
+    versions_after: int
+    bytes_before: int  # bytes of the table's directory
+    bytes_after: int
+    fragments_before: int
+    fragments_after: int
+    index_built: bool  # first build (the table crossed store.index_min_rows)
+    index_rebuilt: bool  # retrained: the table grew store.index_rebuild_growth× since the last build
+    pruned_before: datetime  # versions older than this were deleted (tagged ones are kept)
+    tags: dict[str, int]  # the tagged versions kept for lineage
 
 
 @dataclass(frozen=True)
@@ -208,6 +246,26 @@ class SegmentStore:
 
     def tags(self) -> dict[str, int]:
         return {name: int(info["version"]) for name, info in self._table.tags.list().items()}
+
+    def untag(self, name: str) -> None:
+        """Drop a tag: its version becomes prunable by ``optimize`` once it is old enough."""
+        self._table.tags.delete(name)
+
+    # ------------------------------------------------------------------ embed cursor
+
+    def embed_cursor(self) -> EmbedCursor | None:
+        """How far the dataset is embedded (None: never recorded, e.g. a new table)."""
+        blob = (self._table.schema.field(VECTOR).metadata or {}).get(EMBED_CURSOR_KEY.encode())
+        return EmbedCursor(**json.loads(blob)) if blob else None
+
+    def set_embed_cursor(self, cursor: EmbedCursor) -> None:
+        """Record the cursor (one small commit; none when it is unchanged, so a no-op ingest
+        keeps the version). Call it only after the episodes it covers are upserted."""
+        self._writable()
+        if cursor == self.embed_cursor():
+            return
+        blob = json.dumps(dataclasses.asdict(cursor), sort_keys=True)
+        self._table.update_field_metadata({"path": VECTOR, "metadata": {EMBED_CURSOR_KEY: blob}})
 
     # ------------------------------------------------------------------ encoder bookkeeping
 
@@ -420,12 +478,12 @@ class SegmentStore:
         return VECTOR in self._indexed_columns()
 
     def ensure_index(self) -> bool:
-        """Build the IVF_PQ index (cfg.metric) once the table has ``cfg.index_min_rows`` rows,
-        plus scalar indexes on the filter columns.
+        """Index upkeep on the ingest path: build IVF_PQ (cfg.metric) once the table has
+        ``cfg.index_min_rows`` rows, plus scalar indexes on the filter columns; afterwards fold
+        new rows into it (``optimize``) once ``cfg.index_fold_rows`` are unindexed.
 
-        Returns whether a vector index exists afterwards. Rows added later are searched flat
-        until ``optimize()`` folds them in. An existing index built with another metric raises
-        (queries would silently scan flat).
+        Returns whether a vector index exists afterwards. Unfolded rows are still found (searched
+        flat). An existing index built with another metric raises (queries would scan flat).
         """
         indexed = self._indexed_columns()
         if VECTOR in indexed:
@@ -437,6 +495,8 @@ class SegmentStore:
                     f"store.metric back, or call store.rebuild_index()"
                 )
             self._ensure_scalar_indexes(indexed)
+            if stats is not None and stats.num_unindexed_rows >= self.cfg.index_fold_rows:
+                self.optimize()
             return True
         rows = self.count()
         if rows < max(self.cfg.index_min_rows, IVF_PQ_MIN_ROWS):
@@ -444,6 +504,10 @@ class SegmentStore:
         self._build_vector_index(rows)
         self._ensure_scalar_indexes(self._indexed_columns())
         return True
+
+    def index_plan(self, rows: int | None = None) -> IvfPqPlan:
+        """The IVF_PQ sizes an index built now (or at ``rows`` rows) gets; see index_plan.py."""
+        return plan_ivf_pq(self.dim, self.count() if rows is None else rows, self.cfg)
 
     def rebuild_index(self) -> None:
         """Rebuild the vector index from scratch (after changing store.metric or its sizes)."""
@@ -454,20 +518,22 @@ class SegmentStore:
 
     def _build_vector_index(self, rows: int) -> None:
         self._writable()
-        if self.dim % self.cfg.index_sub_vectors:
-            raise ValueError(
-                f"store.index_sub_vectors={self.cfg.index_sub_vectors} must divide the vector "
-                f"dim {self.dim}; pick a divisor (e.g. {_divisor_near(self.dim, 16)})"
-            )
+        plan = self.index_plan(rows)
         self._table.create_index(
             VECTOR,
             config=IvfPq(
                 distance_type=self.cfg.metric,
-                num_partitions=max(1, min(self.cfg.index_partitions, rows // IVF_PQ_MIN_ROWS)),
-                num_sub_vectors=self.cfg.index_sub_vectors,
+                num_partitions=plan.partitions,
+                num_sub_vectors=plan.sub_vectors,
             ),
             replace=True,
         )
+        self._table.update_field_metadata({"path": VECTOR, "metadata": {INDEX_ROWS_KEY: str(rows)}})
+
+    def _index_rows(self) -> int | None:
+        """Rows the vector index was last built on (None: no index, or built before we recorded it)."""
+        value = (self._table.schema.field(VECTOR).metadata or {}).get(INDEX_ROWS_KEY.encode())
+        return int(value) if value and self.has_index() else None
 
     def _ensure_scalar_indexes(self, indexed: dict[str, str]) -> None:
         for column, kind in SCALAR_INDEXES:
@@ -475,14 +541,67 @@ class SegmentStore:
                 self._writable()
                 self._table.create_index(column, config=kind())
 
-    def optimize(self) -> int:
-        """Compact files and fold new rows into the index; returns the new version.
+    # ------------------------------------------------------------------ upkeep
 
-        Deletes versions older than ``cfg.retain_versions_days`` (tag the ones lineage needs).
+    def optimize(self) -> int:
+        """Compact small files, fold unindexed rows into the indexes and prune old versions;
+        returns the new version.
+
+        Prunes versions older than ``cfg.retain_versions_days`` except what lineage points at:
+        tagged versions (``tag``) are kept, and since LanceDB refuses to prune a tagged version,
+        pruning stops short of the oldest tag (``untag`` the ones no run needs any more).
         """
         self._writable()
-        self._table.optimize(cleanup_older_than=timedelta(days=self.cfg.retain_versions_days))
+        self._table.optimize(cleanup_older_than=datetime.now() - self._prune_before())
         return self.version
+
+    def _prune_before(self) -> datetime:
+        """The cutoff: versions created before it may be deleted."""
+        cutoff = datetime.now() - timedelta(days=self.cfg.retain_versions_days)
+        tagged = set(self.tags().values())
+        if tagged:
+            stamps = {int(v["version"]): v["timestamp"] for v in self._table.list_versions()}
+            oldest = min(stamps[v] for v in tagged if v in stamps)
+            cutoff = min(cutoff, oldest - TAG_PRUNE_MARGIN)
+        return cutoff
+
+    def upkeep(self) -> UpkeepReport:
+        """The scheduled maintenance: build the index if due, or retrain it once the table grew
+        ``cfg.index_rebuild_growth``× since its last build (partitions sized for the rows of
+        today); then compact, fold and prune (``optimize``). Safe to run at any time."""
+        self._writable()
+        before = (self.version, self._version_count(), self.disk_bytes(), self._fragments())
+        built = rebuilt = False
+        if not self.has_index():
+            built = self.ensure_index()
+        else:
+            index_rows = self._index_rows()
+            rows = self.count()
+            if index_rows is None or rows >= self.cfg.index_rebuild_growth * index_rows:
+                self.rebuild_index()
+                rebuilt = True
+        pruned_before = self._prune_before()
+        self.optimize()
+        return UpkeepReport(
+            version_before=before[0], version_after=self.version,
+            versions_before=before[1], versions_after=self._version_count(),
+            bytes_before=before[2], bytes_after=self.disk_bytes(),
+            fragments_before=before[3], fragments_after=self._fragments(),
+            index_built=built, index_rebuilt=rebuilt, pruned_before=pruned_before, tags=self.tags(),
+        )
+
+    def disk_bytes(self) -> int:
+        """Bytes of the table's directory: every version's data, indexes and manifests."""
+        root = self.uri / f"{self.cfg.table}.lance"
+        return sum(
+            os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(root) for name in names
+        )
+
+    def _version_count(self) -> int:
+        return len(self._table.list_versions())
+
+    def _fragments(self) -> int:
+        return int(self._table.stats()["fragment_stats"]["num_fragments"])
 
     # ------------------------------------------------------------------ reads
 
@@ -614,10 +733,6 @@ def _window_count(length: int, window: int, stride: int) -> int:
 def _vectors(column: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     return array.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
-
-
-def _divisor_near(n: int, target: int) -> int:
-    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - target))
 
 
 def _empty_result(n_queries: int, k: int, metric: str, version: int) -> SearchResult:
