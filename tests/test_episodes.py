@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -438,6 +439,25 @@ def test_a_slice_of_the_stored_episodes_reads_only_that_slice(ds, rng):
     assert list(ds.episodes(9)) == []
     (ds.root / "data" / "chunk-000" / "file-000.parquet").unlink()  # the first file is never opened
     assert [e.episode_id for e in ds.episodes(3)] == everything[3:]
+
+
+def test_frames_after_a_cursor_stream_only_the_files_that_hold_them(ds, rng):
+    for batch in range(3):  # three data files of 3 episodes
+        ds.add_episodes([make_episode(rng, f"robot-000{k}") for k in range(3)])
+    ids = ds.episode_ids()
+    assert ids == [e.episode_id for e in ds.episodes()] and ds.episode_ids(7) == ids[7:]
+    everything = ds.frames()
+    assert everything.num_rows == ds.num_frames
+    batches = list(ds.frame_batches(start=4))  # the cursor sits inside the second file
+    assert [len(set(b.column("episode_index").to_pylist())) for b in batches] == [2, 3]
+    tail = ds.frames(start=4)
+    assert tail.column("episode_id").unique().to_pylist() == ids[4:]
+    assert tail.equals(everything.slice(everything.num_rows - tail.num_rows))
+    assert ds.frames(2, 3).column("episode_id").unique().to_pylist() == [ids[2]]
+    assert ds.frames(start=9).num_rows == 0
+    (ds.root / "data" / "chunk-000" / "file-000.parquet").unlink()  # before the cursor: never opened
+    assert ds.frames(start=3).num_rows == tail.num_rows + everything.filter(
+        pc.equal(everything.column("episode_id"), ids[3])).num_rows
 
 
 def test_dataset_stats_refuse_rows_of_different_shapes_naming_the_column():

@@ -351,6 +351,17 @@ class EpisodeDataset:
         keep = [n for n in self._meta.column_names if parse_stats_column(n) is None]
         return self._meta.select(keep)
 
+    def episode_ids(self, start: int = 0, stop: int | None = None) -> list[str]:
+        """Episode ids in episode_index order (a slice of it), from the episodes table alone."""
+        if self._meta is None:
+            return []
+        return self._meta.take(pa.array(self._order()[start:stop], pa.int64())).column(EPISODE_ID).to_pylist()
+
+    def _order(self) -> np.ndarray:
+        """Rows of the episodes table in episode_index order."""
+        assert self._meta is not None
+        return np.argsort(self._meta.column(EPISODE_INDEX).to_numpy(), kind="stable")
+
     def robots(self) -> dict[str, int]:
         """Episodes per robot id."""
         if self._meta is None:
@@ -381,20 +392,41 @@ class EpisodeDataset:
         names = np.asarray(self._tasks, dtype=object)
         return table.append_column(TASK, pa.array(names[task_index] if len(task_index) else [], pa.string()))
 
-    def frames(self) -> pa.Table:
-        """All stored frames (LeRobot columns, ours, extras) with the ``task`` string joined in."""
-        tables = [pq.read_table(path) for path in self.data_files()]
+    def frames(self, start: int = 0, stop: int | None = None) -> pa.Table:
+        """Stored frames (LeRobot columns, ours, extras) with the ``task`` string joined in: all
+        of them, or those of episodes ``start:stop`` in episode_index order."""
+        tables = list(self.frame_batches(start, stop))
         if not tables:
             return pa.table({})
-        return self._with_task(pa.concat_tables(tables, promote_options="permissive"))
+        return pa.concat_tables(tables, promote_options="permissive")
+
+    def frame_batches(self, start: int = 0, stop: int | None = None) -> Iterator[pa.Table]:
+        """The frames of episodes ``start:stop`` (episode_index order), one table per data file,
+        reading only the files that hold them: a streaming reader whose cost follows the slice.
+
+        A consumer that follows the ingest keeps a cursor (the number of episodes it has seen)
+        and reads ``frame_batches(start=cursor)``; ``episodes(start=cursor)`` does the same per
+        episode.
+        """
+        if self._meta is None:
+            return
+        meta = self._meta.take(pa.array(self._order()[start:stop], pa.int64()))
+        if meta.num_rows == 0:
+            return
+        keys = list(zip(meta.column(META_DATA_CHUNK).to_pylist(), meta.column(META_DATA_FILE).to_pylist()))
+        wanted = set(meta.column(EPISODE_INDEX).to_pylist())
+        for key in dict.fromkeys(keys):  # files in the order their episodes come
+            table = pq.read_table(self.root / DATA_PATH.format(chunk_index=key[0], file_index=key[1]))
+            index = table.column(EPISODE_INDEX).to_numpy()
+            keep = np.isin(index, np.fromiter(wanted, dtype=np.int64, count=len(wanted)))
+            yield self._with_task(table if keep.all() else table.filter(pa.array(keep)))
 
     def episodes(self, start: int = 0, stop: int | None = None) -> Iterator[Episode]:
         """Stored episodes in episode_index order; ``start``/``stop`` pick a slice of that order
         without reading or decoding the episodes before it (a consumer following the ingest)."""
         if self._meta is None:
             return
-        order = np.argsort(self._meta.column(EPISODE_INDEX).to_numpy(), kind="stable")[start:stop]
-        meta = self._meta.take(pa.array(order, pa.int64()))
+        meta = self._meta.take(pa.array(self._order()[start:stop], pa.int64()))
         keys = list(zip(meta.column(META_DATA_CHUNK).to_pylist(), meta.column(META_DATA_FILE).to_pylist()))
         starts = meta.column(META_FROM).to_pylist()
         lengths = meta.column(META_LENGTH).to_pylist()
