@@ -5,9 +5,11 @@ Row contract (DESIGN.md): ``segment_id`` = f"{episode_id}:{start}", ``episode_id
 (fixed_size_list<float32>[dim]), ``policy_version``, ``snapshot``.
 
 Writes are idempotent: ``upsert`` dedupes the batch, drops rows whose stored content is already
-identical (so a no-op re-ingest commits nothing and the table version does not move), and
-``merge_insert``s the rest on ``segment_id``. Every commit is atomic, so an upsert that fails
-(bad input, crash) leaves the table at a valid version; rerunning it finishes the job.
+identical (so a no-op re-ingest commits nothing and the table version does not move), appends
+the rows whose ``segment_id`` is not stored and ``merge_insert``s the changed ones (a merge joins
+against the whole table; an append costs what the batch costs). One writer at a time (an
+``flock`` beside the table). Every commit is atomic, so an upsert that fails (bad input, crash)
+leaves the table at a valid version; rerunning it finishes the job.
 
 LanceDB facts this relies on (checked on 0.40, see STACK-NOTES.md): every write — even a
 merge_insert that changes nothing — makes a new version; duplicate keys inside one
@@ -19,9 +21,11 @@ with ``read_consistency_interval=timedelta(0)``; forked children hang, so use ``
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -381,13 +385,29 @@ class SegmentStore:
         episodes = len(set(rows.column("episode_id").to_pylist()))
         return dataclasses.replace(merged, episodes=episodes, segments=rows.num_rows, version_before=version_before, version_after=self.version)
 
+    @contextmanager
+    def _write_lock(self) -> Iterator[None]:
+        """One writer between "which keys are stored" and the write: two processes appending
+        the same new segments would otherwise both insert them."""
+        self.uri.mkdir(parents=True, exist_ok=True)
+        with open(self.uri / f".{self.cfg.table}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
     def _merge(self, rows: pa.Table, encoder: WindowEncoder, fingerprint: str) -> UpsertReport:
-        """Write the new/changed rows of one batch in one commit (none when nothing changed)."""
+        """Write one batch: new segments appended, changed ones merged (nothing when unchanged)."""
+        with self._write_lock():
+            return self._merge_locked(rows, encoder, fingerprint)
+
+    def _merge_locked(self, rows: pa.Table, encoder: WindowEncoder, fingerprint: str) -> UpsertReport:
         if self.encoder_fingerprint() is None and rows.num_rows:
             self._record_encoder(encoder, fingerprint)
         episode_ids = sorted(set(rows.column("episode_id").to_pylist()))
-        changed = self._changed_rows(rows, episode_ids)
-        inserted = updated = commits = 0
+        new, changed = self._new_and_changed_rows(rows, episode_ids)
+        commits = 0
         if changed.num_rows:
             result = (
                 self._table.merge_insert("segment_id")
@@ -395,11 +415,16 @@ class SegmentStore:
                 .when_not_matched_insert_all()
                 .execute(changed)
             )
-            inserted, updated, commits = int(result.num_inserted_rows), int(result.num_updated_rows), 1
+            commits += 1
+        if new.num_rows:
+            # keys known absent: a plain append, whose cost follows the batch (a merge joins
+            # against the whole table)
+            self._table.add(new)
+            commits += 1
         return UpsertReport(
-            episodes=len(episode_ids), duplicate_episodes=0, segments=rows.num_rows, inserted=inserted,
-            updated=updated, unchanged=rows.num_rows - changed.num_rows, commits=commits,
-            version_before=-1, version_after=-1,
+            episodes=len(episode_ids), duplicate_episodes=0, segments=rows.num_rows, inserted=new.num_rows,
+            updated=changed.num_rows, unchanged=rows.num_rows - new.num_rows - changed.num_rows,
+            commits=commits, version_before=-1, version_after=-1,
         )
 
     def _segment_rows(
@@ -441,10 +466,12 @@ class SegmentStore:
             schema=segment_schema(self.dim),
         )
 
-    def _changed_rows(self, rows: pa.Table, episode_ids: list[str]) -> pa.Table:
-        """The rows that are new or differ from what is stored (ignoring ``snapshot``)."""
+    def _new_and_changed_rows(self, rows: pa.Table, episode_ids: list[str]) -> tuple[pa.Table, pa.Table]:
+        """(rows whose segment_id is not stored, stored rows whose content differs), ignoring
+        ``snapshot``. Complete because a segment_id names its episode, and every stored row of
+        these episodes is looked up."""
         if self.count() == 0:
-            return rows
+            return rows, rows.slice(0, 0)
         stored = (
             self._table.search()
             .where(_sql_in("episode_id", episode_ids))
@@ -453,7 +480,7 @@ class SegmentStore:
             .to_arrow()
         )
         if stored.num_rows == 0:
-            return rows
+            return rows, rows.slice(0, 0)
         position = pc.index_in(rows.column("segment_id"), value_set=stored.column("segment_id"))
         present = position.is_valid().to_numpy(zero_copy_only=False)
         same = present.copy()
@@ -467,7 +494,7 @@ class SegmentStore:
         old_vectors = _vectors(old.column(VECTOR), self.dim)
         equal &= (new_vectors == old_vectors).all(axis=1)
         same[present] = equal
-        return rows.filter(pa.array(~same))
+        return rows.filter(pa.array(~present)), rows.filter(pa.array(present & ~same))
 
     # ------------------------------------------------------------------ index
 
