@@ -89,7 +89,7 @@ class StoreConfig(Section):
     index_min_rows: int = Field(default=50_000, ge=256)
     index_partitions: int = Field(default=256, ge=1)
     # preferred PQ sub-vectors; when it does not divide the vector dim (88 for the default sim)
-    # the store takes the nearest divisor giving 4-16 dims each (components/store/index_plan.py)
+    # the store takes a divisor giving 4-16 dims each, 22 for 88 (components/store/index_plan.py)
     index_sub_vectors: int = Field(default=16, ge=1)
     metric: Literal["l2", "cosine"] = "l2"  # used to build the index AND to query it
     nprobes: int = Field(default=20, ge=1)  # IVF partitions searched per query
@@ -102,6 +102,7 @@ class StoreConfig(Section):
     # upkeep/optimize prune versions older than this; tagged versions (lineage) are always kept
     # (0 keeps only the latest: only when no other process reads the table)
     retain_versions_days: float = Field(default=7, ge=0)
+    upkeep_cron: str = "30 3 * * *"  # when the store-upkeep flow runs once deployed (flows/upkeep.py)
 
 
 class PolicyConfig(Section):

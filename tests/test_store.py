@@ -383,7 +383,7 @@ def test_handles_see_other_writers_and_checkout_time_travels(tmp_path: Path) -> 
 
 def test_sub_vectors_divide_any_width() -> None:
     assert sub_vectors_for(80, 16) == 16  # configured value divides: kept
-    assert sub_vectors_for(88, 16) == 11  # default sim: 8 x 11; 8 dims per sub-vector
+    assert sub_vectors_for(88, 16) == 22  # default sim: 8 x 11; 4 dims each, nearest to 88/16 = 5.5
     assert sub_vectors_for(88, 8) == 8
     assert sub_vectors_for(89, 16) in (1, 89)  # a prime has no divisor in 4-16 dims: still divides
     for dim in range(1, 300):
@@ -392,7 +392,7 @@ def test_sub_vectors_divide_any_width() -> None:
         if any(4 <= dim // d <= 16 for d in range(1, dim + 1) if dim % d == 0) and dim % 16:
             assert 4 <= dim // chosen <= 16
     plan = plan_ivf_pq(88, 1000, StoreConfig())
-    assert plan.derived and plan.sub_vectors == 11 and plan.partitions == 1000 // 256
+    assert plan.derived and plan.sub_vectors == 22 and plan.partitions == 1000 // 256
 
 
 def _sim_width_fleet(seed: int, count: int) -> list[Episode]:
@@ -429,7 +429,7 @@ def test_store_with_sim_width_keeps_ingesting_past_the_index_threshold(tmp_path:
         probe = encoder.encode(episode_windows(episodes[-1], 8, 4)[1][:1])
         assert store.search(probe, k=1).episode_ids[0, 0] == episodes[-1].episode_id
     assert store.count() == 12 * 70 and indexed_at[0] == 5 * 70 and len(indexed_at) == 8
-    assert store.index_plan().sub_vectors == 11 and store.index_plan().derived
+    assert store.index_plan().sub_vectors == 22 and store.index_plan().derived
     assert max(unindexed) < cfg.index_fold_rows  # ingest folds new rows into the index as it grows
     hit = store.search(encoder.encode(episode_windows(first[3], 8, 4)[1]), k=3, success=False)
     assert (~hit.success).all() and hit.counts.tolist() == [3] * len(hit)
