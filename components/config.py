@@ -93,7 +93,7 @@ class StoreConfig(Section):
     index_sub_vectors: int = Field(default=16, ge=1)
     metric: Literal["l2", "cosine"] = "l2"  # used to build the index AND to query it
     nprobes: int = Field(default=20, ge=1)  # IVF partitions searched per query
-    refine_factor: int = Field(default=10, ge=0)  # re-rank k*factor PQ hits exactly; 0 = off
+    refine_factor: int = Field(default=30, ge=0)  # re-rank k*factor PQ hits exactly; 0 = off
     upsert_batch_rows: int = Field(default=100_000, ge=1)  # segments per merge_insert commit
     # ingest folds new rows into the vector index once this many are unindexed (searched flat till then)
     index_fold_rows: int = Field(default=50_000, ge=1)
