@@ -124,7 +124,7 @@ def store_upkeep(as_json: JsonOpt = False) -> None:
         "versions": f"{report.versions_before} -> {report.versions_after}",
         "disk_mib": f"{report.bytes_before / 2**20:.1f} -> {report.bytes_after / 2**20:.1f}",
         "fragments": f"{report.fragments_before} -> {report.fragments_after}",
-        "index": "built" if report.index_built else "retrained" if report.index_rebuilt else "folded",
+        "index": report.index_action,
         "lancedb_version": report.version_after, "tags_kept": report.tags,
     }, as_json)
 

@@ -30,7 +30,7 @@ def store_upkeep(settings: Settings | None = None) -> UpkeepReport:
         "store upkeep: %d -> %d versions, %.1f -> %.1f MiB, %d -> %d fragments, index %s; tags kept: %s",
         report.versions_before, report.versions_after, report.bytes_before / 2**20, report.bytes_after / 2**20,
         report.fragments_before, report.fragments_after,
-        "built" if report.index_built else "retrained" if report.index_rebuilt else "folded", report.tags or "none",
+        report.index_action, report.tags or "none",
     )
     return report
 

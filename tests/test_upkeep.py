@@ -25,4 +25,19 @@ def test_store_upkeep_flow_compacts_and_keeps_what_lineage_tagged(tmp_path, pref
     assert store.count() == rows and store.episode_ids() == ids
     assert store.checkout("run-1").count() == rows  # the tagged version still reads back
     # below store.index_min_rows: nothing to index yet, and upkeep says so
-    assert not report.index_built and not store.has_index()
+    assert not report.index_built and not report.indexed and not store.has_index()
+
+
+def test_cli_store_upkeep_reports_json(tmp_path, monkeypatch, capsys, prefect_harness):
+    import json
+
+    from cli.main import main
+
+    monkeypatch.setenv("FLEETLOOP_ROOT", str(tmp_path))
+    settings = small_settings(tmp_path)
+    ingest_files(settings, episode_files(settings, tmp_path / "in", seed=0, count=3), snapshot=False)
+    ingest_files(settings, episode_files(settings, tmp_path / "in", seed=1, count=3), snapshot=False)
+    assert main(["store-upkeep", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fragments"] == "2 -> 1" and out["index"] == "none yet (below store.index_min_rows)" and out["tags_kept"] == {}
+    assert out["lancedb_version"] == Workspace(settings).store.version

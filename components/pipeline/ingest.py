@@ -143,11 +143,13 @@ def embed(settings: Settings, episodes: list[Episode], encoder: WindowEncoder, s
 def upsert(settings: Settings, rows: list[pa.Table], encoder: WindowEncoder) -> UpsertReport | None:
     """Merge the rows, move the embed cursor over their episodes, keep the index up (build or fold)."""
     store = Workspace(settings).store
-    report = store.upsert_rows(pa.concat_tables(rows), encoder) if rows else None
-    ids = set(pa.concat_tables(rows).column("episode_id").unique().to_pylist()) if rows else set()
-    advance_embed_cursor(settings, ids)
-    if report is not None:
-        store.ensure_index()
+    if not rows:
+        advance_embed_cursor(settings, set())  # records a first cursor for a store that lacks one
+        return None
+    table = pa.concat_tables(rows)
+    report = store.upsert_rows(table, encoder)
+    advance_embed_cursor(settings, set(table.column("episode_id").unique().to_pylist()))
+    store.ensure_index()
     return report
 
 

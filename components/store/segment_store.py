@@ -130,8 +130,15 @@ class UpkeepReport:
     fragments_after: int
     index_built: bool  # first build (the table crossed store.index_min_rows)
     index_rebuilt: bool  # retrained: the table grew store.index_rebuild_growth× since the last build
+    indexed: bool  # a vector index exists afterwards
     pruned_before: datetime  # versions older than this were deleted (tagged ones are kept)
     tags: dict[str, int]  # the tagged versions kept for lineage
+
+    @property
+    def index_action(self) -> str:
+        if self.index_built or self.index_rebuilt:
+            return "built" if self.index_built else "retrained"
+        return "new rows folded in" if self.indexed else "none yet (below store.index_min_rows)"
 
 
 @dataclass(frozen=True)
@@ -614,7 +621,8 @@ class SegmentStore:
             versions_before=before[1], versions_after=self._version_count(),
             bytes_before=before[2], bytes_after=self.disk_bytes(),
             fragments_before=before[3], fragments_after=self._fragments(),
-            index_built=built, index_rebuilt=rebuilt, pruned_before=pruned_before, tags=self.tags(),
+            index_built=built, index_rebuilt=rebuilt, indexed=self.has_index(), pruned_before=pruned_before,
+            tags=self.tags(),
         )
 
     def disk_bytes(self) -> int:
