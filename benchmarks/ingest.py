@@ -63,6 +63,7 @@ class Scale:
     knn_segments: int  # store size for the kNN benchmark
     queries: int
     upkeep_every: int  # batches between SegmentStore.upkeep() calls
+    retain_days: float | None = None  # overrides store.retain_versions_days (0: what a week later looks like)
 
 
 FULL = Scale(frames=10_000_000, batch_frames=10_000, knn_segments=1_000_000, queries=100, upkeep_every=100)
@@ -249,6 +250,9 @@ def size_label(n: int) -> str:
 def run(scale: Scale, workdir: Path) -> dict:
     load_start = os.getloadavg()
     settings = load_settings(root=workdir / "root")
+    if scale.retain_days is not None:
+        store = settings.store.model_copy(update={"retain_versions_days": scale.retain_days})
+        settings = settings.model_copy(update={"store": store})
     result = {
         "benchmark": NAME,
         "scale": asdict(scale),
@@ -305,12 +309,15 @@ def main() -> None:
     parser.add_argument("--batch-frames", type=int, default=None, help="frames per ingest batch")
     parser.add_argument("--knn-segments", type=int, default=None, help="store size for the kNN phase")
     parser.add_argument("--upkeep-every", type=int, default=None, help="batches between store upkeeps")
+    parser.add_argument("--retain-days", type=float, default=None,
+                        help="store.retain_versions_days for the scratch root (0 shows disk after pruning)")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch dir (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--name", default=NAME, help="results file name (NAME.json, NAME.png)")
     args = parser.parse_args()
     base = QUICK if args.quick else FULL
     overrides = {"frames": args.frames, "batch_frames": args.batch_frames, "knn_segments": args.knn_segments,
-                 "upkeep_every": args.upkeep_every}
+                 "upkeep_every": args.upkeep_every, "retain_days": args.retain_days}
     scale = Scale(**{**asdict(base), **{k: v for k, v in overrides.items() if v is not None}})
     workdir = Path(tempfile.mkdtemp(prefix="bench-ingest-")) if args.workdir is None else args.workdir
     workdir.mkdir(parents=True, exist_ok=True)
@@ -322,12 +329,12 @@ def main() -> None:
             shutil.rmtree(workdir, ignore_errors=True)
     result["wall_s"] = time.perf_counter() - started
     result["command"] = "python -m benchmarks.ingest " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in asdict(scale).items() if k != "queries"
+        f"--{k.replace('_', '-')} {v}" for k, v in asdict(scale).items() if k != "queries" and v is not None
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{NAME}.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, args.out / f"{NAME}.png")
-    print(f"wrote {args.out / NAME}.json and .png in {result['wall_s']:.0f}s")
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, args.out / f"{args.name}.png")
+    print(f"wrote {args.out / args.name}.json and .png in {result['wall_s']:.0f}s")
 
 
 if __name__ == "__main__":
