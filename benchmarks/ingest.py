@@ -1,23 +1,25 @@
-"""Ingest throughput (Parquet episode dataset + LanceDB segment store) and kNN latency at scale.
+"""The product's ingest path as the data grows, and kNN on the segment store at scale.
 
-    python -m benchmarks.ingest            # 1M frames ingested, store grown to 1M segments
-    python -m benchmarks.ingest --quick    # 50k frames, 50k segments (smoke run, ~1 min)
+    python -m benchmarks.ingest                      # 10M frames in 10k-frame batches, kNN at 1M
+    python -m benchmarks.ingest --frames 2000000     # a shorter growth curve, same batches
+    python -m benchmarks.ingest --quick              # 200k frames, kNN at 100k segments (minutes)
 
-Synthetic episodes of realistic size (120 frames x 10-dim state, 4-dim action, 96 robots, ~75%
-success; smooth random-walk trajectories around a per-episode start) go through the same code
-the pipeline uses:
+1. **Growth**: one scratch root grown batch by batch through
+   ``components.pipeline.ingest.ingest_files`` with params.yaml's settings, exactly what
+   ``dvc repro`` and the flows run: read files → validate → Parquet (LeRobot v3) → DVC snapshot
+   → embed (cursor) → upsert → index upkeep. Each batch is ``--batch-frames`` frames of
+   synthetic episodes with the default simulator's widths (11-dim state, 3-dim action; windows
+   8 × 11 = 88), written as one Parquet file per episode (untimed: that is the robot's side).
+   Per batch: wall time, frames/s, disk bytes (dataset + DVC cache + store). Every
+   ``--upkeep-every`` batches ``SegmentStore.upkeep()`` runs (compaction, index retrain, pruning),
+   as the scheduled ``store-upkeep`` flow would; it is timed separately.
+2. **kNN**: the same store topped up with ``SegmentStore.upsert`` to ``--knn-segments``, upkept
+   (index built for that size), then single-query k=10 latency, brute force vs IVF_PQ with the
+   configured nprobes/refine, with and without the success filter FERT uses; recall@10 against
+   brute force with the same filter.
 
-1. Parquet: ``EpisodeDataset.add_episodes`` (validation, dedupe, LeRobot v3 files), and side by
-   side the bare ``episode_to_table`` + ``pq.write_table`` path (the floor without validation).
-2. LanceDB: ``SegmentStore.upsert`` (windows W=8 stride 4 -> NormalizedStateEncoder, D = 80
-   -> idempotency check -> merge_insert), with the store config from params.yaml.
-3. The store keeps growing (upsert only) to the target segment count; then single-query kNN
-   latency (k=10) brute force (``exact=True``) vs IVF_PQ (built by ``ensure_index``), with and
-   without the success filter FERT uses, recall@10 of the index against brute force, and the
-   per-query time of one batched call.
-
-Writes benchmarks/results/ingest.json and ingest.png. Figures are medians over the chunks or
-queries of one run; the machine is shared, so the load average is recorded at start and end.
+Writes benchmarks/results/ingest.json and ingest.png. The machine is shared: load averages are
+recorded, and start/end figures are medians over ``WINDOW`` batches.
 """
 
 from __future__ import annotations
@@ -35,37 +37,37 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from components.config import StoreConfig, load_settings
-from components.episodes.dataset import EpisodeDataset
+from components.config import Settings, load_settings
 from components.episodes.record import Episode, new_episode_id
-from components.episodes.schema import episode_to_table
-from components.store import NormalizedStateEncoder, SegmentStore, episode_windows
+from components.episodes.schema import write_episode_file
+from components.pipeline.ingest import ingest_files
+from components.pipeline.workspace import Workspace
+from components.store import SegmentStore, episode_windows
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NAME = "ingest"
 
-EPISODE_FRAMES = 120
-STATE_DIM = 10
-ACTION_DIM = 4
+EPISODE_FRAMES = 50  # 200 episodes ≈ 10k frames per batch, as in issue 17
 NUM_ROBOTS = 96
 SUCCESS_RATE = 0.75
 STEP_SCALE = 0.02  # per-frame random-walk step of the synthetic state
 K = 10
+WINDOW = 5  # batches in the start/end medians
 
 
 @dataclass(frozen=True)
 class Scale:
-    frames: int  # frames ingested into Parquet + LanceDB
-    segments: int  # store size for the query benchmark
-    chunk_episodes: int  # episodes per ingest call
-    queries: int  # single queries timed per configuration
+    frames: int  # frames grown through the ingest path
+    batch_frames: int
+    knn_segments: int  # store size for the kNN benchmark
+    queries: int
+    upkeep_every: int  # batches between SegmentStore.upkeep() calls
+    retain_days: float | None = None  # overrides store.retain_versions_days (0: what a week later looks like)
 
 
-FULL = Scale(frames=1_000_000, segments=1_000_000, chunk_episodes=2000, queries=100)
-QUICK = Scale(frames=50_000, segments=50_000, chunk_episodes=200, queries=40)
+FULL = Scale(frames=10_000_000, batch_frames=10_000, knn_segments=1_000_000, queries=100, upkeep_every=100)
+QUICK = Scale(frames=200_000, batch_frames=10_000, knn_segments=100_000, queries=40, upkeep_every=10)
 
 
 @dataclass(frozen=True)
@@ -76,54 +78,45 @@ class Latency:
     queries: int
 
 
-@dataclass(frozen=True)
-class QueryCase:
-    name: str
-    index: bool
-    success_filter: bool
-    nprobes: int | None
-    refine_factor: int | None
-    latency: Latency
-    recall_at_10: float | None  # vs brute force with the same filter
-
-
-def synthetic_episodes(seed: int, count: int) -> list[Episode]:
-    """``count`` episodes from a seeded generator (see the module docstring)."""
+def synthetic_episodes(seed: int, count: int, state_dim: int, action_dim: int) -> list[Episode]:
+    """``count`` smooth random-walk episodes from a seeded generator."""
     rng = np.random.default_rng(seed)
-    starts = rng.uniform(-0.5, 0.5, (count, 1, STATE_DIM))
-    steps = rng.standard_normal((count, EPISODE_FRAMES, STATE_DIM)) * STEP_SCALE
+    starts = rng.uniform(-0.5, 0.5, (count, 1, state_dim))
+    steps = rng.standard_normal((count, EPISODE_FRAMES, state_dim)) * STEP_SCALE
     states = (starts + np.cumsum(steps, axis=1)).astype(np.float32)
-    actions = rng.uniform(-1, 1, (count, EPISODE_FRAMES, ACTION_DIM)).astype(np.float32)
+    actions = rng.uniform(-1, 1, (count, EPISODE_FRAMES, action_dim)).astype(np.float32)
     timestamps = np.arange(EPISODE_FRAMES, dtype=np.float32) / 10.0
     robots = rng.integers(0, NUM_ROBOTS, count)
     success = rng.random(count) < SUCCESS_RATE
     return [
         Episode(
-            episode_id=new_episode_id(rng),
-            robot_id=f"robot-{robots[i]:04d}",
-            task="pick-place",
-            states=states[i],
-            actions=actions[i],
-            timestamps=timestamps,
-            success=bool(success[i]),
+            episode_id=new_episode_id(rng), robot_id=f"robot-{robots[i]:04d}", task="pick-place",
+            states=states[i], actions=actions[i], timestamps=timestamps, success=bool(success[i]),
         )
         for i in range(count)
     ]
 
 
-def latency(seconds: list[float]) -> Latency:
-    ms = np.asarray(seconds) * 1000
-    return Latency(
-        p50_ms=float(np.percentile(ms, 50)),
-        p99_ms=float(np.percentile(ms, 99)),
-        mean_ms=float(ms.mean()),
-        queries=len(ms),
+def disk_bytes(*roots: Path) -> int:
+    return sum(
+        os.path.getsize(os.path.join(folder, name))
+        for root in roots if root.exists()
+        for folder, _, names in os.walk(root) for name in names
     )
 
 
-def time_queries(
-    store: SegmentStore, queries: np.ndarray, exact: bool, success: bool | None
-) -> tuple[list[float], np.ndarray]:
+def latency(seconds: list[float]) -> Latency:
+    ms = np.asarray(seconds) * 1000
+    return Latency(float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), float(ms.mean()), len(ms))
+
+
+def recall(found: np.ndarray, truth: np.ndarray) -> float:
+    """Mean fraction of the true top-k ids (padding "" ignored) that ``found`` returned."""
+    hits = [len(set(got) & (set(true) - {""})) / max(1, len(set(true) - {""})) for got, true in zip(found, truth)]
+    return float(np.mean(hits))
+
+
+def time_queries(store: SegmentStore, queries: np.ndarray, exact: bool, success: bool | None):
     store.search(queries[:1], k=K, exact=exact, success=success)  # warm caches
     seconds, ids = [], []
     for query in queries:
@@ -134,166 +127,142 @@ def time_queries(
     return seconds, np.stack(ids)
 
 
-def recall(found: np.ndarray, truth: np.ndarray) -> float:
-    """Mean fraction of the true top-k ids (padding "" ignored) that ``found`` returned."""
-    hits = []
-    for got, true in zip(found, truth, strict=True):
-        expected = set(true) - {""}
-        hits.append(len(set(got) & expected) / max(1, len(expected)))
-    return float(np.mean(hits))
-
-
-def run(scale: Scale, workdir: Path, cfg: StoreConfig) -> dict:
-    load_start = os.getloadavg()
-    dataset = EpisodeDataset(workdir / "episodes", load_settings().episodes)
-    raw_dir = workdir / "raw_parquet"
-    raw_dir.mkdir(parents=True)
-
-    first = synthetic_episodes(seed=0, count=scale.chunk_episodes)
-    t0 = time.perf_counter()
-    encoder = NormalizedStateEncoder(cfg.window).fit(
-        np.concatenate([episode_windows(e, cfg.window, cfg.stride)[1] for e in first])
-    )
-    fit_s = time.perf_counter() - t0
-    store = SegmentStore.open(workdir / "segments.lance", cfg, encoder.dim)
-    print(f"encoder: D={encoder.dim} (W={cfg.window} x state {STATE_DIM}), fit {fit_s:.2f}s")
-
-    # -- 1. ingest: Parquet (dataset and bare) + LanceDB, chunk by chunk ----------------------
-    total_episodes = math.ceil(scale.frames / EPISODE_FRAMES)
-    n_chunks = math.ceil(total_episodes / scale.chunk_episodes)
-    rates: dict[str, list[float]] = {"parquet_dataset": [], "parquet_bare": [], "lancedb_upsert": []}
-    totals = dict.fromkeys(rates, 0.0)
-    frames = 0
-    for chunk in range(n_chunks):
-        count = min(scale.chunk_episodes, total_episodes - chunk * scale.chunk_episodes)
-        episodes = first[:count] if chunk == 0 else synthetic_episodes(seed=chunk, count=count)
-        n = sum(e.length for e in episodes)
-
+def grow(scale: Scale, settings: Settings, scratch: Path) -> dict:
+    """Phase 1: the growth curve through ingest_files."""
+    ws = Workspace(settings)
+    per_batch = max(1, scale.batch_frames // EPISODE_FRAMES)
+    batches = math.ceil(scale.frames / (per_batch * EPISODE_FRAMES))
+    dirs = (settings.paths.episodes, settings.paths.store, settings.root / ".dvc" / "cache")
+    rows: list[dict] = []
+    upkeeps: list[dict] = []
+    stored = 0
+    for batch in range(batches):
+        episodes = synthetic_episodes(batch, per_batch, ws.obs_dim, ws.act_dim)
+        folder = scratch / f"batch-{batch:05d}"
+        files = [write_episode_file(e, folder / f"{i:04d}.parquet") for i, e in enumerate(episodes)]
         t0 = time.perf_counter()
-        table = pa.concat_tables([episode_to_table(e) for e in episodes])
-        pq.write_table(table, raw_dir / f"file-{chunk:03d}.parquet")
-        bare = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        report = dataset.add_episodes(episodes)
-        parquet = time.perf_counter() - t0
-        assert len(report.added) == len(episodes), report.summary()
-
-        t0 = time.perf_counter()
-        upsert = store.upsert(episodes, encoder, snapshot=f"bench-{chunk}")
-        lance = time.perf_counter() - t0
-        assert upsert.inserted == upsert.segments
-
-        for key, seconds in (("parquet_dataset", parquet), ("parquet_bare", bare), ("lancedb_upsert", lance)):
-            rates[key].append(n / seconds)
-            totals[key] += seconds
-        frames += n
-        print(
-            f"ingest {chunk + 1}/{n_chunks}: {frames:,} frames | dataset {n / parquet:,.0f} f/s, "
-            f"bare parquet {n / bare:,.0f} f/s, lancedb {n / lance:,.0f} f/s "
-            f"({upsert.segments:,} segments) | store {store.count():,}",
-            flush=True,
-        )
-    ingest_segments = store.count()
-
-    # idempotency at scale: re-upserting the last chunk commits nothing
-    t0 = time.perf_counter()
-    again = store.upsert(episodes, encoder, snapshot="bench-again")
-    noop_s = time.perf_counter() - t0
-    assert not again.changed and again.version_after == again.version_before
-
-    # -- 2. grow the store to the query scale (upsert only) ----------------------------------
-    grow_rates: list[float] = []
-    chunk = n_chunks
-    while store.count() < scale.segments:
-        per_episode = len(episode_windows(first[0], cfg.window, cfg.stride)[0])
-        need = math.ceil((scale.segments - store.count()) / per_episode)
-        episodes = synthetic_episodes(seed=chunk, count=min(scale.chunk_episodes, need))
-        t0 = time.perf_counter()
-        upsert = store.upsert(episodes, encoder, snapshot=f"bench-{chunk}")
-        grow_rates.append(upsert.segments / (time.perf_counter() - t0))
-        chunk += 1
-        print(
-            f"grow: store {store.count():,}/{scale.segments:,} segments, {grow_rates[-1]:,.0f} seg/s",
-            flush=True,
-        )
-    segments = store.count()
-
-    # -- 3. kNN: brute force vs IVF_PQ ----------------------------------------------------------
-    probe = [e for e in synthetic_episodes(seed=10_000_019, count=4 * scale.queries) if not e.success]
-    windows = np.concatenate([episode_windows(e, cfg.window, cfg.stride)[1] for e in probe])
-    pick = np.random.default_rng(1).choice(len(windows), scale.queries, replace=False)
-    queries = encoder.encode(windows[np.sort(pick)])
-    cases: list[QueryCase] = []
-    truth: dict[bool, np.ndarray] = {}
-    for success in (None, True):
-        seconds, ids = time_queries(store, queries, exact=True, success=success)
-        truth[success is True] = ids
-        cases.append(QueryCase(f"brute force{' + success' if success else ''}", False, success is True,
-                               None, None, latency(seconds), 1.0))
-        done = cases[-1].latency
-        print(f"{cases[-1].name}: p50 {done.p50_ms:.1f} ms, p99 {done.p99_ms:.1f} ms", flush=True)
-    t0 = time.perf_counter()
-    assert store.ensure_index(), "store below index_min_rows"
-    build_s = time.perf_counter() - t0
-    print(
-        f"index build (IVF_PQ {cfg.index_partitions} partitions x {cfg.index_sub_vectors} "
-        f"sub-vectors, + scalar): {build_s:.1f}s",
-        flush=True,
-    )
-    for refine in (cfg.refine_factor, 0):
-        view_cfg = cfg.model_copy(update={"refine_factor": refine})
-        view = SegmentStore.open(workdir / "segments.lance", view_cfg, encoder.dim)
-        for success in (None, True):
-            seconds, ids = time_queries(view, queries, exact=False, success=success)
-            name = f"IVF_PQ nprobes={cfg.nprobes} refine={refine}{' + success' if success else ''}"
-            cases.append(QueryCase(name, True, success is True, cfg.nprobes, refine, latency(seconds),
-                                   recall(ids, truth[success is True])))
-            print(f"{name}: p50 {cases[-1].latency.p50_ms:.2f} ms, p99 {cases[-1].latency.p99_ms:.2f} ms, "
-                  f"recall@10 {cases[-1].recall_at_10:.3f}")
-    batched = {}
-    for exact in (True, False):
-        store.search(queries[:2], k=K, exact=exact)
-        t0 = time.perf_counter()
-        store.search(queries, k=K, exact=exact)
-        batched["brute_force" if exact else "ivf_pq"] = (time.perf_counter() - t0) * 1000 / len(queries)
-    print(f"one batched call of {len(queries)} queries, per query: brute {batched['brute_force']:.1f} ms, "
-          f"IVF_PQ {batched['ivf_pq']:.2f} ms")
-
-    lance_s, parquet_s = totals["lancedb_upsert"], totals["parquet_dataset"]
-    brute, indexed = cases[0].latency, cases[2].latency
+        result = ingest_files(settings, files)
+        seconds = time.perf_counter() - t0
+        shutil.rmtree(folder)
+        assert len(result.report.added) == per_batch, result.report.summary()
+        frames = per_batch * EPISODE_FRAMES
+        stored += frames
+        store = Workspace(settings).store
+        rows.append({"batch": batch, "stored_frames": stored, "segments": store.count(), "seconds": seconds,
+                     "frames_per_s": frames / seconds, "disk_bytes": disk_bytes(*dirs)})
+        if (batch + 1) % scale.upkeep_every == 0:
+            t0 = time.perf_counter()
+            report = store.upkeep()
+            upkeeps.append({"after_batch": batch, "stored_frames": stored, "seconds": time.perf_counter() - t0,
+                            "store_bytes_before": report.bytes_before, "store_bytes_after": report.bytes_after,
+                            "versions_before": report.versions_before, "versions_after": report.versions_after,
+                            "index_built": report.index_built, "index_rebuilt": report.index_rebuilt,
+                            "disk_bytes_after": disk_bytes(*dirs)})
+        if batch % 10 == 0 or batch == batches - 1:
+            print(f"batch {batch + 1}/{batches}: {stored:,} frames stored, {rows[-1]['segments']:,} segments | "
+                  f"{seconds:.2f}s = {frames / seconds:,.0f} frames/s | disk {rows[-1]['disk_bytes'] / 2**20:,.0f} MiB",
+                  flush=True)
+    seconds = [r["seconds"] for r in rows]
+    # batch 1 also initialises DVC and fits the encoder: the start window begins at batch 2
+    start = seconds[1 : 1 + WINDOW] if len(seconds) > WINDOW else seconds
+    end = seconds[-WINDOW:]
+    frames = per_batch * EPISODE_FRAMES
     return {
-        "benchmark": NAME,
-        "scale": asdict(scale),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_avg_start": load_start, "load_avg_end": os.getloadavg()},
-        "episode": {"frames": EPISODE_FRAMES, "state_dim": STATE_DIM, "action_dim": ACTION_DIM,
-                    "robots": NUM_ROBOTS, "success_rate": SUCCESS_RATE},
-        "store_config": cfg.model_dump(),
-        "vector_dim": encoder.dim,
-        "ingest": {
-            "frames": frames,
-            "segments": ingest_segments,
-            "median_frames_per_s": {k: statistics.median(v) for k, v in rates.items()},
-            "total_s": totals,
-            "overall_frames_per_s": frames / (parquet_s + lance_s),
-            "lancedb_segments_per_s": ingest_segments / lance_s,
-            "noop_reupsert_s": noop_s,
-            "encoder_fit_s": fit_s,
+        "growth": {
+            "batch_frames": frames,
+            "episode_frames": EPISODE_FRAMES,
+            "batches": len(rows),
+            "stored_frames": stored,
+            "first_batch_s": statistics.median(start),
+            "last_batch_s": statistics.median(end),
+            "last_over_first": statistics.median(end) / statistics.median(start),
+            "very_first_batch_s": seconds[0],
+            "median_batch_s": statistics.median(seconds),
+            "max_batch_s": max(seconds),
+            "bytes_per_frame_end": rows[-1]["disk_bytes"] / stored,
+            "curve": rows,
+            "upkeep": upkeeps,
         },
-        "grow": {
-            "segments": segments,
-            "median_segments_per_s": statistics.median(grow_rates) if grow_rates else None,
-        },
-        "query": {
-            "segments": segments,
-            "k": K,
-            "index_build_s": build_s,
-            "cases": [asdict(c) for c in cases],
-            "batched_per_query_ms": batched,
-            "speedup_p50_index_vs_brute": brute.p50_ms / indexed.p50_ms,
+        "throughput": {
+            "end_to_end_frames_per_s": frames / statistics.median(seconds),
+            "start_frames_per_s": frames / statistics.median(start),
+            "end_frames_per_s": frames / statistics.median(end),
+            "whole_run_frames_per_s": stored / sum(seconds),
         },
     }
+
+
+def knn(scale: Scale, settings: Settings) -> dict:
+    """Phase 2: top the store up to the kNN size, upkeep, then time queries."""
+    ws = Workspace(settings)
+    store, encoder = ws.store, ws.store.load_encoder()
+    seed = 1_000_000
+    sample = synthetic_episodes(0, 1, ws.obs_dim, ws.act_dim)[0]
+    per_episode = len(episode_windows(sample, settings.store.window, settings.store.stride)[0])
+    t0 = time.perf_counter()
+    while store.count() < scale.knn_segments:
+        need = math.ceil((scale.knn_segments - store.count()) / per_episode)
+        store.upsert(synthetic_episodes(seed, min(4000, need), ws.obs_dim, ws.act_dim), encoder, snapshot="bench-top-up")
+        seed += 1
+    top_up_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    upkeep = store.upkeep()
+    upkeep_s = time.perf_counter() - t0
+    segments = store.count()
+    plan = store.index_plan()
+    print(f"kNN store: {segments:,} segments (top-up {top_up_s:.0f}s), upkeep {upkeep_s:.1f}s "
+          f"(IVF_PQ {plan.partitions} partitions x {plan.sub_vectors} sub-vectors)", flush=True)
+
+    probe = [e for e in synthetic_episodes(10_000_019, 4 * scale.queries, ws.obs_dim, ws.act_dim) if not e.success]
+    windows = np.concatenate([episode_windows(e, settings.store.window, settings.store.stride)[1] for e in probe])
+    pick = np.random.default_rng(1).choice(len(windows), scale.queries, replace=False)
+    queries = encoder.encode(windows[np.sort(pick)])
+    cases = []
+    truth = {}
+    for success in (None, True):
+        seconds, ids = time_queries(store, queries, exact=True, success=success)
+        truth[success] = ids
+        cases.append({"name": "brute force" + (" + success" if success else ""), "index": False,
+                      "success_filter": bool(success), "latency": asdict(latency(seconds)), "recall_at_10": 1.0})
+    for success in (None, True):
+        seconds, ids = time_queries(store, queries, exact=False, success=success)
+        cases.append({"name": f"IVF_PQ nprobes={settings.store.nprobes} refine={settings.store.refine_factor}"
+                      + (" + success" if success else ""), "index": True, "success_filter": bool(success),
+                      "latency": asdict(latency(seconds)), "recall_at_10": recall(ids, truth[success])})
+    for case in cases:
+        print(f"{case['name']}: p50 {case['latency']['p50_ms']:.2f} ms, p99 {case['latency']['p99_ms']:.2f} ms, "
+              f"recall@10 {case['recall_at_10']:.3f}", flush=True)
+    headline = cases[2]
+    return {
+        "segments": segments, "k": K, "top_up_s": top_up_s, "upkeep_s": upkeep_s,
+        "index": {"partitions": plan.partitions, "sub_vectors": plan.sub_vectors, "dim": plan.dim,
+                  "nprobes": settings.store.nprobes, "refine_factor": settings.store.refine_factor},
+        "p50_ms": headline["latency"]["p50_ms"], "p99_ms": headline["latency"]["p99_ms"],
+        "recall_at_10": headline["recall_at_10"],
+        "cases": cases,
+    }
+
+
+def size_label(n: int) -> str:
+    return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n // 1000}k"
+
+
+def run(scale: Scale, workdir: Path) -> dict:
+    load_start = os.getloadavg()
+    settings = load_settings(root=workdir / "root")
+    if scale.retain_days is not None:
+        store = settings.store.model_copy(update={"retain_versions_days": scale.retain_days})
+        settings = settings.model_copy(update={"store": store})
+    result = {
+        "benchmark": NAME,
+        "scale": asdict(scale),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg_start": load_start},
+        "store_config": settings.store.model_dump(),
+    }
+    result.update(grow(scale, settings, workdir / "incoming"))
+    result["knn"] = {size_label(scale.knn_segments): knn(scale, settings)}
+    result["machine"]["load_avg_end"] = os.getloadavg()
+    return result
 
 
 def plot(result: dict, path: Path) -> None:
@@ -302,71 +271,70 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
-    rates = result["ingest"]["median_frames_per_s"]
-    labels = [
-        "bare Parquet\nwrite", "EpisodeDataset\n(Parquet)", "SegmentStore\nupsert", "EpisodeDataset\n+ upsert"
-    ]
-    values = [rates["parquet_bare"], rates["parquet_dataset"], rates["lancedb_upsert"],
-              result["ingest"]["overall_frames_per_s"]]
-    bars = left.bar(labels, values, color=["#bbbbbb", "#4c72b0", "#55a868", "#8172b2"])
-    left.bar_label(bars, [f"{v:,.0f}" for v in values], fontsize=8)
-    left.set_ylabel("frames / s (median over chunks; last bar: whole run)")
-    cores = result["machine"]["cpus"]
-    left.set_title(f"ingest of {result['ingest']['frames']:,} frames ({cores} shared cores)")
-
-    cases = result["query"]["cases"]
-    x = np.arange(len(cases))
-    p50 = [c["latency"]["p50_ms"] for c in cases]
-    p99 = [c["latency"]["p99_ms"] for c in cases]
-    right.bar(x - 0.2, p50, 0.4, label="p50")
-    right.bar(x + 0.2, p99, 0.4, label="p99")
-    right.set_yscale("log")
-    names = [
-        ("IVF_PQ\nrefine " + str(c["refine_factor"]) if c["index"] else "brute\nforce")
-        + ("\n+ success" if c["success_filter"] else "")
-        for c in cases
-    ]
-    right.set_xticks(x, names, fontsize=8)
-    for i, c in enumerate(cases):
-        if c["index"]:
-            right.annotate(f"R@10={c['recall_at_10']:.2f}", (i, p99[i]), ha="center", va="bottom", fontsize=7)
-    right.set_ylabel("single-query latency, ms (log)")
-    nprobes = result["store_config"]["nprobes"]
-    right.set_title(
-        f"kNN k={result['query']['k']} at {result['query']['segments']:,} segments, "
-        f"D={result['vector_dim']}, nprobes={nprobes}"
-    )
-    right.legend()
+    curve = result["growth"]["curve"]
+    stored = np.array([r["stored_frames"] for r in curve]) / 1e6
+    fig, (time_ax, rate_ax, disk_ax) = plt.subplots(1, 3, figsize=(16, 4.6))
+    time_ax.plot(stored, [r["seconds"] for r in curve], ".", ms=3)
+    for up in result["growth"]["upkeep"]:
+        time_ax.axvline(up["stored_frames"] / 1e6, color="#dddddd", lw=0.8, zorder=0)
+    time_ax.set(xlabel="stored frames (M)", ylabel="seconds per batch",
+                title=f"ingest_files, {result['growth']['batch_frames']:,}-frame batches (grey: upkeep)")
+    time_ax.set_ylim(bottom=0)
+    rate_ax.plot(stored, [r["frames_per_s"] for r in curve], ".", ms=3, color="#55a868")
+    rate_ax.set(xlabel="stored frames (M)", ylabel="frames / s", title="end-to-end throughput per batch")
+    rate_ax.set_ylim(bottom=0)
+    disk_ax.plot(stored, [r["disk_bytes"] / r["stored_frames"] for r in curve], ".", ms=3, color="#8172b2",
+                 label="before upkeep")
+    ups = result["growth"]["upkeep"]
+    if ups:
+        disk_ax.plot([u["stored_frames"] / 1e6 for u in ups], [u["disk_bytes_after"] / u["stored_frames"] for u in ups],
+                     "o", color="#c44e52", label="after upkeep")
+    disk_ax.set(xlabel="stored frames (M)", ylabel="disk bytes per stored frame",
+                title="dataset + DVC cache + segment store")
+    disk_ax.set_ylim(bottom=0)
+    disk_ax.legend()
+    (label, knn_result), = result["knn"].items()
+    fig.suptitle(f"kNN at {knn_result['segments']:,} segments: IVF_PQ p50 {knn_result['p50_ms']:.1f} ms, "
+                 f"p99 {knn_result['p99_ms']:.1f} ms, recall@10 {knn_result['recall_at_10']:.3f} "
+                 f"({result['machine']['cpus']} shared cores)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="50k frames / 50k segments smoke run")
+    parser.add_argument("--quick", action="store_true", help="200k frames, kNN at 100k segments")
+    parser.add_argument("--frames", type=int, default=None, help="frames to grow through ingest_files")
+    parser.add_argument("--batch-frames", type=int, default=None, help="frames per ingest batch")
+    parser.add_argument("--knn-segments", type=int, default=None, help="store size for the kNN phase")
+    parser.add_argument("--upkeep-every", type=int, default=None, help="batches between store upkeeps")
+    parser.add_argument("--retain-days", type=float, default=None,
+                        help="store.retain_versions_days for the scratch root (0 shows disk after pruning)")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch dir (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--name", default=NAME, help="results file name (NAME.json, NAME.png)")
     args = parser.parse_args()
-    scale = QUICK if args.quick else FULL
-    cfg = load_settings().store
-    if scale.segments < cfg.index_min_rows:
-        raise SystemExit(f"--quick target {scale.segments} < store.index_min_rows {cfg.index_min_rows}")
+    base = QUICK if args.quick else FULL
+    overrides = {"frames": args.frames, "batch_frames": args.batch_frames, "knn_segments": args.knn_segments,
+                 "upkeep_every": args.upkeep_every, "retain_days": args.retain_days}
+    scale = Scale(**{**asdict(base), **{k: v for k, v in overrides.items() if v is not None}})
     workdir = Path(tempfile.mkdtemp(prefix="bench-ingest-")) if args.workdir is None else args.workdir
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     try:
-        result = run(scale, workdir, cfg)
+        result = run(scale, workdir)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     result["wall_s"] = time.perf_counter() - started
-    result["command"] = "python -m benchmarks.ingest" + (" --quick" if args.quick else "")
+    result["command"] = "python -m benchmarks.ingest " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in asdict(scale).items() if k != "queries" and v is not None
+    )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{NAME}.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, args.out / f"{NAME}.png")
-    print(f"wrote {args.out / NAME}.json and .png in {result['wall_s']:.0f}s")
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, args.out / f"{args.name}.png")
+    print(f"wrote {args.out / args.name}.json and .png in {result['wall_s']:.0f}s")
 
 
 if __name__ == "__main__":

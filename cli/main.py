@@ -112,6 +112,24 @@ def ingest(
     }, as_json)
 
 
+@app.command("store-upkeep")
+def store_upkeep(as_json: JsonOpt = False) -> None:
+    """Compact the segment store, retrain its index as it grows, prune old versions (tagged ones are kept)."""
+    settings = _settings()
+    from flows.upkeep import run_upkeep
+
+    with _progress() as progress:
+        progress.add_task("store upkeep", total=None)
+        report = run_upkeep(settings)
+    _print({
+        "versions": f"{report.versions_before} -> {report.versions_after}",
+        "disk_mib": f"{report.bytes_before / 2**20:.1f} -> {report.bytes_after / 2**20:.1f}",
+        "fragments": f"{report.fragments_before} -> {report.fragments_after}",
+        "index": report.index_action,
+        "lancedb_version": report.version_after, "tags_kept": report.tags,
+    }, as_json)
+
+
 @app.command()
 def retrain(
     files: Annotated[Optional[list[Path]], typer.Argument(help="Episode files to ingest first (default: all of datasets/incoming).")] = None,

@@ -92,13 +92,21 @@ class StoreConfig(Section):
     # IVF_PQ trains on the rows present: below 256 it silently indexes nothing, so never lower.
     index_min_rows: int = Field(default=50_000, ge=256)
     index_partitions: int = Field(default=256, ge=1)
-    index_sub_vectors: int = Field(default=16, ge=1)  # must divide the vector dim
+    # preferred PQ sub-vectors; when it does not divide the vector dim (88 for the default sim)
+    # the store takes a divisor giving 4-16 dims each, 22 for 88 (components/store/index_plan.py)
+    index_sub_vectors: int = Field(default=16, ge=1)
     metric: Literal["l2", "cosine"] = "l2"  # used to build the index AND to query it
     nprobes: int = Field(default=20, ge=1)  # IVF partitions searched per query
-    refine_factor: int = Field(default=10, ge=0)  # re-rank k*factor PQ hits exactly; 0 = off
+    refine_factor: int = Field(default=30, ge=0)  # re-rank k*factor PQ hits exactly; 0 = off
     upsert_batch_rows: int = Field(default=100_000, ge=1)  # segments per merge_insert commit
-    # optimize() deletes versions older than this; versions are lineage, so keep them long.
-    retain_versions_days: int = Field(default=36_500, ge=1)
+    # ingest folds new rows into the vector index once this many are unindexed (searched flat till then)
+    index_fold_rows: int = Field(default=50_000, ge=1)
+    # upkeep retrains the vector index once the table has grown this much since its last build
+    index_rebuild_growth: float = Field(default=2.0, gt=1.0)
+    # upkeep/optimize prune versions older than this; tagged versions (lineage) are always kept
+    # (0 keeps only the latest: only when no other process reads the table)
+    retain_versions_days: float = Field(default=7, ge=0)
+    upkeep_cron: str = "30 3 * * *"  # when the store-upkeep flow runs once deployed (flows/upkeep.py)
 
 
 class PolicyConfig(Section):

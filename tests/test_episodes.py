@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -319,13 +320,17 @@ def test_lerobot_v3_layout_and_readers(ds, rng, tmp_path):
     assert info["features"]["success"]["dtype"] == "bool"
     assert (root / "data/chunk-000/file-000.parquet").exists() and (root / "data/chunk-000/file-001.parquet").exists()
 
-    meta = pq.read_table(root / EPISODES_META_PATH)
+    # the episodes table: one file per ingest, each holding only that ingest's episodes
+    files = sorted(root.glob("meta/episodes/chunk-*/file-*.parquet"))
+    assert [f.relative_to(root).as_posix() for f in files] == [EPISODES_META_PATH, "meta/episodes/chunk-000/file-001.parquet"]
+    meta = pa.concat_tables([pq.read_table(f) for f in files])
     for column in ("episode_index", "tasks", "length", "data/chunk_index", "data/file_index",
                    "dataset_from_index", "dataset_to_index", "episode_id", "success"):
         assert column in meta.column_names
     assert meta.column("dataset_from_index").to_pylist() == [0, 6]
     assert meta.column("dataset_to_index").to_pylist() == [6, 15]
     assert meta.column("data/file_index").to_pylist() == [0, 1]
+    assert meta.column("meta/episodes/file_index").to_pylist() == [0, 1]
 
     import pandas as pd  # LeRobot reads tasks.parquet with pandas: the task string is the index
 
@@ -366,10 +371,9 @@ def test_crash_before_commit_loses_nothing(ds, rng, tmp_path):
     """A crash after the new data file and info/stats were written, before the episodes table."""
     first, second = make_episode(rng), make_episode(rng)
     ds.add_episodes([first])
-    committed = (ds.root / EPISODES_META_PATH).read_bytes()
     hash_after_first = ds.content_hash()
     ds.add_episodes([second])
-    (ds.root / EPISODES_META_PATH).write_bytes(committed)  # the commit never happened
+    (ds.root / "meta/episodes/chunk-000/file-001.parquet").unlink()  # the commit never happened
 
     reopened = EpisodeDataset(ds.root, EpisodesConfig())
     assert reopened.num_episodes == 1 and reopened.content_hash() == hash_after_first
@@ -438,6 +442,47 @@ def test_a_slice_of_the_stored_episodes_reads_only_that_slice(ds, rng):
     assert list(ds.episodes(9)) == []
     (ds.root / "data" / "chunk-000" / "file-000.parquet").unlink()  # the first file is never opened
     assert [e.episode_id for e in ds.episodes(3)] == everything[3:]
+
+
+def test_frames_after_a_cursor_stream_only_the_files_that_hold_them(ds, rng):
+    for batch in range(3):  # three data files of 3 episodes
+        ds.add_episodes([make_episode(rng, f"robot-000{k}") for k in range(3)])
+    ids = ds.episode_ids()
+    assert ids == [e.episode_id for e in ds.episodes()] and ds.episode_ids(7) == ids[7:]
+    everything = ds.frames()
+    assert everything.num_rows == ds.num_frames
+    batches = list(ds.frame_batches(start=4))  # the cursor sits inside the second file
+    assert [len(set(b.column("episode_index").to_pylist())) for b in batches] == [2, 3]
+    tail = ds.frames(start=4)
+    assert tail.column("episode_id").unique().to_pylist() == ids[4:]
+    assert tail.equals(everything.slice(everything.num_rows - tail.num_rows))
+    assert ds.frames(2, 3).column("episode_id").unique().to_pylist() == [ids[2]]
+    assert ds.frames(start=9).num_rows == 0
+    (ds.root / "data" / "chunk-000" / "file-000.parquet").unlink()  # before the cursor: never opened
+    assert ds.frames(start=3).num_rows == tail.num_rows + everything.filter(
+        pc.equal(everything.column("episode_id"), ids[3])).num_rows
+
+
+def test_stats_json_is_pooled_per_ingest_and_recomputed_when_it_does_not_match(ds, rng):
+    from components.episodes.stats import stats_from_episodes_meta
+
+    def close(a: dict, b: dict) -> None:
+        assert a.keys() == b.keys()
+        for feature in a:
+            for stat in a[feature]:
+                np.testing.assert_allclose(a[feature][stat], b[feature][stat], rtol=1e-9, atol=1e-12)
+
+    for batch in range(3):
+        ds.add_episodes([make_episode(rng, f"robot-000{k}", frames=5 + batch + k) for k in range(2)])
+    pooled = json.loads((ds.root / STATS_PATH).read_text())
+    close(pooled, stats_from_episodes_meta(ds.episodes_meta()))
+    # a stats.json that does not describe the stored frames (a crash between writes) is not
+    # pooled from: the next ingest recomputes it from every episode
+    bogus = {feature: {**values, "mean": [0.0] * len(values["mean"])} for feature, values in pooled.items()}
+    bogus["observation.state"]["count"] = [1]
+    (ds.root / STATS_PATH).write_text(json.dumps(bogus))
+    ds.add_episodes([make_episode(rng, "robot-0000")])
+    close(json.loads((ds.root / STATS_PATH).read_text()), stats_from_episodes_meta(ds.episodes_meta()))
 
 
 def test_dataset_stats_refuse_rows_of_different_shapes_naming_the_column():

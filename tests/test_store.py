@@ -24,6 +24,7 @@ from components.store import (
     encoder_from_state_dict,
     window_starts,
 )
+from components.store.index_plan import plan_ivf_pq, sub_vectors_for
 
 STATE_DIM = 4
 CFG = StoreConfig(window=8, stride=4, index_min_rows=256, index_sub_vectors=8, upsert_batch_rows=60)
@@ -375,3 +376,87 @@ def test_handles_see_other_writers_and_checkout_time_travels(tmp_path: Path) -> 
     assert writer.tags() == {"round-1": tagged}
     with pytest.raises(ValueError, match="read-only view"):
         past.upsert(episodes, encoder, snapshot="snap-b")
+
+
+# ---------------------------------------------------------------------- index sizes & upkeep
+
+
+def test_sub_vectors_divide_any_width() -> None:
+    assert sub_vectors_for(80, 16) == 16  # configured value divides: kept
+    assert sub_vectors_for(88, 16) == 22  # default sim: 8 x 11; 4 dims each, nearest to 88/16 = 5.5
+    assert sub_vectors_for(88, 8) == 8
+    assert sub_vectors_for(89, 16) in (1, 89)  # a prime has no divisor in 4-16 dims: still divides
+    for dim in range(1, 300):
+        chosen = sub_vectors_for(dim, 16)
+        assert dim % chosen == 0
+        if any(4 <= dim // d <= 16 for d in range(1, dim + 1) if dim % d == 0) and dim % 16:
+            assert 4 <= dim // chosen <= 16
+    plan = plan_ivf_pq(88, 1000, StoreConfig())
+    assert plan.derived and plan.sub_vectors == 22 and plan.partitions == 1000 // 256
+
+
+def _sim_width_fleet(seed: int, count: int) -> list[Episode]:
+    """Episodes with the default simulator's 11-dim state: windows of 8 x 11 = 88 values."""
+    rng = np.random.default_rng(seed)
+    return [
+        Episode(
+            episode_id=new_episode_id(rng), robot_id=f"robot-{i % 4:04d}", task="pick-place",
+            states=np.cumsum(rng.standard_normal((30, 11)), axis=0).astype(np.float32),
+            actions=np.zeros((30, 4), dtype=np.float32),
+            timestamps=np.arange(30, dtype=np.float32) / 10, success=i % 3 != 0,
+        )
+        for i in range(count)
+    ]
+
+
+def test_store_with_sim_width_keeps_ingesting_past_the_index_threshold(tmp_path: Path) -> None:
+    # the default index_sub_vectors (16) does not divide 88: the store must derive a divisor
+    cfg = StoreConfig(index_min_rows=300, index_fold_rows=150)
+    assert 88 % cfg.index_sub_vectors
+    first = _sim_width_fleet(0, 10)
+    encoder = NormalizedStateEncoder(8).fit(np.concatenate([episode_windows(e, 8, 4)[1] for e in first]))
+    assert encoder.dim == 88
+    store = SegmentStore.open(tmp_path / "segments", cfg, encoder.dim)
+    indexed_at, unindexed = [], []
+    for batch in range(12):  # 10 episodes x 7 windows a batch: crosses 300 rows at batch 5
+        episodes = first if batch == 0 else _sim_width_fleet(batch, 10)
+        report = store.upsert(episodes, encoder, snapshot=f"snap-{batch}")
+        assert report.inserted == report.segments == 70
+        if store.ensure_index():
+            indexed_at.append(store.count())
+            name = store._indexed_columns()["vector"]
+            unindexed.append(store._table.index_stats(name).num_unindexed_rows)
+        probe = encoder.encode(episode_windows(episodes[-1], 8, 4)[1][:1])
+        assert store.search(probe, k=1).episode_ids[0, 0] == episodes[-1].episode_id
+    assert store.count() == 12 * 70 and indexed_at[0] == 5 * 70 and len(indexed_at) == 8
+    assert store.index_plan().sub_vectors == 22 and store.index_plan().derived
+    assert max(unindexed) < cfg.index_fold_rows  # ingest folds new rows into the index as it grows
+    hit = store.search(encoder.encode(episode_windows(first[3], 8, 4)[1]), k=3, success=False)
+    assert (~hit.success).all() and hit.counts.tolist() == [3] * len(hit)
+
+
+def test_upkeep_compacts_prunes_and_keeps_tagged_versions(tmp_path: Path) -> None:
+    cfg = CFG.model_copy(update={"retain_versions_days": 0, "index_min_rows": 256})
+    episodes = make_fleet(count=60)
+    encoder = fit_encoder(episodes)
+    store = SegmentStore.open(tmp_path / "segments", cfg, encoder.dim)
+    for i in range(0, 60, 6):  # ten small upserts: ten versions, small fragments
+        store.upsert(episodes[i : i + 6], encoder, snapshot=f"snap-{i}")
+    rows = sorted_rows(store)
+    report = store.upkeep()
+    assert report.index_built and store.has_index()
+    assert report.fragments_before > report.fragments_after == 1
+    assert report.versions_before > report.versions_after and report.bytes_after < report.bytes_before
+    assert sorted_rows(store).equals(rows)  # compaction moves rows, never changes them
+
+    # a tagged version survives upkeep and still reads back (lineage points at it)
+    tagged = store.tag("run-1")
+    store.upsert(make_fleet(seed=3, count=6), encoder, snapshot="snap-late")
+    again = store.upkeep()
+    assert again.tags == {"run-1": tagged} and not again.index_rebuilt
+    assert store.checkout("run-1").count() == rows.num_rows
+    # the table doubled since the index was built: upkeep retrains it for today's size
+    store.upsert(make_fleet(seed=4, count=60), encoder, snapshot="snap-grow")
+    assert store.upkeep().index_rebuilt
+    store.untag("run-1")
+    assert store.tags() == {}

@@ -3,7 +3,7 @@
 ```
 root/
   meta/info.json                              features, fps, totals, path templates
-  meta/episodes/chunk-000/file-000.parquet    one row per episode (the commit point)
+  meta/episodes/chunk-XXX/file-XXX.parquet    one row per episode; one new file per ingest (its commit point)
   meta/tasks.parquet                          task string <-> task_index
   meta/stats.json                             per-feature min/max/mean/std/count
   data/chunk-XXX/file-XXX.parquet             frames; one new file per ingest that adds episodes
@@ -11,10 +11,13 @@ root/
 ```
 
 Writes are ordered so a crash loses nothing already stored: new data/video files first (new
-names, temp + ``os.replace``), then tasks, info and stats, and last the episodes table, which is
-the single commit point. Files not referenced by the episodes table are invisible and simply
-overwritten by the next ingest; totals and stats are re-derived from the episodes table on open
-if they disagree with it. One writer at a time (an ``flock`` on ``root/.fleetloop.lock``).
+names, temp + ``os.replace``), then tasks, info and stats, and last the ingest's own episodes-table
+file (meta_files.py), whose appearance is the single commit point. Files not referenced by the
+episodes table are invisible and simply overwritten by the next ingest; totals and stats are
+re-derived from the episodes table on open if they disagree with it. One writer at a time (an
+``flock`` on ``root/.fleetloop.lock``). Every write costs what the batch costs: only the new
+episodes' rows are written, stats.json is pooled from the last one plus the batch, and a process
+rereads only the episodes-table files it has not seen.
 """
 
 from __future__ import annotations
@@ -34,10 +37,17 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from components.config import EpisodesConfig
 from components.episodes.fingerprint import combine_fingerprints, table_fingerprint
+from components.episodes.meta_files import (
+    list_meta_files,
+    meta_file_path,
+    next_meta_number,
+    read_episodes_table,
+)
 from components.episodes.quarantine import QuarantinedFile, quarantine_bytes, quarantine_file
 from components.episodes.record import Episode
 from components.episodes.schema import (
@@ -57,6 +67,8 @@ from components.episodes.schema import (
     table_to_episode,
 )
 from components.episodes.stats import (
+    STAT_NAMES,
+    aggregate_stats,
     column_values,
     feature_stats,
     parse_stats_column,
@@ -68,7 +80,7 @@ from components.episodes.validation import WHOLE_FILE, EpisodeValidationError, v
 INFO_PATH = "meta/info.json"
 STATS_PATH = "meta/stats.json"
 TASKS_PATH = "meta/tasks.parquet"
-EPISODES_META_PATH = "meta/episodes/chunk-000/file-000.parquet"
+EPISODES_META_PATH = "meta/episodes/chunk-000/file-000.parquet"  # the first file (exports write one)
 CHUNK_FILE_PATTERN = "chunk-{chunk_index:03d}/file-{file_index:03d}"
 DATA_PATH = "data/" + CHUNK_FILE_PATTERN + ".parquet"
 VIDEO_PATH = "videos/{video_key}/" + CHUNK_FILE_PATTERN + ".mp4"
@@ -272,9 +284,7 @@ class EpisodeDataset:
     def _load(self) -> None:
         info_path = self.root / INFO_PATH
         self._info = json.loads(info_path.read_text()) if info_path.exists() else None
-        meta_path = self.root / EPISODES_META_PATH
-        # One read of the whole file: a writer may os.replace it between pyarrow's reads of a path.
-        self._meta = pq.read_table(pa.BufferReader(meta_path.read_bytes())) if meta_path.exists() else None
+        self._meta = read_episodes_table(self.root)
         tasks_path = self.root / TASKS_PATH
         self._tasks = read_tasks(tasks_path) if tasks_path.exists() else []
 
@@ -351,6 +361,22 @@ class EpisodeDataset:
         keep = [n for n in self._meta.column_names if parse_stats_column(n) is None]
         return self._meta.select(keep)
 
+    def episode_ids(self, start: int = 0, stop: int | None = None) -> list[str]:
+        """Episode ids in episode_index order (a slice of it), from the episodes table alone."""
+        if self._meta is None:
+            return []
+        return self._rows(start, stop).column(EPISODE_ID).to_pylist()
+
+    def _rows(self, start: int = 0, stop: int | None = None) -> pa.Table:
+        """Rows ``start:stop`` of the episodes table in episode_index order: a zero-copy slice,
+        as the table is stored in that order (a take on a table of another origin)."""
+        assert self._meta is not None
+        index = self._meta.column(EPISODE_INDEX).to_numpy()
+        picked = range(len(index))[start:stop]
+        if (np.diff(index) > 0).all():
+            return self._meta.slice(picked.start, len(picked))
+        return self._meta.take(pa.array(np.argsort(index, kind="stable")[start:stop], pa.int64()))
+
     def robots(self) -> dict[str, int]:
         """Episodes per robot id."""
         if self._meta is None:
@@ -372,29 +398,51 @@ class EpisodeDataset:
     def _file_keys(self) -> list[tuple[int, int]]:
         if self._meta is None:
             return []
-        chunks = self._meta.column(META_DATA_CHUNK).to_pylist()
-        files = self._meta.column(META_DATA_FILE).to_pylist()
-        return sorted(set(zip(chunks, files)))
+        chunks = self._meta.column(META_DATA_CHUNK).to_numpy()
+        files = self._meta.column(META_DATA_FILE).to_numpy()
+        pairs = np.unique(np.stack([chunks, files], axis=1), axis=0)
+        return [(int(c), int(f)) for c, f in pairs]
 
     def _with_task(self, table: pa.Table) -> pa.Table:
         task_index = table.column(TASK_INDEX).to_numpy()
         names = np.asarray(self._tasks, dtype=object)
         return table.append_column(TASK, pa.array(names[task_index] if len(task_index) else [], pa.string()))
 
-    def frames(self) -> pa.Table:
-        """All stored frames (LeRobot columns, ours, extras) with the ``task`` string joined in."""
-        tables = [pq.read_table(path) for path in self.data_files()]
+    def frames(self, start: int = 0, stop: int | None = None) -> pa.Table:
+        """Stored frames (LeRobot columns, ours, extras) with the ``task`` string joined in: all
+        of them, or those of episodes ``start:stop`` in episode_index order."""
+        tables = list(self.frame_batches(start, stop))
         if not tables:
             return pa.table({})
-        return self._with_task(pa.concat_tables(tables, promote_options="permissive"))
+        return pa.concat_tables(tables, promote_options="permissive")
+
+    def frame_batches(self, start: int = 0, stop: int | None = None) -> Iterator[pa.Table]:
+        """The frames of episodes ``start:stop`` (episode_index order), one table per data file,
+        reading only the files that hold them: a streaming reader whose cost follows the slice.
+
+        A consumer that follows the ingest keeps a cursor (the number of episodes it has seen)
+        and reads ``frame_batches(start=cursor)``; ``episodes(start=cursor)`` does the same per
+        episode.
+        """
+        if self._meta is None:
+            return
+        meta = self._rows(start, stop)
+        if meta.num_rows == 0:
+            return
+        keys = list(zip(meta.column(META_DATA_CHUNK).to_pylist(), meta.column(META_DATA_FILE).to_pylist()))
+        wanted = set(meta.column(EPISODE_INDEX).to_pylist())
+        for key in dict.fromkeys(keys):  # files in the order their episodes come
+            table = pq.read_table(self.root / DATA_PATH.format(chunk_index=key[0], file_index=key[1]))
+            index = table.column(EPISODE_INDEX).to_numpy()
+            keep = np.isin(index, np.fromiter(wanted, dtype=np.int64, count=len(wanted)))
+            yield self._with_task(table if keep.all() else table.filter(pa.array(keep)))
 
     def episodes(self, start: int = 0, stop: int | None = None) -> Iterator[Episode]:
         """Stored episodes in episode_index order; ``start``/``stop`` pick a slice of that order
         without reading or decoding the episodes before it (a consumer following the ingest)."""
         if self._meta is None:
             return
-        order = np.argsort(self._meta.column(EPISODE_INDEX).to_numpy(), kind="stable")[start:stop]
-        meta = self._meta.take(pa.array(order, pa.int64()))
+        meta = self._rows(start, stop)
         keys = list(zip(meta.column(META_DATA_CHUNK).to_pylist(), meta.column(META_DATA_FILE).to_pylist()))
         starts = meta.column(META_FROM).to_pylist()
         lengths = meta.column(META_LENGTH).to_pylist()
@@ -469,7 +517,7 @@ class EpisodeDataset:
         """The one ingest path: validate, dedupe by episode_id + content, store in one new file."""
         with self._writer():
             staged, quarantined = self._stage(incoming, known_robots, quarantine_dir)
-            stored = self._hashes_by_id()
+            stored = self._stored_hashes([item.episode.episode_id for item in staged])
             new: list[_Staged] = []
             duplicates: list[str] = []
             for item in staged:
@@ -531,16 +579,21 @@ class EpisodeDataset:
         name = re.sub(r"[^A-Za-z0-9._-]", "_", item.source) + ".parquet"
         return quarantine_bytes(sink.getvalue().to_pybytes(), name, error, quarantine_dir)
 
-    def _hashes_by_id(self) -> dict[str, str]:
-        if self._meta is None:
+    def _stored_hashes(self, episode_ids: list[str]) -> dict[str, str]:
+        """Content hashes of those of ``episode_ids`` already stored (one vectorised lookup)."""
+        if self._meta is None or not episode_ids:
             return {}
-        return dict(
-            zip(self._meta.column(EPISODE_ID).to_pylist(), self._meta.column(META_CONTENT_HASH).to_pylist())
-        )
+        wanted = pa.array(episode_ids, pa.string())
+        mask = pc.is_in(self._meta.column(EPISODE_ID), value_set=wanted)
+        found = self._meta.select([EPISODE_ID, META_CONTENT_HASH]).filter(mask)
+        return dict(zip(found.column(EPISODE_ID).to_pylist(), found.column(META_CONTENT_HASH).to_pylist()))
 
     def _next_file_number(self) -> int:
-        keys = self._file_keys()
-        return max(c * self.chunk_size + f for c, f in keys) + 1 if keys else 0
+        if self._meta is None or self._meta.num_rows == 0:
+            return 0
+        chunks = self._meta.column(META_DATA_CHUNK).to_numpy()
+        files = self._meta.column(META_DATA_FILE).to_numpy()
+        return int((chunks * self.chunk_size + files).max()) + 1
 
     def _next_video_numbers(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -567,6 +620,8 @@ class EpisodeDataset:
         tasks = list(self._tasks)
         task_of = {t: i for i, t in enumerate(tasks)}
         episode_index, frame_index = self.num_episodes, self.num_frames
+        meta_number = next_meta_number(list_meta_files(self.root), chunk_size)
+        meta_chunk, meta_file = divmod(meta_number, chunk_size)
         features = dict(info["features"])
         data_tables: list[pa.Table] = []
         meta_rows: list[pa.Table] = []
@@ -590,8 +645,8 @@ class EpisodeDataset:
                 META_DATA_FILE: pa.array([data_file], pa.int64()),
                 META_FROM: pa.array([frame_index], pa.int64()),
                 META_TO: pa.array([frame_index + ep.length], pa.int64()),
-                META_META_CHUNK: pa.array([0], pa.int64()),
-                META_META_FILE: pa.array([0], pa.int64()),
+                META_META_CHUNK: pa.array([meta_chunk], pa.int64()),
+                META_META_FILE: pa.array([meta_file], pa.int64()),
                 EPISODE_ID: pa.array([ep.episode_id], pa.string()),
                 ROBOT_ID: pa.array([ep.robot_id], pa.string()),
                 POLICY_VERSION: pa.array([ep.policy_version], pa.string()),
@@ -624,18 +679,32 @@ class EpisodeDataset:
         for (key, src), (chunk, number) in sorted(video_slots.items()):
             _atomic_copy(src, self.root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=number))
         _atomic_write_parquet(self.root / TASKS_PATH, tasks_table(tasks), self.cfg.compression)
+        # one chunk per column: per-episode row tables would leave a chunk per episode
+        added = pa.concat_tables(meta_rows, promote_options="permissive").combine_chunks()
         previous = [self._meta] if self._meta is not None else []
-        # one chunk per column: per-episode row tables would leave the in-memory meta with a chunk
-        # per episode, and every compute over it (stats.json on each ingest) pays per chunk
-        meta = pa.concat_tables(previous + meta_rows, promote_options="permissive").combine_chunks()
         self._info = {**info, "features": features}
         if video_slots:
             self._info["video_path"] = VIDEO_PATH
         self._tasks = tasks
-        self._meta = meta
-        self._write_derived_meta()
-        _atomic_write_parquet(self.root / EPISODES_META_PATH, meta, self.cfg.compression)  # commit point
+        self._meta = pa.concat_tables(previous + [added], promote_options="permissive")
+        self._write_derived_meta(added)
+        _atomic_write_parquet(meta_file_path(self.root, meta_number, chunk_size), added, self.cfg.compression)  # commit
         return path
+
+    def _pooled_stats(self, added: pa.Table) -> dict[str, dict[str, list]] | None:
+        """The last stats.json pooled with the added episodes' stats; None when that file does
+        not describe exactly the frames stored before them (its state count says how many)."""
+        path = self.root / STATS_PATH
+        before = self.num_frames - int(np.sum(added.column(META_LENGTH).to_numpy()))
+        if before == 0:
+            return stats_from_episodes_meta(added)
+        if not path.exists():
+            return None
+        old = json.loads(path.read_text())
+        if old.get(STATE, {}).get("count") != [before]:
+            return None
+        new = stats_from_episodes_meta(added)
+        return {f: _pool(old.get(f), new.get(f)) for f in sorted(set(old) | set(new))}
 
     def _new_info(self) -> dict[str, Any]:
         fps = self.cfg.fps
@@ -655,13 +724,26 @@ class EpisodeDataset:
             "features": {},
         }
 
-    def _write_derived_meta(self) -> None:
-        """info.json totals and stats.json, both derived from the episodes table."""
+    def _write_derived_meta(self, added: pa.Table | None = None) -> None:
+        """info.json totals and stats.json, both derived from the episodes table: stats pooled
+        from the last stats.json and the ``added`` rows when that file matches what was stored
+        before them, else recomputed from every episode (after a crash, on repair)."""
         assert self._info is not None and self._meta is not None
         self._info = self.info()
-        stats = stats_from_episodes_meta(self._meta)
+        stats = self._pooled_stats(added) if added is not None else None
+        if stats is None:
+            stats = stats_from_episodes_meta(self._meta)
         _atomic_write_bytes(self.root / STATS_PATH, json.dumps(stats, indent=4).encode())
         _atomic_write_bytes(self.root / INFO_PATH, json.dumps(self._info, indent=4).encode())
+
+
+def _pool(old: dict[str, list] | None, new: dict[str, list] | None) -> dict[str, list] | None:
+    """One feature's stats over two disjoint sets of frames (either may be absent)."""
+    if old is None or new is None:
+        return old or new
+    stacked = {stat: np.stack([np.asarray(old[stat], np.float64), np.asarray(new[stat], np.float64)])
+               for stat in STAT_NAMES}
+    return {k: v.tolist() for k, v in aggregate_stats(stacked).items()}
 
 
 def read_incoming(path: Path, quarantine_dir: Path) -> IncomingEpisode | QuarantinedFile:

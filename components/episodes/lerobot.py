@@ -373,6 +373,10 @@ def export_lerobot(dataset: EpisodeDataset, dst_dir: Path) -> LeRobotExport:
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(dataset.root / rel, tmp / rel)
 
+    # the export's episodes table is one file: every row says so
+    for column in ("meta/episodes/chunk_index", "meta/episodes/file_index"):
+        if column in meta.column_names:
+            meta = meta.set_column(meta.column_names.index(column), column, pa.array([0] * meta.num_rows, pa.int64()))
     (tmp / EPISODES_META_PATH).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(meta, tmp / EPISODES_META_PATH, compression=dataset.cfg.compression)
     shutil.copyfile(dataset.root / TASKS_PATH, tmp / TASKS_PATH)

@@ -22,7 +22,7 @@ from components.episodes.snapshot import Snapshot, read_snapshot, snapshot_datas
 from components.fert.encoder import ActionPredictiveEncoder
 from components.pipeline.workspace import Workspace
 from components.store.encoder import NormalizedStateEncoder, WindowEncoder
-from components.store.segment_store import UpsertReport
+from components.store.segment_store import EmbedCursor, UpsertReport
 from components.store.windows import cut_windows
 
 Progress = Callable[[int, int], None]
@@ -94,14 +94,46 @@ def store_encoder(settings: Settings) -> WindowEncoder:
 
 
 def episodes_to_embed(settings: Settings) -> list[Episode]:
-    """Stored episodes that have no segments yet.
+    """Stored episodes that have no segments yet: those after the store's embed cursor.
 
-    Driven by what the store lacks rather than by what this ingest added, so an ingest that
-    died between storing and upserting is completed by the next one.
+    Reads only the episodes after the cursor, so its cost follows the batch, not the dataset.
+    The cursor moves only after an upsert (``upsert``), so an ingest that died between storing
+    and upserting is completed by the next one. Without a cursor that matches this dataset (a
+    store written before cursors, or a replaced dataset) it compares every stored episode with
+    the store once; the next upsert records the cursor.
     """
     ws = Workspace(settings)
+    start = _cursor_start(ws)
+    if start is not None:
+        return list(ws.dataset.episodes(start=start))
     embedded = ws.store.episode_ids()
     return [ep for ep in ws.dataset.episodes() if ep.episode_id not in embedded]
+
+
+def _cursor_start(ws: Workspace) -> int | None:
+    """Where embedding resumes, if the store's cursor describes this dataset; else None."""
+    cursor = ws.store.embed_cursor()
+    if cursor is None or cursor.episodes > ws.dataset.num_episodes:
+        return None
+    if cursor.episodes and ws.dataset.episode_ids(cursor.episodes - 1, cursor.episodes) != [cursor.last_episode_id]:
+        return None
+    return cursor.episodes
+
+
+def advance_embed_cursor(settings: Settings, upserted_ids: set[str]) -> EmbedCursor | None:
+    """Move the cursor over the stored episodes that now have segments: those just upserted
+    (and, while no cursor matches, those the store already holds), up to the first gap."""
+    ws = Workspace(settings)
+    start = _cursor_start(ws)
+    known = upserted_ids if start is not None else upserted_ids | ws.store.episode_ids()
+    ids = ws.dataset.episode_ids(start or 0)
+    covered = np.fromiter((i in known for i in ids), dtype=bool, count=len(ids))
+    gap = int(np.argmin(covered)) if not covered.all() else len(ids)
+    if gap == 0:
+        return ws.store.embed_cursor() if start is not None else None
+    cursor = EmbedCursor(episodes=(start or 0) + gap, last_episode_id=ids[gap - 1])
+    ws.store.set_embed_cursor(cursor)
+    return cursor
 
 
 def embed(settings: Settings, episodes: list[Episode], encoder: WindowEncoder, snapshot: str) -> pa.Table:
@@ -109,10 +141,14 @@ def embed(settings: Settings, episodes: list[Episode], encoder: WindowEncoder, s
 
 
 def upsert(settings: Settings, rows: list[pa.Table], encoder: WindowEncoder) -> UpsertReport | None:
-    if not rows:
-        return None
+    """Merge the rows, move the embed cursor over their episodes, keep the index up (build or fold)."""
     store = Workspace(settings).store
-    report = store.upsert_rows(pa.concat_tables(rows), encoder)
+    if not rows:
+        advance_embed_cursor(settings, set())  # records a first cursor for a store that lacks one
+        return None
+    table = pa.concat_tables(rows)
+    report = store.upsert_rows(table, encoder)
+    advance_embed_cursor(settings, set(table.column("episode_id").unique().to_pylist()))
     store.ensure_index()
     return report
 

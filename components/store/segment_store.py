@@ -5,9 +5,11 @@ Row contract (DESIGN.md): ``segment_id`` = f"{episode_id}:{start}", ``episode_id
 (fixed_size_list<float32>[dim]), ``policy_version``, ``snapshot``.
 
 Writes are idempotent: ``upsert`` dedupes the batch, drops rows whose stored content is already
-identical (so a no-op re-ingest commits nothing and the table version does not move), and
-``merge_insert``s the rest on ``segment_id``. Every commit is atomic, so an upsert that fails
-(bad input, crash) leaves the table at a valid version; rerunning it finishes the job.
+identical (so a no-op re-ingest commits nothing and the table version does not move), appends
+the rows whose ``segment_id`` is not stored and ``merge_insert``s the changed ones (a merge joins
+against the whole table; an append costs what the batch costs). One writer at a time (an
+``flock`` beside the table). Every commit is atomic, so an upsert that fails (bad input, crash)
+leaves the table at a valid version; rerunning it finishes the job.
 
 LanceDB facts this relies on (checked on 0.40, see STACK-NOTES.md): every write — even a
 merge_insert that changes nothing — makes a new version; duplicate keys inside one
@@ -19,11 +21,13 @@ with ``read_consistency_interval=timedelta(0)``; forked children hang, so use ``
 from __future__ import annotations
 
 import dataclasses
-
+import fcntl
 import json
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import lancedb
@@ -35,6 +39,7 @@ from lancedb.index import Bitmap, BTree, IvfPq
 from components.config import StoreConfig
 from components.episodes.record import Episode
 from components.store.encoder import WindowEncoder, encoder_fingerprint, encoder_from_state_dict
+from components.store.index_plan import IVF_PQ_MIN_ROWS, IvfPqPlan, plan_ivf_pq
 from components.store.windows import cut_windows
 
 VECTOR = "vector"
@@ -42,8 +47,14 @@ VECTOR = "vector"
 ENCODER_FINGERPRINT_KEY = "fleetloop:encoder_fingerprint"
 ENCODER_STATE_KEY = "fleetloop:encoder_state"
 ENCODER_STATE_MAX_BYTES = 1 << 20  # larger encoder states (learned nets) store only the fingerprint
-# IVF_PQ trains k-means on the rows present; below this it silently builds an empty index.
-IVF_PQ_MIN_ROWS = 256
+# ... the rows the vector index was last built on (upkeep rebuilds it as the table grows) ...
+INDEX_ROWS_KEY = "fleetloop:index_rows"
+# ... and how far the dataset's episodes are embedded (see EmbedCursor).
+EMBED_CURSOR_KEY = "fleetloop:embed_cursor"
+# Pruning stops this long before the oldest tagged version: LanceDB 0.40 refuses to prune a
+# tagged version (it cannot be told to skip them), and it fixes its cutoff only when it gets to
+# the prune step, after compaction.
+TAG_PRUNE_MARGIN = timedelta(hours=1)
 # Columns compared to decide whether a row changed. ``snapshot`` is left out on purpose: it
 # records the snapshot that last *changed* the row, so re-ingesting under a new snapshot is a no-op.
 CONTENT_COLUMNS = ("episode_id", "robot_id", "task", "start", "end", "success", "policy_version")
@@ -90,6 +101,44 @@ class UpsertReport:
     @property
     def changed(self) -> bool:
         return self.inserted + self.updated > 0
+
+
+@dataclass(frozen=True)
+class EmbedCursor:
+    """How far a dataset's episodes are embedded: the first ``episodes`` (in episode_index
+    order) all have segments, the last of them being ``last_episode_id``.
+
+    Kept in the table's metadata, so it travels with the table (and its versions). The id lets a
+    reader check the cursor still describes *this* dataset before trusting it.
+    """
+
+    episodes: int
+    last_episode_id: str
+
+
+@dataclass(frozen=True)
+class UpkeepReport:
+    """What ``SegmentStore.upkeep`` did: compaction, index fold or rebuild, version pruning."""
+
+    version_before: int
+    version_after: int
+    versions_before: int  # versions on disk
+    versions_after: int
+    bytes_before: int  # bytes of the table's directory
+    bytes_after: int
+    fragments_before: int
+    fragments_after: int
+    index_built: bool  # first build (the table crossed store.index_min_rows)
+    index_rebuilt: bool  # retrained: the table grew store.index_rebuild_growth× since the last build
+    indexed: bool  # a vector index exists afterwards
+    pruned_before: datetime  # versions older than this were deleted (tagged ones are kept)
+    tags: dict[str, int]  # the tagged versions kept for lineage
+
+    @property
+    def index_action(self) -> str:
+        if self.index_built or self.index_rebuilt:
+            return "built" if self.index_built else "retrained"
+        return "new rows folded in" if self.indexed else "none yet (below store.index_min_rows)"
 
 
 @dataclass(frozen=True)
@@ -209,6 +258,26 @@ class SegmentStore:
     def tags(self) -> dict[str, int]:
         return {name: int(info["version"]) for name, info in self._table.tags.list().items()}
 
+    def untag(self, name: str) -> None:
+        """Drop a tag: its version becomes prunable by ``optimize`` once it is old enough."""
+        self._table.tags.delete(name)
+
+    # ------------------------------------------------------------------ embed cursor
+
+    def embed_cursor(self) -> EmbedCursor | None:
+        """How far the dataset is embedded (None: never recorded, e.g. a new table)."""
+        blob = (self._table.schema.field(VECTOR).metadata or {}).get(EMBED_CURSOR_KEY.encode())
+        return EmbedCursor(**json.loads(blob)) if blob else None
+
+    def set_embed_cursor(self, cursor: EmbedCursor) -> None:
+        """Record the cursor (one small commit; none when it is unchanged, so a no-op ingest
+        keeps the version). Call it only after the episodes it covers are upserted."""
+        self._writable()
+        if cursor == self.embed_cursor():
+            return
+        blob = json.dumps(dataclasses.asdict(cursor), sort_keys=True)
+        self._table.update_field_metadata({"path": VECTOR, "metadata": {EMBED_CURSOR_KEY: blob}})
+
     # ------------------------------------------------------------------ encoder bookkeeping
 
     def encoder_fingerprint(self) -> str | None:
@@ -323,13 +392,29 @@ class SegmentStore:
         episodes = len(set(rows.column("episode_id").to_pylist()))
         return dataclasses.replace(merged, episodes=episodes, segments=rows.num_rows, version_before=version_before, version_after=self.version)
 
+    @contextmanager
+    def _write_lock(self) -> Iterator[None]:
+        """One writer between "which keys are stored" and the write: two processes appending
+        the same new segments would otherwise both insert them."""
+        self.uri.mkdir(parents=True, exist_ok=True)
+        with open(self.uri / f".{self.cfg.table}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
     def _merge(self, rows: pa.Table, encoder: WindowEncoder, fingerprint: str) -> UpsertReport:
-        """Write the new/changed rows of one batch in one commit (none when nothing changed)."""
+        """Write one batch: new segments appended, changed ones merged (nothing when unchanged)."""
+        with self._write_lock():
+            return self._merge_locked(rows, encoder, fingerprint)
+
+    def _merge_locked(self, rows: pa.Table, encoder: WindowEncoder, fingerprint: str) -> UpsertReport:
         if self.encoder_fingerprint() is None and rows.num_rows:
             self._record_encoder(encoder, fingerprint)
         episode_ids = sorted(set(rows.column("episode_id").to_pylist()))
-        changed = self._changed_rows(rows, episode_ids)
-        inserted = updated = commits = 0
+        new, changed = self._new_and_changed_rows(rows, episode_ids)
+        commits = 0
         if changed.num_rows:
             result = (
                 self._table.merge_insert("segment_id")
@@ -337,11 +422,16 @@ class SegmentStore:
                 .when_not_matched_insert_all()
                 .execute(changed)
             )
-            inserted, updated, commits = int(result.num_inserted_rows), int(result.num_updated_rows), 1
+            commits += 1
+        if new.num_rows:
+            # keys known absent: a plain append, whose cost follows the batch (a merge joins
+            # against the whole table)
+            self._table.add(new)
+            commits += 1
         return UpsertReport(
-            episodes=len(episode_ids), duplicate_episodes=0, segments=rows.num_rows, inserted=inserted,
-            updated=updated, unchanged=rows.num_rows - changed.num_rows, commits=commits,
-            version_before=-1, version_after=-1,
+            episodes=len(episode_ids), duplicate_episodes=0, segments=rows.num_rows, inserted=new.num_rows,
+            updated=changed.num_rows, unchanged=rows.num_rows - new.num_rows - changed.num_rows,
+            commits=commits, version_before=-1, version_after=-1,
         )
 
     def _segment_rows(
@@ -383,10 +473,12 @@ class SegmentStore:
             schema=segment_schema(self.dim),
         )
 
-    def _changed_rows(self, rows: pa.Table, episode_ids: list[str]) -> pa.Table:
-        """The rows that are new or differ from what is stored (ignoring ``snapshot``)."""
+    def _new_and_changed_rows(self, rows: pa.Table, episode_ids: list[str]) -> tuple[pa.Table, pa.Table]:
+        """(rows whose segment_id is not stored, stored rows whose content differs), ignoring
+        ``snapshot``. Complete because a segment_id names its episode, and every stored row of
+        these episodes is looked up."""
         if self.count() == 0:
-            return rows
+            return rows, rows.slice(0, 0)
         stored = (
             self._table.search()
             .where(_sql_in("episode_id", episode_ids))
@@ -395,7 +487,7 @@ class SegmentStore:
             .to_arrow()
         )
         if stored.num_rows == 0:
-            return rows
+            return rows, rows.slice(0, 0)
         position = pc.index_in(rows.column("segment_id"), value_set=stored.column("segment_id"))
         present = position.is_valid().to_numpy(zero_copy_only=False)
         same = present.copy()
@@ -409,7 +501,7 @@ class SegmentStore:
         old_vectors = _vectors(old.column(VECTOR), self.dim)
         equal &= (new_vectors == old_vectors).all(axis=1)
         same[present] = equal
-        return rows.filter(pa.array(~same))
+        return rows.filter(pa.array(~present)), rows.filter(pa.array(present & ~same))
 
     # ------------------------------------------------------------------ index
 
@@ -420,12 +512,12 @@ class SegmentStore:
         return VECTOR in self._indexed_columns()
 
     def ensure_index(self) -> bool:
-        """Build the IVF_PQ index (cfg.metric) once the table has ``cfg.index_min_rows`` rows,
-        plus scalar indexes on the filter columns.
+        """Index upkeep on the ingest path: build IVF_PQ (cfg.metric) once the table has
+        ``cfg.index_min_rows`` rows, plus scalar indexes on the filter columns; afterwards fold
+        new rows into it (``optimize``) once ``cfg.index_fold_rows`` are unindexed.
 
-        Returns whether a vector index exists afterwards. Rows added later are searched flat
-        until ``optimize()`` folds them in. An existing index built with another metric raises
-        (queries would silently scan flat).
+        Returns whether a vector index exists afterwards. Unfolded rows are still found (searched
+        flat). An existing index built with another metric raises (queries would scan flat).
         """
         indexed = self._indexed_columns()
         if VECTOR in indexed:
@@ -437,6 +529,8 @@ class SegmentStore:
                     f"store.metric back, or call store.rebuild_index()"
                 )
             self._ensure_scalar_indexes(indexed)
+            if stats is not None and stats.num_unindexed_rows >= self.cfg.index_fold_rows:
+                self.optimize()
             return True
         rows = self.count()
         if rows < max(self.cfg.index_min_rows, IVF_PQ_MIN_ROWS):
@@ -444,6 +538,10 @@ class SegmentStore:
         self._build_vector_index(rows)
         self._ensure_scalar_indexes(self._indexed_columns())
         return True
+
+    def index_plan(self, rows: int | None = None) -> IvfPqPlan:
+        """The IVF_PQ sizes an index built now (or at ``rows`` rows) gets; see index_plan.py."""
+        return plan_ivf_pq(self.dim, self.count() if rows is None else rows, self.cfg)
 
     def rebuild_index(self) -> None:
         """Rebuild the vector index from scratch (after changing store.metric or its sizes)."""
@@ -454,20 +552,22 @@ class SegmentStore:
 
     def _build_vector_index(self, rows: int) -> None:
         self._writable()
-        if self.dim % self.cfg.index_sub_vectors:
-            raise ValueError(
-                f"store.index_sub_vectors={self.cfg.index_sub_vectors} must divide the vector "
-                f"dim {self.dim}; pick a divisor (e.g. {_divisor_near(self.dim, 16)})"
-            )
+        plan = self.index_plan(rows)
         self._table.create_index(
             VECTOR,
             config=IvfPq(
                 distance_type=self.cfg.metric,
-                num_partitions=max(1, min(self.cfg.index_partitions, rows // IVF_PQ_MIN_ROWS)),
-                num_sub_vectors=self.cfg.index_sub_vectors,
+                num_partitions=plan.partitions,
+                num_sub_vectors=plan.sub_vectors,
             ),
             replace=True,
         )
+        self._table.update_field_metadata({"path": VECTOR, "metadata": {INDEX_ROWS_KEY: str(rows)}})
+
+    def _index_rows(self) -> int | None:
+        """Rows the vector index was last built on (None: no index, or built before we recorded it)."""
+        value = (self._table.schema.field(VECTOR).metadata or {}).get(INDEX_ROWS_KEY.encode())
+        return int(value) if value and self.has_index() else None
 
     def _ensure_scalar_indexes(self, indexed: dict[str, str]) -> None:
         for column, kind in SCALAR_INDEXES:
@@ -475,14 +575,68 @@ class SegmentStore:
                 self._writable()
                 self._table.create_index(column, config=kind())
 
-    def optimize(self) -> int:
-        """Compact files and fold new rows into the index; returns the new version.
+    # ------------------------------------------------------------------ upkeep
 
-        Deletes versions older than ``cfg.retain_versions_days`` (tag the ones lineage needs).
+    def optimize(self) -> int:
+        """Compact small files, fold unindexed rows into the indexes and prune old versions;
+        returns the new version.
+
+        Prunes versions older than ``cfg.retain_versions_days`` except what lineage points at:
+        tagged versions (``tag``) are kept, and since LanceDB refuses to prune a tagged version,
+        pruning stops short of the oldest tag (``untag`` the ones no run needs any more).
         """
         self._writable()
-        self._table.optimize(cleanup_older_than=timedelta(days=self.cfg.retain_versions_days))
+        self._table.optimize(cleanup_older_than=datetime.now() - self._prune_before())
         return self.version
+
+    def _prune_before(self) -> datetime:
+        """The cutoff: versions created before it may be deleted."""
+        cutoff = datetime.now() - timedelta(days=self.cfg.retain_versions_days)
+        tagged = set(self.tags().values())
+        if tagged:
+            stamps = {int(v["version"]): v["timestamp"] for v in self._table.list_versions()}
+            oldest = min(stamps[v] for v in tagged if v in stamps)
+            cutoff = min(cutoff, oldest - TAG_PRUNE_MARGIN)
+        return cutoff
+
+    def upkeep(self) -> UpkeepReport:
+        """The scheduled maintenance: build the index if due, or retrain it once the table grew
+        ``cfg.index_rebuild_growth``× since its last build (partitions sized for the rows of
+        today); then compact, fold and prune (``optimize``). Safe to run at any time."""
+        self._writable()
+        before = (self.version, self._version_count(), self.disk_bytes(), self._fragments())
+        built = rebuilt = False
+        if not self.has_index():
+            built = self.ensure_index()
+        else:
+            index_rows = self._index_rows()
+            rows = self.count()
+            if index_rows is None or rows >= self.cfg.index_rebuild_growth * index_rows:
+                self.rebuild_index()
+                rebuilt = True
+        pruned_before = self._prune_before()
+        self.optimize()
+        return UpkeepReport(
+            version_before=before[0], version_after=self.version,
+            versions_before=before[1], versions_after=self._version_count(),
+            bytes_before=before[2], bytes_after=self.disk_bytes(),
+            fragments_before=before[3], fragments_after=self._fragments(),
+            index_built=built, index_rebuilt=rebuilt, indexed=self.has_index(), pruned_before=pruned_before,
+            tags=self.tags(),
+        )
+
+    def disk_bytes(self) -> int:
+        """Bytes of the table's directory: every version's data, indexes and manifests."""
+        root = self.uri / f"{self.cfg.table}.lance"
+        return sum(
+            os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(root) for name in names
+        )
+
+    def _version_count(self) -> int:
+        return len(self._table.list_versions())
+
+    def _fragments(self) -> int:
+        return int(self._table.stats()["fragment_stats"]["num_fragments"])
 
     # ------------------------------------------------------------------ reads
 
@@ -614,10 +768,6 @@ def _window_count(length: int, window: int, stride: int) -> int:
 def _vectors(column: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     return array.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
-
-
-def _divisor_near(n: int, target: int) -> int:
-    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - target))
 
 
 def _empty_result(n_queries: int, k: int, metric: str, version: int) -> SearchResult:

@@ -1,0 +1,112 @@
+"""The ingest path (components/pipeline/ingest.py) as the dataset grows: new episodes are found
+from the store's embed cursor, never by reading what is already stored; crash-safe and idempotent.
+
+Real Parquet dataset and LanceDB store in tmp_path; no mocks.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from components.config import Settings
+from components.episodes.record import Episode, new_episode_id
+from components.episodes.schema import write_episode_file
+from components.pipeline.ingest import episodes_to_embed, ingest_files, read_file, store_episodes
+from components.pipeline.workspace import Workspace
+from components.store.segment_store import EmbedCursor
+
+
+def episode_files(settings: Settings, folder: Path, seed: int, count: int, frames: int = 24) -> list[Path]:
+    """``count`` episode files with the simulator's state/action widths (11 and 3 here)."""
+    ws = Workspace(settings)
+    rng = np.random.default_rng(seed)
+    paths = []
+    for i in range(count):
+        episode = Episode(
+            episode_id=new_episode_id(rng),
+            robot_id=f"robot-{i % 2:04d}",
+            task="pick-place",
+            states=np.cumsum(rng.standard_normal((frames, ws.obs_dim)), axis=0).astype(np.float32),
+            actions=rng.uniform(-1, 1, (frames, ws.act_dim)).astype(np.float32),
+            timestamps=np.arange(frames, dtype=np.float32) / settings.episodes.fps,
+            success=i % 3 != 0,
+        )
+        paths.append(write_episode_file(episode, folder / f"{seed}-{i}.parquet"))
+    return paths
+
+
+def stored_ids(settings: Settings) -> list[str]:
+    return Workspace(settings).dataset.episode_ids()
+
+
+def test_each_ingest_embeds_only_its_batch_and_moves_the_cursor(settings, tmp_path):
+    first = ingest_files(settings, episode_files(settings, tmp_path / "in", seed=1, count=5), snapshot=False)
+    ids = stored_ids(settings)
+    assert first.segments_upserted > 0
+    assert Workspace(settings).store.embed_cursor() == EmbedCursor(5, ids[-1])
+
+    # the first batch's data file is gone while the second ingests: had ingest read stored
+    # episodes (the old scan), it would fail here
+    data_file = Workspace(settings).dataset.data_files()[0]
+    aside = tmp_path / "aside.parquet"
+    shutil.move(data_file, aside)
+    try:
+        second = ingest_files(settings, episode_files(settings, tmp_path / "in", seed=2, count=4), snapshot=False)
+    finally:
+        shutil.move(aside, data_file)
+    ws = Workspace(settings)
+    ids = stored_ids(settings)
+    assert len(second.report.added) == 4 and len(ids) == 9
+    assert ws.store.episode_ids() == set(ids)
+    assert ws.store.embed_cursor() == EmbedCursor(9, ids[-1])
+
+    # re-ingesting the same files: nothing stored, nothing embedded, the table version stays
+    version = ws.store.version
+    again = ingest_files(settings, sorted((tmp_path / "in").glob("2-*.parquet")), snapshot=False)
+    assert not again.report.added and again.segments_upserted == 0 and again.store_version == version
+
+
+def test_an_ingest_that_died_before_embedding_is_completed_by_the_next(settings, tmp_path):
+    ingest_files(settings, episode_files(settings, tmp_path / "in", seed=1, count=3), snapshot=False)
+    # the next ingest stores its episodes, then dies before embedding them
+    crashed = episode_files(settings, tmp_path / "in", seed=2, count=3)
+    report = store_episodes(settings, [read_file(settings, f) for f in crashed])
+    assert len(report.added) == 3 and len(episodes_to_embed(settings)) == 3
+    assert Workspace(settings).store.embed_cursor().episodes == 3
+
+    ingest_files(settings, episode_files(settings, tmp_path / "in", seed=3, count=2), snapshot=False)
+    ws = Workspace(settings)
+    ids = stored_ids(settings)
+    assert ws.store.episode_ids() == set(ids) and len(ids) == 8
+    assert ws.store.embed_cursor() == EmbedCursor(8, ids[-1]) and episodes_to_embed(settings) == []
+
+
+def test_a_store_without_a_cursor_is_caught_up_once(settings, tmp_path):
+    ingest_files(settings, episode_files(settings, tmp_path / "in", seed=1, count=4), snapshot=False)
+    # a store written before cursors existed: the same segments, no cursor
+    ws = Workspace(settings)
+    encoder, old = ws.store.load_encoder(), list(ws.dataset.episodes())
+    shutil.rmtree(settings.paths.store)
+    legacy = Workspace(settings).store
+    legacy.upsert(old, encoder, snapshot="")
+    assert legacy.embed_cursor() is None and legacy.episode_ids() == set(stored_ids(settings))
+    # the next ingest compares the dataset with the store once, embeds what it lacks, records the cursor
+    ingest_files(settings, episode_files(settings, tmp_path / "in", seed=2, count=2), snapshot=False)
+    ws = Workspace(settings)
+    ids = stored_ids(settings)
+    assert ws.store.episode_ids() == set(ids) and len(ids) == 6
+    assert ws.store.embed_cursor() == EmbedCursor(6, ids[-1])
+
+
+def test_a_cursor_from_another_dataset_is_not_trusted(settings, tmp_path):
+    ingest_files(settings, episode_files(settings, tmp_path / "in", seed=1, count=4), snapshot=False)
+    # the dataset is replaced by another one (same size); the store and its cursor stay
+    shutil.rmtree(settings.paths.episodes)
+    ingest_files(settings, episode_files(settings, tmp_path / "other", seed=9, count=4), snapshot=False)
+    ws = Workspace(settings)
+    ids = stored_ids(settings)
+    assert set(ids) <= ws.store.episode_ids()  # every episode of the new dataset was embedded
+    assert ws.store.embed_cursor() == EmbedCursor(4, ids[-1])
