@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 from components.config import SimConfig
@@ -74,6 +75,8 @@ def test_the_trainer_ships_a_candidate_with_lineage_every_n_steps_and_promotes_i
     assert second.version == candidate.version + 1 and second.tags[STEP_TAG] == str(2 * EVERY)
     assert "vs champion" in second.tags["fleetloop.gate"]
     assert registry.champion().version == (second.version if trainer.shipping.last.promoted else candidate.version)
+    print(json.dumps({"checkpoint_to_registered_s": [round(h["seconds"], 2) for h in trainer.shipping.history],
+                      "gate_s": [round(h["gate_seconds"], 2) for h in trainer.shipping.history]}))
 
 
 def test_a_resumed_trainer_never_ships_the_same_checkpoint_twice(tmp_path):
@@ -108,3 +111,27 @@ def test_a_resumed_trainer_never_ships_the_same_checkpoint_twice(tmp_path):
     crashed.train(EVERY)
     assert crashed.ship_if_due()
     assert [v.tags[STEP_TAG] for v in registry.versions()] == [str(EVERY), str(2 * EVERY)]
+
+
+def test_with_canary_rollout_the_first_candidate_becomes_champion_and_a_live_canary_defers_the_next(tmp_path):
+    base = _settings(tmp_path)
+    settings = base.model_copy(update={
+        "registry": base.registry.model_copy(update={"rollout": "canary"}),
+        "runtime": base.runtime.model_copy(update={"candidate_retry_s": 0.001}),
+    })
+    _stored(settings)
+    trainer = FleetTrainer(settings)
+    trainer.consume()
+    trainer.train(EVERY)
+    assert trainer.ship_if_due()
+    registry = _registry(settings)
+    assert registry.champion().version == 1  # CanaryRollout.start with no champion: straight to champion
+
+    registry.client.set_registered_model_alias(settings.registry.model_name, settings.runtime.canary_alias, "1")
+    trainer.train(EVERY)
+    assert not trainer.ship_if_due()  # one rollout at a time
+    assert trainer.shipping.waiting == "canary v1 is rolling out" and len(registry.versions()) == 1
+    registry.client.delete_registered_model_alias(settings.registry.model_name, settings.runtime.canary_alias)
+    time.sleep(0.01)  # candidate_retry_s (1 ms) passes
+    assert trainer.ship_if_due() and trainer.shipping.last.step == 2 * EVERY
+    assert [v.version for v in registry.versions()] == [1, 2] and trainer.shipping.waiting == ""
