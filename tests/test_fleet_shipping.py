@@ -52,6 +52,7 @@ def test_the_trainer_ships_a_candidate_with_lineage_every_n_steps_and_promotes_i
     (candidate,) = registry.versions()
     tags = candidate.tags
     assert tags[RUN_TAG] == trainer.shipping.run_id and tags[STEP_TAG] == str(EVERY) and tags[SOURCE_TAG] == SOURCE
+    assert tags["fleetloop.method"] == "filtered_bc"  # what the buffer imitates (train.method: filtered_bc)
     lineage = candidate.lineage  # the product's lineage: code, data snapshot, store version, params, data seen
     assert lineage.episodes == 12 and lineage.frames == 120 and lineage.params_hash and lineage.git_commit
     assert lineage.episodes_per_robot == {"robot-0000": 6, "robot-0001": 6} and lineage.lancedb_version >= 0

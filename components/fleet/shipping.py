@@ -54,7 +54,7 @@ class ShippedCandidate:
     gate_seconds: float  # registered -> gated (champion evaluation, aliases)
 
     @classmethod
-    def from_dict(cls, body: dict) -> "ShippedCandidate":
+    def from_dict(cls, body: dict) -> ShippedCandidate:
         return cls(**{f.name: body.get(f.name) for f in dataclasses.fields(cls)})
 
 
@@ -75,7 +75,7 @@ class ShippingState:
         return {**dataclasses.asdict(self), "last": dataclasses.asdict(self.last) if self.last else None}
 
     @classmethod
-    def from_dict(cls, body: dict) -> "ShippingState":
+    def from_dict(cls, body: dict) -> ShippingState:
         last = body.get("last")
         fields = {k: body[k] for k in ("run_id", "since", "shipped", "promoted", "waiting", "retry_at", "history") if k in body}
         return cls(**fields, last=ShippedCandidate.from_dict(last) if last else None)
@@ -157,7 +157,7 @@ class CandidateShipper:
         return self._champion_evals[champion.version]
 
     def ship(self, policy: NormalizedPolicy, step: int, cursor: int, frames: int, losses: list[float],
-             robots: Counter[str], started: float) -> ShippedCandidate:
+             robots: Counter[str], method: str, started: float) -> ShippedCandidate:
         """Evaluate, register (with lineage), gate and roll out ``policy`` (a copy: it is not trained
         further) as the candidate of ``step``; ``started`` is when its checkpoint was written."""
         from components.pipeline.evaluate import evaluate_policy
@@ -175,7 +175,7 @@ class CandidateShipper:
         lineage = dataclasses.replace(lineage, episodes=cursor, episodes_per_robot=dict(sorted(robots.items())))
         result = TrainResult(policy=policy, losses=losses, steps=step, seconds=0.0, device="cpu")
         tags = {RUN_TAG: s.run_id, STEP_TAG: str(step), SOURCE_TAG: SOURCE,
-                "fleetloop.method": self.settings.train.method}
+                "fleetloop.method": method}
         candidate = register_candidate(self.settings, TrainOutcome(result, lineage, frames), report,
                                        f"fleet-trainer-step-{step}", tags=tags)
         assert self._registered_steps is not None

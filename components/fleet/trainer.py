@@ -132,9 +132,15 @@ class FleetTrainer:
             self._buffer = TrainingSet(np.concatenate([e.states for e in episodes]).astype(np.float32),
                                        np.concatenate([e.actions for e in episodes]).astype(np.float32))
         if self._buffer is None:
-            method = "bc" if self.settings.train.method == "bc" else "filtered_bc"
-            self._buffer = build_training_set(method, episodes, self.settings.fert).data
+            self._buffer = build_training_set(self.method, episodes, self.settings.fert).data
         return self._buffer
+
+    @property
+    def method(self) -> str:
+        """What the buffer imitates (the candidates' ``fleetloop.method`` tag)."""
+        if not self.cfg.trainer_success_only:
+            return "uninterrupted_bc"
+        return "bc" if self.settings.train.method == "bc" else "filtered_bc"
 
     # -------------------------------------------------------------------------- model
     def _build(self, data: TrainingSet) -> None:
@@ -268,7 +274,7 @@ class FleetTrainer:
             self.shipper.ship(
                 copy.deepcopy(self.policy), self.state.step, self.state.cursor, self.state.frames,
                 [loss for _, loss in self.state.losses], Counter(ep.robot_id for ep in self._episodes),
-                started=self._checkpointed[1],
+                self.method, started=self._checkpointed[1],
             )
         except Exception as exc:  # noqa: BLE001 - shipping must never stop training
             log.exception("shipping step %d failed; retrying in %.0fs", self.state.step, self.cfg.candidate_retry_s)
