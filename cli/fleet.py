@@ -1,7 +1,7 @@
 """`fleetloop fleet ...`: run the fault-tolerant fleet runtime (components/fleet) from the shell.
 
     fleet up [--detach]      coordinator + ingest + inference + trainer + one agent per robot
-    fleet status [--json]    who runs, restarts, leases, served versions, canary
+    fleet status [--json]    who runs, restarts, leases, served versions (per robot too), canary
     fleet down               stop everything (SIGTERM, then SIGKILL after the grace period)
     fleet tokens [--rotate]  issue per-robot tokens into the token file (values never printed)
     fleet revoke ROBOT       revoke one robot's token (403 from then on)
@@ -161,7 +161,7 @@ def down() -> None:
 
 @fleet_app.command()
 def status(as_json: JsonOpt = False) -> None:
-    """Members, pids, restarts, heartbeat ages, served versions and the canary."""
+    """Members, pids, restarts, heartbeat ages, served versions (``serving``: per robot) and the canary."""
     from components.fleet.layout import RuntimeLayout
 
     from components.fleet.identity import ProcessIdentity, live_identity
@@ -175,7 +175,7 @@ def status(as_json: JsonOpt = False) -> None:
     try:
         body = json.loads(path.read_text())
     except (FileNotFoundError, ValueError):  # not written yet: what runs is still known
-        body = {"members": {}, "served": {}, "canary": {}}
+        body = {"members": {}, "served": {}, "serving": {}, "canary": {}}
     body["coordinator_running"] = coordinator is not None
     # status.json is what the coordinator last wrote; "alive" is checked now, per recorded identity
     for member in body["members"].values():
@@ -187,13 +187,16 @@ def status(as_json: JsonOpt = False) -> None:
     if as_json:
         console.print_json(json.dumps(body))
         return
-    table = Table(title=f"fleet ({'up' if body['coordinator_running'] else 'down'}): served {body.get('served')}, canary {body.get('canary') or '-'}")
-    for col in ("member", "role", "pid", "alive", "done", "restarts", "heartbeat age (s)", "info"):
+    table = Table(title=f"fleet ({'up' if body['coordinator_running'] else 'down'}): aliases {body.get('aliases')}, "
+                        f"served {body.get('served')}, canary {body.get('canary') or '-'}")
+    for col in ("member", "role", "pid", "alive", "done", "restarts", "heartbeat age (s)", "serves", "info"):
         table.add_column(col)
+    serving = body.get("serving") or {}
     for name, m in body["members"].items():
         table.add_row(
             name, m["role"], str(m["pid"]), "yes" if m["alive"] else "no", "yes" if m["done"] else "",
-            str(m["restarts"]), "" if m["heartbeat_age_s"] is None else f"{m['heartbeat_age_s']:.1f}", json.dumps(m["info"])[:60],
+            str(m["restarts"]), "" if m["heartbeat_age_s"] is None else f"{m['heartbeat_age_s']:.1f}",
+            serving.get(name) or "", json.dumps(m["info"])[:60],
         )
     console.print(table)
 

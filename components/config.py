@@ -317,6 +317,12 @@ class FleetRuntimeConfig(Section):
     trainer_batch_size: int = Field(default=64, ge=1)
     trainer_success_only: bool = True  # filtered BC on successful episodes (else all, uninterrupted)
     trainer_poll_s: float = Field(default=0.5, gt=0)
+    # trainer -> candidates (components/fleet/shipping.py): a checkpoint becomes a candidate every
+    # N optimizer steps or M seconds since the last one, whichever comes first (0 turns that
+    # trigger off; both 0 = the trainer never ships)
+    candidate_every_steps: int = Field(default=1000, ge=0)
+    candidate_every_s: float = Field(default=600.0, ge=0)
+    candidate_retry_s: float = Field(default=30.0, gt=0)  # after a failed ship, or while a canary is live
     # coordinator: leases, restarts, staleness
     heartbeat_s: float = Field(default=0.5, gt=0)
     lease_s: float = Field(default=5.0, gt=0)  # no heartbeat for this long = hung: killed + restarted

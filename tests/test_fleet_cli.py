@@ -73,3 +73,57 @@ def _cmdline(pid: int) -> bytes:
             return f.read()
     except OSError:
         return b""
+
+
+def test_fleet_up_trainer_ships_a_champion_and_status_shows_the_version_each_robot_serves(tmp_path, monkeypatch):
+    """No Prefect run: the fleet trainer's checkpoint becomes @champion, inference hot-swaps to it and
+    every robot reports acting with it. The root holds stored episodes but no model at all, so the
+    robots hold still until the trainer's first candidate passes the gate ("no champion yet")."""
+    from components.episodes.dataset import EpisodeDataset
+    from components.fleet.local import synthetic_episode
+    from components.fleet.shipping import SOURCE, SOURCE_TAG, STEP_TAG
+    from components.fleet.trainer import STATUS_NAME
+    from components.registry.model_registry import PolicyRegistry
+
+    _env(monkeypatch, tmp_path)
+    small = {
+        "RUNTIME__CANDIDATE_EVERY_STEPS": "20", "RUNTIME__CHECKPOINT_EVERY": "10", "RUNTIME__TRAINER_BATCH_SIZE": "16",
+        "RUNTIME__ALIAS_POLL_S": "0.5", "RUNTIME__HEARTBEAT_S": "0.25", "RUNTIME__STOP_GRACE_S": "3",
+        "EVALUATION__TRIALS_PER_TASK": "4", "EVALUATION__TRIALS_PER_ROBOT": "2", "FLEET__NUM_HELDOUT_ROBOTS": "2",
+        "SIM__MAX_STEPS": "30",
+    }
+    for key, value in small.items():
+        monkeypatch.setenv(f"FLEETLOOP_{key}", value)
+    settings = load_settings()
+    EpisodeDataset(settings.paths.episodes, settings.episodes).add_episodes(
+        [synthetic_episode(f"robot-{i % 2:04d}", seed=i, length=10) for i in range(12)]
+    )
+    layout = RuntimeLayout.of(settings)
+    started = runner.invoke(fleet_app, ["up", "--detach"])
+    assert started.exit_code == 0, started.output
+    up_at = time.monotonic()
+    body: dict = {}
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            status = runner.invoke(fleet_app, ["status", "--json"])
+            body = json.loads(status.stdout) if status.exit_code == 0 else {}
+            champion = body.get("aliases", {}).get("champion")
+            serving = body.get("serving", {})
+            if champion and set(serving) == {"robot-0000", "robot-0001"} and set(serving.values()) == {f"v{champion}"}:
+                break
+            time.sleep(0.5)
+        seen_after_s = time.monotonic() - up_at
+        table = runner.invoke(fleet_app, ["status"])
+        trainer = json.loads((layout.state / STATUS_NAME).read_text())
+    finally:
+        stopped = runner.invoke(fleet_app, ["down"])
+    assert stopped.exit_code == 0, stopped.output
+    champion = body["aliases"]["champion"]
+    assert body["serving"] == {"robot-0000": f"v{champion}", "robot-0001": f"v{champion}"}, body
+    assert f"v{champion}" in table.output  # the human table's "serves" column
+    version = PolicyRegistry(settings.paths.mlruns, settings.registry).get_version(champion)
+    assert version.tags[SOURCE_TAG] == SOURCE and int(version.tags[STEP_TAG]) % 20 == 0  # the trainer's checkpoint
+    assert trainer["candidates"]["shipped"] >= 1 and trainer["candidates"]["promoted"] >= 1
+    print(json.dumps({"champion": champion, "serving": body["serving"], "seen_after_s": round(seen_after_s, 1),
+                      "last_candidate": trainer["candidates"]["last"]}))

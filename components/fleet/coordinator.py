@@ -14,7 +14,8 @@
       policy staleness  -> the version inference serves must match the registry alias within
                            max_staleness_s, else inference is restarted (it reloads on start)
       canary            -> every canary_check_s, CanaryRollout.evaluate() (promote / roll back)
-      status            -> state/status.json (what `fleetloop fleet status` prints)
+      status            -> state/status.json (what `fleetloop fleet status` prints), with the
+                           version serving each robot (``serving``, from its heartbeats)
     SIGTERM: stop every child (SIGTERM, then SIGKILL after stop_grace_s), then exit.
     SIGKILL: every member watches it (components/fleet/identity.py: watch_parent) and stops.
 
@@ -334,6 +335,8 @@ class Coordinator:
             "robots_done": sum(r["done"] for r in robots),
             "robots": len(robots),
             "served": self.served,
+            # per robot, the version that answered its latest action (from its heartbeat)
+            "serving": {name: m["info"].get("serving") for name, m in members.items() if m["role"] == "robot"},
             "aliases": self.aliases,
             "canary": self.canary,
             "time": time.time(),

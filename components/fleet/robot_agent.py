@@ -172,14 +172,15 @@ class RobotAgent:
         self.cfg = settings.runtime
         self.act_dim = action_dim(settings.sim)
         self.report = RobotReport(robot_id)
-        self.policy_version = UNAVAILABLE_VERSION
+        self.policy_version = UNAVAILABLE_VERSION  # the version that chose the last episode's first action
+        self.serving = UNAVAILABLE_VERSION  # the version that answered this robot's latest /v1/act
 
     def wait_for_inference(self, stop: threading.Event, obs_dim: int) -> bool:
         """Hold still until the inference service answers (True) or ``stop`` is set."""
         backoff = Backoff(self.cfg.retry_initial_s, self.cfg.retry_max_s, stable_robot_hash(self.robot_id) % 2**31)
         while not stop.is_set():
             try:
-                self.inference.act(np.zeros(obs_dim, dtype=np.float32))
+                self.serving = self.inference.act(np.zeros(obs_dim, dtype=np.float32)).policy_version
                 return True
             except InferenceUnavailable:
                 stop.wait(backoff.next_delay())
@@ -195,6 +196,7 @@ class RobotAgent:
         def remote(obs: np.ndarray) -> np.ndarray:
             result = self.inference.act(obs[0])
             versions.append(result.policy_version)
+            self.serving = result.policy_version
             return result.action[None, :]
 
         # explores as the pipeline's collection does (jaw sampled, sim.motion_noise_std on motion)
@@ -259,7 +261,8 @@ def run_robot(settings: Settings, robot_id: str, token: str, stop: threading.Eve
     coordinator = CoordinatorClient(base_url(cfg.host, cfg.coordinator_port), token, cfg.heartbeat_s * 2)
 
     def info() -> dict:
-        return {"episodes": spool.next_index(), "pending": len(spool.pending()), "policy_version": agent.policy_version}
+        return {"episodes": spool.next_index(), "pending": len(spool.pending()), "policy_version": agent.policy_version,
+                "serving": agent.serving}
 
     # no lease renewal while the uploader is dead: the coordinator then restarts this robot
     heartbeat = HeartbeatThread(coordinator, robot_id, cfg.heartbeat_s, info, healthy=uploader.alive).start()

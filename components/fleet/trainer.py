@@ -8,7 +8,11 @@
        step s = row s % K of iteration s // K's draw, K = ``train.steps_per_iteration``), so on a
        fixed dataset it trains the weights the flow's train task trains
     -> every ``checkpoint_every`` steps an atomic checkpoint: weights, optimizer, RNGs, cursor,
-       steps owed, the loss curve and the resume log
+       steps owed, the loss curve, the resume log and what was shipped
+    -> between chunks, every ``candidate_every_steps`` steps or ``candidate_every_s`` seconds: a
+       checkpoint becomes a candidate (``shipping.py``: evaluated, registered with lineage, gated,
+       promoted or rolled out as a canary); RNGs are put back afterwards, so shipping never
+       changes what is trained
     on start: resume from the newest checkpoint (buffer rebuilt from the first ``cursor``
     episodes, which never change: the dataset only appends), else start fresh.
 
@@ -18,10 +22,13 @@ state. ``state/trainer.json`` tells the coordinator (and people) where training 
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import threading
 import time
+import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,6 +39,7 @@ from components.episodes.dataset import EpisodeDataset
 from components.episodes.record import Episode
 from components.fleet.clients import CoordinatorClient, HeartbeatThread
 from components.fleet.layout import RuntimeLayout, atomic_write
+from components.fleet.shipping import CandidateShipper, ShippingState
 from components.fert.methods import build_training_set
 from components.policy.normalizer import NormalizedPolicy
 from components.sim.factory import action_dim, observation_dim
@@ -76,6 +84,9 @@ class FleetTrainer:
         self._buffer: TrainingSet | None = None
         self._block: torch.Tensor | None = None
         self._block_key: tuple[int, int] | None = None
+        self.shipping = ShippingState(run_id=uuid.uuid4().hex[:12], since=time.time())
+        self.shipper = CandidateShipper(settings, self.shipping)
+        self._checkpointed: tuple[int, float] | None = None  # (step, wall time) of the newest checkpoint
 
     # -------------------------------------------------------------------------- data
     def _keep(self, episode: Episode) -> bool:
@@ -121,9 +132,15 @@ class FleetTrainer:
             self._buffer = TrainingSet(np.concatenate([e.states for e in episodes]).astype(np.float32),
                                        np.concatenate([e.actions for e in episodes]).astype(np.float32))
         if self._buffer is None:
-            method = "bc" if self.settings.train.method == "bc" else "filtered_bc"
-            self._buffer = build_training_set(method, episodes, self.settings.fert).data
+            self._buffer = build_training_set(self.method, episodes, self.settings.fert).data
         return self._buffer
+
+    @property
+    def method(self) -> str:
+        """What the buffer imitates (the candidates' ``fleetloop.method`` tag)."""
+        if not self.cfg.trainer_success_only:
+            return "uninterrupted_bc"
+        return "bc" if self.settings.train.method == "bc" else "filtered_bc"
 
     # -------------------------------------------------------------------------- model
     def _build(self, data: TrainingSet) -> None:
@@ -178,10 +195,12 @@ class FleetTrainer:
                 optimizer=self.optimizer.state_dict(),
                 rng=capture_rng(self.generator),
                 cursor={"episodes": s.cursor, "owed": s.owed},
-                extra={"losses": [list(x) for x in s.losses], "resumes": list(s.resumes), "frames": s.frames},
+                extra={"losses": [list(x) for x in s.losses], "resumes": list(s.resumes), "frames": s.frames,
+                       "shipping": self.shipping.to_dict()},
             ),
             keep=self.cfg.checkpoints_kept,
         )
+        self._checkpointed = (s.step, time.time())
         self.write_status()
 
     def resume(self) -> bool:
@@ -209,6 +228,10 @@ class FleetTrainer:
             losses=[(int(a), float(b)) for a, b in ckpt.extra.get("losses", [])],
             resumes=[*map(int, ckpt.extra.get("resumes", [])), ckpt.step],
         )
+        if "shipping" in ckpt.extra:  # the trainer run goes on: same run id, same shipping record
+            self.shipping = ShippingState.from_dict(ckpt.extra["shipping"])
+            self.shipper = CandidateShipper(self.settings, self.shipping)
+        self._checkpointed = (ckpt.step, time.time())
         log.info("resumed from checkpoint step %d (cursor %d episodes)", ckpt.step, cursor)
         self.write_status()
         return True
@@ -218,18 +241,65 @@ class FleetTrainer:
         body = {
             "step": s.step, "cursor": s.cursor, "owed": s.owed, "frames": s.frames, "resumes": s.resumes,
             "last_loss": s.losses[-1][1] if s.losses else None, "time": time.time(),
+            "candidates": self.shipping.to_dict(),
         }
         atomic_write(self.layout.state / STATUS_NAME, json.dumps(body).encode())
 
+    # -------------------------------------------------------------------------- shipping
+    def ship_if_due(self) -> bool:
+        """Turn the current step into a candidate when one is due (``shipping.py``); True if shipped.
+
+        The candidate is a checkpoint: one is written at this step first (unless it exists), and
+        rewritten after the ship, so the checkpoint records it and a resume never ships it again.
+        Runs inline between chunks; a failure is logged and retried after ``candidate_retry_s``.
+        """
+        now = time.time()
+        if self.policy is None or not self.shipper.due(self.state.step, now):
+            return False
+        try:
+            blocked = self.shipper.blocked_by()
+        except Exception as exc:  # noqa: BLE001 - the registry is down: train on, retry later
+            log.warning("cannot reach the registry to ship step %d (%s); retrying later", self.state.step, exc)
+            self.shipper.defer(f"registry unreachable: {exc}"[:200], now)
+            return False
+        if blocked:
+            self.shipper.defer(blocked, now)
+            self.write_status()
+            return False
+        if self._checkpointed is None or self._checkpointed[0] != self.state.step:
+            self.checkpoint()
+        assert self._checkpointed is not None and self.policy is not None
+        rng = capture_rng(self.generator)  # evaluation draws from its own seeds; keep ours untouched
+        try:
+            self.shipper.ship(
+                copy.deepcopy(self.policy), self.state.step, self.state.cursor, self.state.frames,
+                [loss for _, loss in self.state.losses], Counter(ep.robot_id for ep in self._episodes),
+                self.method, started=self._checkpointed[1],
+            )
+        except Exception as exc:  # noqa: BLE001 - shipping must never stop training
+            log.exception("shipping step %d failed; retrying in %.0fs", self.state.step, self.cfg.candidate_retry_s)
+            self.shipper.defer(f"ship failed: {type(exc).__name__}: {exc}"[:200], time.time())
+            self.write_status()
+            return False
+        finally:
+            restore_rng(rng, self.generator)
+            self.policy.train()
+        self.checkpoint()  # same step, now recording the ship
+        return True
+
     # -------------------------------------------------------------------------- loop
     def run(self, stop: threading.Event) -> None:
-        """Consume and train until ``stop``; idle (polling) when no steps are owed."""
+        """Consume and train until ``stop``, shipping candidates when due; idle (polling) when no
+        steps are owed."""
         self.resume()
         reported = -1
         while not stop.is_set():
             self.consume()
             if self.ready() and self.state.owed > 0:
                 self.train(min(TRAIN_CHUNK, self.state.owed))
+                self.ship_if_due()
+                continue
+            if self.ship_if_due():
                 continue
             if self.state.step != reported:  # caught up: say so (checkpoints alone may lag)
                 self.write_status()
@@ -246,7 +316,8 @@ def run_trainer(settings: Settings, token: str, coordinator_url: str, stop: thre
     trainer = FleetTrainer(settings)
     coordinator = CoordinatorClient(coordinator_url, token, cfg.heartbeat_s * 2)
     heartbeat = HeartbeatThread(
-        coordinator, "trainer", cfg.heartbeat_s, lambda: {"step": trainer.state.step, "cursor": trainer.state.cursor}
+        coordinator, "trainer", cfg.heartbeat_s, lambda: {"step": trainer.state.step, "cursor": trainer.state.cursor, "candidates": trainer.shipping.shipped,
+                 "last_candidate": trainer.shipping.last.version if trainer.shipping.last else None}
     ).start()
     try:
         trainer.run(stop)

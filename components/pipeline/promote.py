@@ -26,8 +26,10 @@ class PromotionOutcome:
     training: TrainingSummary | None = None  # how the candidate was trained (method, plan, timings)
 
 
-def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: EvaluationReport, run_name: str) -> PolicyVersion:
-    """One MLflow run (params, metrics, lineage, how it was trained, model) registered as a new version."""
+def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: EvaluationReport, run_name: str,
+                       tags: dict[str, str] | None = None) -> PolicyVersion:
+    """One MLflow run (params, metrics, lineage, how it was trained, model) registered as a new version;
+    ``tags`` (e.g. the fleet trainer's run and step) go on the run and the version with the lineage."""
     summary = outcome.summary
     metrics = {"train_final_loss": outcome.result.final_loss, "train_seconds": outcome.result.seconds,
                "train_frames": outcome.frames, **(summary.metrics() if summary else {})}
@@ -44,7 +46,7 @@ def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: Ev
             metrics=metrics,
             loss_curve=outcome.result.losses,
             run_name=run_name,
-            tags=summary.tags() if summary else None,
+            tags={**(summary.tags() if summary else {}), **(tags or {})} or None,
             artifacts=images,
             dicts={"training.json": {**summary.__dict__, "retrieved_segments": summary.retrieved_segments}}
             if summary else None,
