@@ -34,13 +34,16 @@ def test_fert_trains_from_the_champion_on_its_failures(tmp_path):
     fleet = collect_fleet(settings, champion_policy, f"v{champion.version}", tmp_path / "round1", round_index=1)
     ingest_files(settings, fleet.files, snapshot=False)
     ws = Workspace(settings)
-    data = steps.training_set(settings, ws)
+    built = steps.training_set(settings, ws)
+    data = built.data
+    assert built.report.method == "fert" and built.report.failed_episodes > 0 and built.report.matches > 0
     episodes = list(ws.dataset.episodes())
     successes = sum(ep.length for ep in episodes if ep.success)
     assert len(data.states) == successes  # failed frames are never in the set
     assert data.weights is not None and abs(float(data.weights.sum()) - 1.0) < 1e-9
 
     second = steps.train_policy(settings)
+    assert second.summary is not None and second.summary.retrieved_segments == built.report.matches
     # fine-tuned from the champion: its normalizers are kept, not refitted on the new data
     assert torch.equal(second.result.policy.obs_norm.mean, champion_policy.obs_norm.mean)
     assert not torch.equal(second.result.policy.core.state_dict()[next(iter(second.result.policy.core.state_dict()))],

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterName, TaskRunFilter, TaskRunFilterName
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, TaskRunFilter, TaskRunFilterName
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from components.config import OpsConfig
