@@ -17,8 +17,9 @@ CFG = SchedulerConfig(pipeline_stages=(1, 2), validate_iterations=1, validate_ro
                       profile_iterations=2)
 
 
-def _spec() -> PPOSpec:
-    return PPOSpec(sim=SIM, policy=POLICY, robot_ids=tuple(f"robot-{i:04d}" for i in range(8)),
+def _spec(robots: int = 16) -> PPOSpec:
+    """16 robots: 4 env groups of 4. Groups of 2 diverge from one group (test below)."""
+    return PPOSpec(sim=SIM, policy=POLICY, robot_ids=tuple(f"robot-{i:04d}" for i in range(robots)),
                    eval_robot_ids=tuple(f"heldout-{i:04d}" for i in range(4)), steps=6, eval_steps=4,
                    minibatches=2, learner_threads=1, infer_chunk=2, seed=3)
 
@@ -69,6 +70,18 @@ def test_replicated_rollout_is_bit_identical(ppo_reference, groups):
     for w, n in ops_on.items():  # a rollout's ready ops go in a few requests, not one per op
         assert 0 < got.run.process_requests[w] < n / 4, (w, got.run.process_requests[w], n)
     assert all(n == 1 for n in max_concurrent_owners(got.run.lock_events).values())
+
+
+@pytest.mark.xfail(strict=True, reason="found this session, before and after the one-loop change (0707284 too): "
+                   "PPO with env groups of 2 robots gives other weights than one group, even under the sequential "
+                   "plan (numpy 2.4.6 / this machine); the train task's PPO never offers such groups "
+                   "(pipeline.scheduled.MIN_GROUP_ENVS). Passing again = fixed: drop the guard.")
+def test_env_groups_of_two_robots_match_one_group():
+    spec = _spec(robots=8)
+    rt = ppo_runtime(spec, CFG)
+    one = run_ppo(spec, CFG, iterations=2, plan=rt.sequential())
+    four = run_ppo(spec, CFG, iterations=2, plan=rt.sequential(groups=4))
+    assert _same(four.weights, one.weights)
 
 
 def test_replicas_must_serve_every_env_group_once():

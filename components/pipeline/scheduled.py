@@ -91,9 +91,13 @@ def _progress_callback(progress: ProgressFn | None, total: int) -> Callable[[int
     return on_iteration
 
 
+MIN_GROUP_ENVS = 4  # env groups of 2 robots gave other weights than one group (numpy 2.4.6 here): not offered
+
+
 def _scheduler_cfg(cfg: SchedulerConfig, envs: int) -> tuple[SchedulerConfig, int]:
-    """Stage counts that split ``envs`` evenly, and the inference chunk every group size divides."""
-    stages = tuple(m for m in cfg.pipeline_stages if envs % m == 0) or (1,)
+    """Stage counts that split ``envs`` evenly into groups of at least ``MIN_GROUP_ENVS``, and the
+    inference chunk every group size divides."""
+    stages = tuple(m for m in cfg.pipeline_stages if envs % m == 0 and envs // m >= MIN_GROUP_ENVS) or (1,)
     chunk = envs // max(stages)
     return cfg.model_copy(update={"pipeline_stages": stages}), chunk
 
