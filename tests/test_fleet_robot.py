@@ -132,6 +132,23 @@ def test_robot_spools_first_and_uploads_once_the_ingest_service_appears(services
 
 
 # ------------------------------------------------------------------ issue 20 invariants
+def _drain(settings, tokens, spool: Spool) -> tuple[RobotReport, bool]:
+    """Run an uploader against a live ingest service until the spool is empty (60 s at most);
+    returns its report and whether the uploader thread was still alive at the end."""
+    with running_service(settings, "ingest"):
+        client = IngestClient(service_url(settings, "ingest"), tokens.robots[ROBOT], 10.0)
+        report = RobotReport(ROBOT)
+        uploader = Uploader(spool, client, Backoff(0.05, 0.3, 0), report).start()
+        try:
+            deadline = time.monotonic() + 60.0
+            while spool.pending() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return report, uploader.alive()
+        finally:
+            uploader.stop()
+            client.close()
+
+
 def test_an_unreadable_spool_entry_is_set_aside_and_the_uploader_goes_on(services, tmp_path: Path):
     """Issue 20: one unreadable spool entry killed the uploader thread; the process kept
     heartbeating and later episodes were never uploaded."""
@@ -141,18 +158,8 @@ def test_an_unreadable_spool_entry_is_set_aside_and_the_uploader_goes_on(service
     broken = spool.pending_dir / f"{1:08d}.{'0' * 8}-0000-4000-8000-{'0' * 12}.{'f' * 16}.arrow"
     broken.mkdir()  # reading it raises (IsADirectoryError), as an unreadable file would
     last = _spooled(spool, 2, seed=302)
-    with running_service(settings, "ingest"):
-        client = IngestClient(service_url(settings, "ingest"), tokens.robots[ROBOT], 10.0)
-        report = RobotReport(ROBOT)
-        uploader = Uploader(spool, client, Backoff(0.05, 0.3, 0), report).start()
-        try:
-            deadline = time.monotonic() + 60.0
-            while spool.pending() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert uploader.alive()  # still running: the robot keeps its lease
-        finally:
-            uploader.stop()
-            client.close()
+    report, alive = _drain(settings, tokens, spool)
+    assert alive  # still running: the robot keeps its lease
     assert not spool.pending() and report.uploaded == 2 and report.unreadable == 1
     assert {e.episode_id for e in spool.ledger()} == {first.episode_id, last.episode_id}
     aside = spool.unreadable_dir / broken.name
@@ -193,17 +200,7 @@ def test_a_4xx_upload_is_set_aside_with_its_reason_not_retried_forever(services,
     spool = Spool(tmp_path / "spool")
     garbage = spool.write(0, "00000000-0000-4000-8000-000000000000", "0" * 16, b"not an episode")
     good = _spooled(spool, 1, seed=400)
-    with running_service(settings, "ingest"):
-        client = IngestClient(service_url(settings, "ingest"), tokens.robots[ROBOT], 10.0)
-        report = RobotReport(ROBOT)
-        uploader = Uploader(spool, client, Backoff(0.05, 0.3, 0), report).start()
-        try:
-            deadline = time.monotonic() + 60.0
-            while spool.pending() and time.monotonic() < deadline:
-                time.sleep(0.05)
-        finally:
-            uploader.stop()
-            client.close()
+    report, _ = _drain(settings, tokens, spool)
     assert not spool.pending() and (report.uploaded, report.rejected) == (1, 1)
     reason = json.loads((spool.rejected_dir / (garbage.name + ".reason.json")).read_text())
     assert reason["http_status"] == 400 and reason["reason"] and good.episode_id in {e.episode_id for e in spool.ledger()}

@@ -16,7 +16,6 @@ Every plan gives bit-identical weights (tests), so the plan only changes how lon
 
 from __future__ import annotations
 
-import contextvars
 import math
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from components.config import SchedulerConfig, Settings
-from components.pipeline.steps import TrainOutcome, current_lineage
+from components.pipeline.steps import TrainOutcome, current_lineage, in_caller_context
 from components.pipeline.workspace import Workspace
 from components.policy.factory import make_policy
 from components.training.imitation import ProgressFn, TrainResult
@@ -78,15 +77,13 @@ def train_scheduled(settings: Settings, progress: ProgressFn | None = None,
 
 
 def _progress_callback(progress: ProgressFn | None, total: int) -> Callable[[int, dict[str, Any]], None] | None:
-    """The executor calls back from a worker thread; run ``progress`` in the caller's context
-    (Prefect's run context lives in context variables, which new threads do not inherit)."""
+    """Per-iteration executor callback -> ``progress(iterations done, total, loss)``."""
     if progress is None:
         return None
-    ctx = contextvars.copy_context()
+    report = in_caller_context(progress)
 
     def on_iteration(i: int, recorded: dict[str, Any]) -> None:
-        loss = float(recorded.get("stats", {}).get("loss", math.nan))
-        ctx.run(progress, i + 1, total, loss)  # the executor serializes these calls
+        report(i + 1, total, float(recorded.get("stats", {}).get("loss", math.nan)))
 
     return on_iteration
 

@@ -181,19 +181,25 @@ def train_policy(settings: Settings, progress: ProgressFn | None = None,
     return TrainOutcome(result, current_lineage(settings, ws, frames), frames, summary)
 
 
-def _progress_callback(progress: ProgressFn | None, spec: Any) -> Callable[[int, dict[str, Any]], None] | None:
-    """The executor calls back from a worker thread; run ``progress`` in the caller's context
+def in_caller_context(progress: ProgressFn) -> ProgressFn:
+    """``progress``, callable from the executor's worker threads but run in the caller's context
     (Prefect's run context lives in context variables, which new threads do not inherit)."""
-    if progress is None:
-        return None
     import contextvars
 
     ctx = contextvars.copy_context()
+    return lambda step, total, loss: ctx.run(progress, step, total, loss)  # the executor serializes calls
+
+
+def _progress_callback(progress: ProgressFn | None, spec: Any) -> Callable[[int, dict[str, Any]], None] | None:
+    """Per-iteration executor callback -> ``progress(steps done, total steps, last loss)``."""
+    if progress is None:
+        return None
+    report = in_caller_context(progress)
     done = [0]
 
     def on_iteration(i: int, recorded: dict[str, Any]) -> None:
         losses = recorded.get("stats", {}).get("losses", [float("nan")])
         done[0] += len(losses)
-        ctx.run(progress, done[0], spec.total_steps, float(losses[-1]))  # the executor serializes these calls
+        report(done[0], spec.total_steps, float(losses[-1]))
 
     return on_iteration
