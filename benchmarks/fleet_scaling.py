@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from components.config import Settings, load_settings
-from components.evaluation.heldout import summarize
+from components.evaluation.heldout import EvaluationReport, summarize
 from components.evaluation.intervals import difference_interval, wilson_interval
 from components.pipeline import steps
 from components.pipeline.collect import ROUND_DIR, collect_expert_demos, collect_fleet
@@ -203,20 +203,33 @@ def finetune_config(settings: Settings, frames: int, steps: int, max_epochs: int
     return settings.train.model_copy(update={"epochs": epochs})
 
 
-def product_round(cell: Settings, plan: Plan, label: str, files: list[Path], budget_steps: int | None) -> dict:
-    """ingest -> train (fine-tunes @champion) -> evaluate on validation robots -> register -> gate."""
+def product_round(cell: Settings, plan: Plan, label: str, files: list[Path], budget_steps: int | None,
+                  validated: dict[int, EvaluationReport]) -> dict:
+    """ingest -> train (fine-tunes @champion) -> evaluate on validation robots -> register -> gate.
+
+    ``validated`` holds this cell's validation reports by registry version. The gate's champion
+    evaluation is the champion's own report from the round that registered it: the cell's settings
+    never change and ``evaluate_policy`` is seeded by them alone, so re-running it would give the same
+    episodes (the flow re-evaluates because its champion may come from another run or code version)."""
     ws = Workspace(cell)
+    started = time.perf_counter()
     ingested = ingest_files(cell, files, snapshot=False) if files else None
     if budget_steps is not None:
         frames = sum(e.length for e in ws.dataset.episodes() if e.success)
         cell = cell.model_copy(update={"train": finetune_config(cell, frames, budget_steps, plan.max_epochs)})
+    ingest_seconds = time.perf_counter() - started
     outcome = steps.train_policy(cell)
     report = evaluate_policy(cell, outcome.result.policy, "candidate")
     champion = ws.registry.champion()
-    champion_eval = evaluate_policy(cell, ws.registry.load(champion.version), f"v{champion.version}") if champion else None
+    champion_eval = None
+    if champion is not None:
+        champion_eval = validated.get(champion.version) or evaluate_policy(
+            cell, ws.registry.load(champion.version), f"v{champion.version}")
     version = register_candidate(cell, outcome, report, label)
+    validated[version.version] = report
     promotion = gate_candidate(cell, version, champion_eval)
-    info = {"train_steps": outcome.result.steps, "train_seconds": outcome.result.seconds,
+    info = {"seconds": time.perf_counter() - started, "ingest_seconds": ingest_seconds,
+            "train_steps": outcome.result.steps, "train_seconds": outcome.result.seconds,
             "validation": report.overall.rate, "accepted": promotion.decision.promote,
             "validation_kept": report.overall.rate if promotion.decision.promote or champion_eval is None
             else champion_eval.overall.rate, "version": version.version}
@@ -229,16 +242,16 @@ def product_round(cell: Settings, plan: Plan, label: str, files: list[Path], bud
     return info
 
 
-def bootstrap_cell(cell: Settings, plan: Plan) -> tuple[Path, dict]:
+def bootstrap_cell(cell: Settings, plan: Plan, validated: dict[int, EvaluationReport]) -> tuple[Path, dict]:
     """The product's bootstrap in the cell's root: scripted-expert demos -> the first champion
     (BC on the demos with train: of params.yaml), then ``plan.init_rounds`` demos-only rounds
     through the gate. The
     same in every cell of a seed (deterministic), so every method starts from one policy."""
     demos = collect_expert_demos(cell, cell.paths.incoming / "expert")
     boot = cell.model_copy(update={"train": cell.train.model_copy(update={"method": "bc"})})
-    first = product_round(boot, plan, "bootstrap", demos.files, None)
+    first = product_round(boot, plan, "bootstrap", demos.files, None, validated)
     for r in range(1, plan.init_rounds + 1):
-        product_round(boot, plan, f"init-{r}", [], plan.finetune_steps)
+        product_round(boot, plan, f"init-{r}", [], plan.finetune_steps, validated)
     return cell.paths.incoming, first
 
 
@@ -247,19 +260,20 @@ def cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, 
     start = time.perf_counter()
     root = scratch / f"cell-{seed}-{method}-{fleet}"
     cell = cell_settings(settings, plan, method, root, seed)
-    bootstrap_cell(cell, plan)
+    validated: dict[int, EvaluationReport] = {}
+    bootstrap_cell(cell, plan, validated)
     registry = Workspace(cell).registry
     initial = evaluate(settings, plan, registry.load("champion"), seed)
     rounds = []
     for r in range(1, plan.rounds + 1):
         champion = registry.champion()
         if method == "bc":  # demos only: the same budget, no fleet data
-            info = product_round(cell, plan, f"round-{r}", [], plan.finetune_steps)
+            info = product_round(cell, plan, f"round-{r}", [], plan.finetune_steps, validated)
             rounds.append({"round": r, **info})
             continue
         collected = collect_fleet(cell, registry.load(champion.version), f"v{champion.version}",
                                   cell.paths.incoming / ROUND_DIR.format(r), round_index=r, num_robots=fleet)
-        info = product_round(cell, plan, f"round-{r}", collected.files, plan.finetune_steps)
+        info = product_round(cell, plan, f"round-{r}", collected.files, plan.finetune_steps, validated)
         rounds.append({"round": r, "episodes": collected.episodes, "collected_success": collected.success_rate,
                        "failed": collected.episodes - collected.successes, **info})
     score = evaluate(settings, plan, registry.load("champion"), seed)

@@ -57,8 +57,12 @@ def atomic_path(path: Path, tmp_name: str | None = None, mode: int | None = None
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644, tmp_name: str | None = None,
                        durable: bool = True) -> None:
-    with atomic_path(path, tmp_name, mode, durable) as tmp:
-        tmp.write_bytes(data)
+    with atomic_path(path, tmp_name, None, durable) as tmp:
+        # created with its final mode: a secret is never readable by others, not even as a temp file
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, mode)  # the umask may have narrowed it
 
 
 def atomic_write_text(path: Path, text: str, mode: int = 0o644, tmp_name: str | None = None,

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
-import os
 import re
 import shutil
 from collections import Counter
@@ -76,6 +75,7 @@ from components.episodes.stats import (
     stats_from_episodes_meta,
 )
 from components.episodes.validation import WHOLE_FILE, EpisodeValidationError, validate_episode_table
+from components.fsio import atomic_path, atomic_write_bytes
 
 INFO_PATH = "meta/info.json"
 STATS_PATH = "meta/stats.json"
@@ -205,29 +205,17 @@ def infer_feature(arrow_type: pa.DataType, sample: Any = None) -> dict[str, Any]
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, data, tmp_name=path.name + TMP_SUFFIX)
 
 
 def _atomic_write_parquet(path: Path, table: pa.Table, compression: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    pq.write_table(table, tmp, compression=compression)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())  # the bytes are on disk before the name points at them
-    os.replace(tmp, path)
+    with atomic_path(path, tmp_name=path.name + TMP_SUFFIX) as tmp:
+        pq.write_table(table, tmp, compression=compression)
 
 
 def _atomic_copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + TMP_SUFFIX)
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+    with atomic_path(dst, tmp_name=dst.name + TMP_SUFFIX) as tmp:
+        shutil.copyfile(src, tmp)
 
 
 def tasks_table(tasks: list[str]) -> pa.Table:

@@ -60,6 +60,7 @@ from components.episodes.schema import (
     TIMESTAMP,
 )
 from components.episodes.stats import parse_stats_column, stats_from_episodes_meta
+from components.fsio import atomic_write_text
 
 IMPORT_POLICY_VERSION = "lerobot-import"
 DEFAULT_IMPORT_ROBOT = "lerobot-import"
@@ -317,10 +318,7 @@ def _write_mapping(dataset: EpisodeDataset, src: Path, robot_id: str, mapping: l
     }
     text = json.dumps(body, indent=2)
     path = dataset.root / IMPORTS_DIR / f"lerobot-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, text)
     return path
 
 

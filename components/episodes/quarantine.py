@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from components.episodes.validation import EpisodeValidationError
+from components.fsio import atomic_write_text
 
 REASON_SUFFIX = ".reason.json"
 MAX_NAME_ATTEMPTS = 100_000
@@ -74,9 +75,7 @@ def _write_reason(target: Path, error: EpisodeValidationError) -> QuarantinedFil
     )
     body = {k: v for k, v in asdict(record).items() if k not in ("path", "reason_path")}
     body["file"] = target.name
-    tmp = record.reason_path.with_name(record.reason_path.name + ".tmp")
-    tmp.write_text(json.dumps(body, indent=2))
-    os.replace(tmp, record.reason_path)
+    atomic_write_text(record.reason_path, json.dumps(body, indent=2))
     return record
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from components.fleet.layout import atomic_write
+from components.fsio import atomic_write_bytes
 
 ROBOT = "robot"
 SERVICE = "service"
@@ -112,7 +112,7 @@ def issue_tokens(path: Path, robot_ids: Iterable[str], rotate: bool = False) -> 
             revoked.append(token_digest(service))
         service = new_token()
     updated = TokenFile(robots, service, tuple(dict.fromkeys(revoked)))
-    atomic_write(Path(path), updated.to_json(), mode=TOKEN_FILE_MODE)
+    atomic_write_bytes(Path(path), updated.to_json(), mode=TOKEN_FILE_MODE)
     return updated
 
 
@@ -124,7 +124,7 @@ def revoke_robot(path: Path, robot_id: str) -> TokenFile:
     robots = {k: v for k, v in book.robots.items() if k != robot_id}
     revoked = tuple(dict.fromkeys((*book.revoked, token_digest(book.robots[robot_id]))))
     updated = TokenFile(robots, book.service, revoked)
-    atomic_write(Path(path), updated.to_json(), mode=TOKEN_FILE_MODE)
+    atomic_write_bytes(Path(path), updated.to_json(), mode=TOKEN_FILE_MODE)
     return updated
 
 

@@ -49,10 +49,28 @@ from components.config import Settings
 from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook
 from components.fleet.clients import HEARTBEAT_PATH, STATUS_PATH, base_url
 from components.fleet.health import HealthProblem
-from components.fleet.http_server import NO_API_DOCS, add_health, auth_dependency, http_error, read_body_limited, serve
-from components.fleet.identity import ProcessIdentity, remove_pid_file_if_mine, write_pid_file
-from components.fleet.layout import RuntimeLayout, atomic_write
-from components.fleet.processes import ProcessSpec, kill_pid, start_process, stop_process, write_settings
+from components.fleet.http_server import (
+    NO_API_DOCS,
+    add_health,
+    auth_dependency,
+    http_error,
+    read_body_limited,
+    serve,
+)
+from components.fleet.identity import (
+    ProcessIdentity,
+    remove_pid_file_if_mine,
+    write_pid_file,
+)
+from components.fleet.layout import RuntimeLayout
+from components.fleet.processes import (
+    ProcessSpec,
+    kill_pid,
+    start_process,
+    stop_process,
+    write_settings,
+)
+from components.fsio import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +361,7 @@ class Coordinator:
         }
 
     def write_status(self) -> None:
-        atomic_write(self.layout.status_file, json.dumps(self.status(), indent=2).encode())
+        atomic_write_bytes(self.layout.status_file, json.dumps(self.status(), indent=2).encode())
 
 
 def create_coordinator_app(coordinator: Coordinator, book: TokenBook) -> FastAPI:

@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from components.fleet.layout import atomic_write
+from components.fsio import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def write_pid_file(path: Path) -> ProcessIdentity:
     me = ProcessIdentity.of(os.getpid())
     if me is None:
         raise RuntimeError(f"/proc/{os.getpid()} is not readable: the fleet runtime needs Linux procfs")
-    atomic_write(path, json.dumps(me.to_dict()).encode())
+    atomic_write_bytes(path, json.dumps(me.to_dict()).encode())
     return me
 
 

@@ -40,8 +40,15 @@ from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook
 from components.fleet.canary import assigned_alias
 from components.fleet.clients import ACT_PATH, POLICY_PATH, STATS_PATH
 from components.fleet.health import HealthProblem
-from components.fleet.http_server import NO_API_DOCS, add_health, auth_dependency, http_error, read_body_limited
-from components.fleet.layout import RuntimeLayout, atomic_write
+from components.fleet.http_server import (
+    NO_API_DOCS,
+    add_health,
+    auth_dependency,
+    http_error,
+    read_body_limited,
+)
+from components.fleet.layout import RuntimeLayout
+from components.fsio import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +109,7 @@ class ModelCache:
             return
         buffer = io.BytesIO()
         torch.save(policy, buffer)
-        atomic_write(path, buffer.getvalue())
+        atomic_write_bytes(path, buffer.getvalue())
         for old in sorted(self.folder.glob("v*.pt"), key=lambda p: p.stat().st_mtime)[:-MODEL_CACHE]:
             old.unlink(missing_ok=True)
 
@@ -117,7 +124,7 @@ class ModelCache:
             return None
 
     def remember(self, served: dict[str, int]) -> None:
-        atomic_write(self.folder / "served.json", json.dumps(served).encode())
+        atomic_write_bytes(self.folder / "served.json", json.dumps(served).encode())
 
     def warm_start(self, slots: "ModelSlots") -> dict[str, int]:
         """Fill ``slots`` from the last served aliases; returns what was restored."""

@@ -85,29 +85,3 @@ class RuntimeLayout:
         secrets.mkdir(parents=True, exist_ok=True)
         os.chmod(secrets, 0o700)
         return self
-
-
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` so a reader (or a crash) sees the old file or the new one, whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a rename inside ``folder`` durable."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -22,7 +22,8 @@ import httpx
 
 from components.config import Settings
 from components.fleet.identity import PARENT_ENV
-from components.fleet.layout import RuntimeLayout, atomic_write
+from components.fleet.layout import RuntimeLayout
+from components.fsio import atomic_write_bytes
 
 ROLES = ("ingest", "inference", "trainer", "robot", "coordinator")
 POLL_S = 0.05
@@ -32,7 +33,7 @@ def write_settings(settings: Settings) -> Path:
     """The resolved settings for child processes (the token secret is left out)."""
     layout = RuntimeLayout.of(settings).ensure()
     body = settings.model_dump(mode="json", exclude={"runtime": {"tokens"}})
-    atomic_write(layout.settings_file, json.dumps(body, indent=2).encode())
+    atomic_write_bytes(layout.settings_file, json.dumps(body, indent=2).encode())
     return layout.settings_file
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from components.episodes.quarantine import REASON_SUFFIX, QuarantinedFile
 from components.episodes.validation import EpisodeValidationError
-from components.fleet.layout import atomic_write
+from components.fsio import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,8 @@ class BoundedQuarantine:
             try:
                 target = self._free_name(name)
                 reason_path = target.with_name(target.name + REASON_SUFFIX)
-                atomic_write(reason_path, body, mode=FILE_MODE)
-                atomic_write(target, data, mode=FILE_MODE)
+                atomic_write_bytes(reason_path, body, mode=FILE_MODE)
+                atomic_write_bytes(target, data, mode=FILE_MODE)
             except OSError as exc:
                 for path in (reason_path, target):
                     if path is not None:

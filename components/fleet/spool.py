@@ -24,7 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from components.episodes.dataset import episode_content_hash
-from components.fleet.layout import atomic_write, fsync_dir
+from components.fsio import atomic_write_bytes, fsync_dir
 
 PENDING = "pending"
 REJECTED = "rejected"
@@ -98,7 +98,7 @@ class Spool:
             raise ValueError(f"{path}: not an integer epoch; restore it from a backup, or delete it to start a new epoch") from None
         # create-if-absent, atomically: a full temp file hard-linked into place (first one wins)
         tmp = path.with_name(f".{EPOCH}.{uuid.uuid4().hex}.tmp")
-        atomic_write(tmp, str(uuid.uuid4().int >> (128 - EPOCH_BITS)).encode())
+        atomic_write_bytes(tmp, str(uuid.uuid4().int >> (128 - EPOCH_BITS)).encode())
         try:
             os.link(tmp, path)
             fsync_dir(self.folder)
@@ -124,7 +124,7 @@ class Spool:
     def write(self, index: int, episode_id: str, content_hash: str, data: bytes) -> SpooledEpisode:
         """Durably keep one finished episode (the write-ahead step)."""
         path = self.pending_dir / f"{index:08d}.{episode_id}.{content_hash}{SUFFIX}"
-        atomic_write(path, data)
+        atomic_write_bytes(path, data)
         return SpooledEpisode(index, episode_id, content_hash, path)
 
     def pending(self) -> list[SpooledEpisode]:
@@ -149,7 +149,7 @@ class Spool:
     def reject(self, item: SpooledEpisode, detail: dict) -> Path:
         """The service refused it for good: keep it aside with the service's reason."""
         target = self.rejected_dir / item.name
-        atomic_write(target.with_name(target.name + REASON_SUFFIX), json.dumps(detail, indent=2).encode())
+        atomic_write_bytes(target.with_name(target.name + REASON_SUFFIX), json.dumps(detail, indent=2).encode())
         os.replace(item.path, target)
         fsync_dir(self.rejected_dir)
         self._append_ledger(item, "rejected")
@@ -158,7 +158,7 @@ class Spool:
     def set_aside_unreadable(self, item: SpooledEpisode, reason: str) -> Path:
         """A pending entry that cannot be read: keep it (and why) out of the upload queue."""
         target = self.unreadable_dir / item.name
-        atomic_write(target.with_name(target.name + REASON_SUFFIX), json.dumps({"reason": reason}, indent=2).encode())
+        atomic_write_bytes(target.with_name(target.name + REASON_SUFFIX), json.dumps({"reason": reason}, indent=2).encode())
         os.replace(item.path, target)
         fsync_dir(self.unreadable_dir)
         return target

@@ -37,14 +37,21 @@ import torch
 from components.config import Settings
 from components.episodes.dataset import EpisodeDataset
 from components.episodes.record import Episode
-from components.fleet.clients import CoordinatorClient, HeartbeatThread
-from components.fleet.layout import RuntimeLayout, atomic_write
-from components.fleet.shipping import CandidateShipper, ShippingState
 from components.fert.methods import build_training_set
+from components.fleet.clients import CoordinatorClient, HeartbeatThread
+from components.fleet.layout import RuntimeLayout
+from components.fleet.shipping import CandidateShipper, ShippingState
+from components.fsio import atomic_write_bytes
 from components.policy.normalizer import NormalizedPolicy
 from components.sim.factory import action_dim, observation_dim
 from components.training.bc import as_weights, batch_indices, bc_step, make_optimizer
-from components.training.checkpoint import TrainingCheckpoint, capture_rng, load_latest, restore_rng, save_checkpoint
+from components.training.checkpoint import (
+    TrainingCheckpoint,
+    capture_rng,
+    load_latest,
+    restore_rng,
+    save_checkpoint,
+)
 from components.training.determinism import seed_everything
 from components.training.imitation import TrainingSet
 from components.training.workflow import TrainSpec, initial_policy
@@ -243,7 +250,7 @@ class FleetTrainer:
             "last_loss": s.losses[-1][1] if s.losses else None, "time": time.time(),
             "candidates": self.shipping.to_dict(),
         }
-        atomic_write(self.layout.state / STATUS_NAME, json.dumps(body).encode())
+        atomic_write_bytes(self.layout.state / STATUS_NAME, json.dumps(body).encode())
 
     # -------------------------------------------------------------------------- shipping
     def ship_if_due(self) -> bool:
