@@ -201,7 +201,7 @@ class FertConfig(Section):
 class EvaluationConfig(Section):
     """Held-out evaluation: robots never used for collection, seeded trials."""
 
-    trials_per_task: int = Field(default=120, ge=1)  # at least this many trials per task...
+    trials_per_task: int = Field(default=480, ge=1)  # at least this many trials per task...
     trials_per_robot: int = Field(default=8, ge=1)  # ...spread over the held-out robots (max of both)
     confidence: float = Field(default=0.95, gt=0, lt=1)
     sample_gripper: bool = False  # False: thresholded jaw (the deployed policy); True: sampled
