@@ -40,7 +40,7 @@ def test_ppo_plans_are_bit_identical(ppo_reference):
                                       WorkerSpec("actor", ("learner",)), WorkerSpec("side", ("evaluator",))),
                      groups=4, threads={"sim": 1, "policy": 1, "learner": 2, "evaluator": 1}, blas_threads=1,
                      placement={"policy": ("cpu1",), "learner": ("cpu0", "cpu1")}, hoist=frozenset({"reset", "draw"}))
-    for plan in (rt.coarse(), rt.sequential(tuned=False), pipelined):
+    for plan in (rt.coarse(), rt.coarse_processes(), rt.sequential(tuned=False), pipelined):
         got = run_ppo(spec, CFG, iterations=3, plan=plan)
         assert _same(got.weights, ppo_reference.weights), plan.name
         assert [m.weights_digest for m in got.metrics] == [m.weights_digest for m in ppo_reference.metrics]
@@ -141,3 +141,7 @@ def test_training_workflow_overlaps_without_changing_results():
     sample1 = next(s for s in spans if s.op == "sample" and s.iteration == 1)
     learn0 = next(s for s in spans if s.op == "learn" and s.iteration == 0)
     assert sample1.worker == "io" and learn0.worker == "main"
+    coarse = trainer.runtime.coarse_processes()
+    assert {w.kind for w in coarse.workers} == {"process"} and len(coarse.workers) == 3
+    got = trainer.run(PlanChoice(coarse, "coarse-processes", "fixed"))
+    assert _same(got.policy.state_dict(), ref.policy.state_dict()) and got.losses == ref.losses

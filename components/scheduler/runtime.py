@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.config import SchedulerConfig
-from components.scheduler.executor import RunResult, execute, plan_workflow
+from components.scheduler.executor import GROUP_LOOP, RunResult, execute, plan_workflow
 from components.scheduler.graph import build_graph
 from components.scheduler.plan import Plan, WorkerSpec, sequential_plan
 from components.scheduler.planner import (
@@ -145,6 +145,21 @@ class SchedulerRuntime:
                    WorkerSpec("actor", rest))
         return self._pin(Plan("coarse-pipeline(m=2)", workers, groups=2, placement=placement, threads=threads,
                               blas_threads=1))
+
+    def coarse_processes(self, threads: int | None = None) -> Plan:
+        """RLinf's natural form: every component in a worker process of its own (env, inference,
+        learner, evaluator, ...), env groups pipelined in 2 stages between env and inference where
+        the workflow has them; each op at ``threads`` (default: the per-op quota of every plan).
+        Components that cannot leave the parent process (``process_ok`` false) stay on a thread."""
+        grouped = GROUP_LOOP in self.workflow_at(1).loops
+        wf = self.workflow_at(2 if grouped else 1)
+        t = threads or self.op_threads
+        workers = tuple(WorkerSpec(c.name, (c.name,), kind="process" if c.process_ok else "thread")
+                        for c in wf.components)
+        placement = {c.name: tuple(f"cpu{k}" for k in range(self.devices)) for c in wf.components if c.exclusive}
+        name = "coarse-processes" + (f"(t={t})" if threads else "")
+        return self._pin(Plan(name, workers, groups=2 if grouped else None, placement=placement,
+                              threads={c.name: min(t, self.devices) for c in wf.components}, blas_threads=1))
 
     # ------------------------------------------------------------------ planner
     def profile(self, refresh: bool = False) -> Profile:
