@@ -254,7 +254,10 @@ def main() -> None:
     # ---- predictions at the load of the measurement: the profile is re-taken at the start of every
     # measurement round and each plan's prediction is the median over rounds, like its measurement
     slow = () if tiny else (seq_default_free, seq_t2)  # 2 threads/op: slow on a loaded 2-core machine
-    plans = [p for p in (seq_default, *slow, seq, coarse, coarse_proc, planner_plan, rose_plan) if p is not None]
+    steps_kept = rose_steps(rt, planner_plan, opt) if opt else []  # attribution rows, measured like the rest
+    steps_kept = [p for p in steps_kept if p.name != rose_plan.name]
+    plans = [p for p in (seq_default, *slow, seq, coarse, coarse_proc, planner_plan, *steps_kept, rose_plan)
+             if p is not None]
     predictable = [p for p in plans if p not in (seq_default, seq_default_free, seq_t2)
                    and not p.gpu_percent]  # an MPS client's SM share is not in the CPU model
     round_predictions: list[dict[str, float]] = []
@@ -346,7 +349,11 @@ def main() -> None:
             "placement + pipelining (sequential -> planner)": ratio(seq, planner_plan),
             "graph rewrites + slack quotas (planner -> planner+Rose)": ratio(planner_plan, rose_plan),
             "coarse pipelining vs sequential": ratio(seq, coarse),
+            "coarse pipelining in processes vs sequential": ratio(seq, coarse_proc),
         },
+        # planner, then each rewrite Rose kept applied cumulatively in its order, then the quotas:
+        # measured side by side (ms), not modelled
+        "rose_ablation_ms": {p.name: med[p.name] * 1e3 for p in (planner_plan, *steps_kept, rose_plan)},
         "workload": {"envs": envs, "steps": steps, "epochs": spec.epochs, "minibatches": spec.minibatches,
                      "eval_envs": eval_envs, "eval_steps": spec.eval_steps, "learner_threads": spec.learner_threads,
                      "op_threads": rt.op_threads, "infer_chunk": spec.infer_chunk,
@@ -426,6 +433,22 @@ def main() -> None:
         f"{errors[planner_plan.name]:.1%}, regret {regret:.1%}; bit-identical {identical}; "
         f"load {load_measure_start['loadavg_1m']:.2f}->{load_measure_end['loadavg_1m']:.2f}; "
         f"{summary['seconds']:.0f} s; wrote {out_dir / name}.json/.png")
+
+
+def rose_steps(rt: Any, planner_plan: Plan, opt: Any) -> list[Plan]:
+    """The planner's plan with each rewrite Rose kept applied in Rose's order, one plan per step
+    (cumulative), so each step's gain is measured. Rewrites are rebuilt by name on the plan they
+    were applied to, as Rose did."""
+    from components.scheduler.rose import candidate_transformations
+
+    rows, current = [], planner_plan
+    for decision in (d for d in opt.rose.decisions if d.kept):
+        workflow = rt.workflow_at(current.groups or 1)
+        replicas = max(int(rt.profile().capacity or rt.devices), 1)
+        rewrite = next(t for t in candidate_transformations(workflow, current, replicas) if t.name == decision.name)
+        current = rewrite.apply(current).with_(name=f"{current.name}+{rewrite.name}")
+        rows.append(current)
+    return rows
 
 
 def work_bound(reference_s: float, reference_cores: float, devices: int, rows: dict[str, float]) -> dict[str, Any]:
