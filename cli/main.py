@@ -189,14 +189,21 @@ def import_lerobot(
     src: Annotated[Path, typer.Argument(help="A LeRobot v3 dataset folder (meta/info.json inside).")],
     robot_id: Annotated[str, typer.Option(help="Robot id for episodes that carry none.")] = "lerobot-import",
 ) -> None:
-    """Import a LeRobot v3 dataset into the episode dataset."""
+    """Import a LeRobot v3 dataset into the episode dataset (an empty one adopts its fps and robot type)."""
+    from components.episodes.dataset import DatasetMismatchError
+    from components.episodes.lerobot import LeRobotFormatError
     from components.episodes.lerobot import import_lerobot as do_import
     from components.pipeline.workspace import Workspace
 
     if not (src / "meta" / "info.json").exists():
         raise CliError(f"{src} is not a LeRobot v3 dataset (no meta/info.json)", "point at the dataset root folder that contains meta/ and data/")
     settings = _settings()
-    console.print(do_import(src, Workspace(settings).dataset, robot_id=robot_id))
+    try:
+        result = do_import(src, Workspace(settings).dataset, robot_id=robot_id)
+    except (LeRobotFormatError, DatasetMismatchError) as exc:
+        message, _, fix = str(exc).partition(". Fix: ")
+        raise CliError(message, fix) from exc
+    console.print(result)
 
 
 @app.command("export-lerobot")
