@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from cli.output import cell, to_json
+
 fleet_app = typer.Typer(help="FATS: the fault-tolerant asynchronous fleet runtime.", no_args_is_help=True)
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whatever the terminal width
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 START_TIMEOUT_S = 180.0
@@ -185,20 +188,61 @@ def status(as_json: JsonOpt = False) -> None:
     if body["orphans"]:
         err.print(f"[red]the coordinator is down but fleet processes {body['orphans']} still run[/red]: `fleetloop fleet down` stops them")
     if as_json:
-        console.print_json(json.dumps(body))
+        print(to_json(body))
         return
-    table = Table(title=f"fleet ({'up' if body['coordinator_running'] else 'down'}): aliases {body.get('aliases')}, "
-                        f"served {body.get('served')}, canary {body.get('canary') or '-'}")
-    for col in ("member", "role", "pid", "alive", "done", "restarts", "heartbeat age (s)", "serves", "info"):
-        table.add_column(col)
+    console.print(_members_table(body))
+    info = _info_table(body)
+    if info is not None:
+        console.print(info)
+    console.print(_status_summary(body), soft_wrap=True)
+
+
+def _members_table(body: dict) -> Table:
+    """One row per member, short columns only, so 80 columns hold them: names never wrap or shrink
+    (the column is as wide as the longest). Each member's free-form info is ``_info_table``'s."""
+    names = list(body["members"])
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table.add_column("member", no_wrap=True, min_width=max(map(len, names), default=0))
+    for col in ("role", "pid", "state", "restarts", "beat s"):  # beat s: since the last heartbeat
+        table.add_column(col, no_wrap=True)
+    table.add_column("serves", overflow="fold")
     serving = body.get("serving") or {}
     for name, m in body["members"].items():
         table.add_row(
-            name, m["role"], str(m["pid"]), "yes" if m["alive"] else "no", "yes" if m["done"] else "",
-            str(m["restarts"]), "" if m["heartbeat_age_s"] is None else f"{m['heartbeat_age_s']:.1f}",
-            serving.get(name) or "", json.dumps(m["info"])[:60],
+            name, m["role"], cell(m["pid"]), _state(m), cell(m["restarts"]),
+            "" if m["heartbeat_age_s"] is None else f"{m['heartbeat_age_s']:.1f}", serving.get(name) or "",
         )
-    console.print(table)
+    return table
+
+
+def _state(member: dict) -> str:
+    """up / down, and done once a robot has finished its episodes."""
+    return ("up" if member["alive"] else "down") + (", done" if member["done"] else "")
+
+
+def _info_table(body: dict) -> Table | None:
+    """What each member last reported (its heartbeat info), wrapped: paths fold, never cut."""
+    rows = [(name, cell(m["info"])) for name, m in body["members"].items() if m.get("info")]
+    if not rows:
+        return None
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table.add_column("member", no_wrap=True)
+    table.add_column("info", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _status_summary(body: dict) -> str:
+    members = body["members"].values()
+    alive = sum(1 for m in members if m["alive"])
+    robots = [m for m in members if m["role"] == "robot"]
+    aliases = ", ".join(f"{k} v{v}" for k, v in (body.get("aliases") or {}).items()) or "no aliases"
+    return (
+        f"fleet {'up' if body['coordinator_running'] else 'down'}: {alive}/{len(body['members'])} members alive, "
+        f"{sum(1 for r in robots if r['done'])}/{len(robots)} robots done; {aliases}; "
+        f"served {cell(body.get('served'))}; canary {cell(body.get('canary') or None)}"
+    )
 
 
 @fleet_app.command()

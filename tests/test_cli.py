@@ -2,9 +2,12 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from cli.main import app, main
+
+NARROW = "80"  # COLUMNS: the terminal width the people view must fit
 
 COMMANDS = sorted(cmd.name or cmd.callback.__name__ for cmd in app.registered_commands)
 
@@ -57,3 +60,67 @@ def test_status_json_on_an_empty_root(scratch_root, capsys):
     assert status["champion"] is None
     assert status["data"]["episodes"] == 0 and status["data"]["segments"] == 0
     assert status["root"] == str(scratch_root.resolve())
+
+
+def _squeezed(text: str) -> str:
+    """Text without whitespace: a value folded over several lines of a table reads whole again."""
+    return "".join(text.split())
+
+
+def test_status_prints_the_champion_for_people_and_stable_keys_for_scripts(scratch_root, capsys, monkeypatch):
+    import torch
+
+    from components.config import PolicyConfig, load_settings
+    from components.policy.factory import make_policy
+    from components.registry.lineage import Lineage
+    from components.registry.model_registry import PolicyRegistry
+
+    monkeypatch.setenv("COLUMNS", NARROW)
+    settings = load_settings()
+    registry = PolicyRegistry(settings.paths.mlruns, settings.registry)
+    torch.manual_seed(0)
+    evaluation = {"success_rate": 0.75, "ci_low": 0.6, "ci_high": 0.85, "successes": 90, "trials": 120}
+    lineage = Lineage(git_commit="abc", snapshot_hash="d41d8.dir", lancedb_version=3, params_hash="p", episodes=10, frames=100)
+    version = registry.log_candidate(make_policy(6, 3, PolicyConfig(hidden=16, layers=2)), evaluation, lineage,
+                                     {"train": {"lr": 0.001}}, {"loss": 0.1}, [1.0, 0.5], "run-status")
+    assert registry.promote_if_better(version, None, None).promote
+
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "{'" not in out and "'version'" not in out  # no Python dict repr
+    assert out.splitlines()[-1].startswith(f"champion v{version.version} (75.0% success over 120 trials); 0 episodes")
+    assert any(line.split() == ["champion.version", str(version.version)] for line in out.splitlines())
+    assert "run-status" in out  # the last runs table
+    assert all(len(line) <= int(NARROW) for line in out.splitlines()[:-1])
+
+    assert main(["status", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert set(status) == {"root", "champion", "aliases", "last_runs", "data"}
+    assert status["champion"] == {"version": version.version, "success_rate": 0.75, "trials": 120}
+    assert status["aliases"] == {"champion": version.version}
+
+
+def test_ingest_prints_quarantined_files_whole_at_80_columns(scratch_root, capsys, monkeypatch, prefect_harness):
+    from components.episodes.schema import write_episode_file
+    from components.fleet.local import synthetic_episode
+
+    monkeypatch.setenv("COLUMNS", NARROW)
+    good = write_episode_file(synthetic_episode("robot-0000", seed=1), scratch_root / "incoming" / "good.parquet")
+    broken = synthetic_episode("robot-0001", seed=2)
+    broken.actions[3, 1] = np.nan
+    bad = write_episode_file(
+        broken, scratch_root / "incoming" / "episode-from-robot-warehouse-east-aisle-0007-recorded-2026-12-01T06-00-00.parquet")
+
+    assert main(["ingest", str(good), str(bad)]) == 0
+    out = capsys.readouterr().out
+    assert "['" not in out and "{'" not in out  # no Python list/dict repr
+    assert _squeezed(str(bad)) in _squeezed(out)  # the path is folded over lines, never cut
+    assert "NaN" in out and "fix" in out
+    summary = out.splitlines()[-1]
+    assert summary.startswith("ingest: 1 added (12 frames), 0 duplicates skipped, 1 quarantined; snapshot ")
+    assert all(len(line) <= int(NARROW) for line in out.splitlines()[:-1])
+
+    assert main(["ingest", "--json", str(good)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) == {"added", "duplicates", "quarantined", "snapshot", "lancedb_version", "segments_upserted"}
+    assert (report["added"], report["duplicates"], report["quarantined"]) == (0, 1, [])
