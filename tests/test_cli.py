@@ -124,3 +124,34 @@ def test_ingest_prints_quarantined_files_whole_at_80_columns(scratch_root, capsy
     report = json.loads(capsys.readouterr().out)
     assert set(report) == {"added", "duplicates", "quarantined", "snapshot", "lancedb_version", "segments_upserted"}
     assert (report["added"], report["duplicates"], report["quarantined"]) == (0, 1, [])
+
+
+def test_lerobot_import_and_export_for_people_scripts_and_errors(scratch_root, capsys, monkeypatch):
+    from tests.test_lerobot import _write_lerobot_v3
+
+    monkeypatch.setenv("COLUMNS", NARROW)
+    at_30 = scratch_root / "so100-at-30fps"
+    _write_lerobot_v3(at_30, fps=30)
+    assert main(["import-lerobot", str(at_30), "--robot-id", "so100-lab", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["added"], report["duplicates"], report["quarantined"]) == (3, 0, [])
+    assert (report["fps"], report["robot_type"]) == (30.0, "so100")  # the empty dataset adopted them
+
+    assert main(["import-lerobot", str(at_30), "--robot-id", "so100-lab"]) == 0  # again, for people: nothing new
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == f"import {at_30}: 0 added (0 frames), 3 duplicates skipped, 0 quarantined"
+
+    at_10 = scratch_root / "so100-at-10fps"
+    _write_lerobot_v3(at_10, seed=4, fps=10)
+    assert main(["import-lerobot", str(at_10)]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()[-2:]  # after the progress line: error + fix
+    assert lines[0].startswith("error: ") and "fps 10 differs from the dataset's 30" in lines[0], lines
+    assert lines[1].startswith("fix: import into an empty dataset root")
+
+    out_dir = scratch_root / "exported"
+    assert main(["export-lerobot", str(out_dir), "--json"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    assert exported == {"path": str(out_dir), "episodes": 3, "frames": 12, "data_files": 1, "video_files": 2}
+    assert main(["export-lerobot", str(out_dir)]) == 1  # never overwrites: one line + fix
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "export folder is not empty" in lines[0] and lines[1].startswith("fix: choose a new folder")
