@@ -67,7 +67,7 @@ def _squeezed(text: str) -> str:
     return "".join(text.split())
 
 
-def test_status_prints_the_champion_for_people_and_stable_keys_for_scripts(scratch_root, capsys, monkeypatch):
+def test_status_lineage_rollback_for_people_and_scripts(scratch_root, capsys, monkeypatch, prefect_harness):
     import torch
 
     from components.config import PolicyConfig, load_settings
@@ -98,6 +98,17 @@ def test_status_prints_the_champion_for_people_and_stable_keys_for_scripts(scrat
     assert set(status) == {"root", "champion", "aliases", "last_runs", "data"}
     assert status["champion"] == {"version": version.version, "success_rate": 0.75, "trials": 120}
     assert status["aliases"] == {"champion": version.version}
+
+    assert main(["lineage", "champion"]) == 0
+    out = capsys.readouterr().out
+    assert "{'" not in out and any(line.split() == ["dvc_snapshot", "d41d8.dir"] for line in out.splitlines())
+    assert out.splitlines()[-1].startswith(f"fleetloop-policy v{version.version}: run ")
+
+    better = registry.log_candidate(make_policy(6, 3, PolicyConfig(hidden=16, layers=2)), {**evaluation, "success_rate": 0.99, "successes": 119},
+                                    lineage, {"train": {"lr": 0.001}}, {"loss": 0.1}, [1.0, 0.5], "run-better")
+    assert registry.promote_if_better(better, 90, 120).promote
+    assert main(["rollback"]) == 0
+    assert f"champion: {version.version}" in capsys.readouterr().out  # docs/operations.md's check, verbatim
 
 
 def test_ingest_prints_quarantined_files_whole_at_80_columns(scratch_root, capsys, monkeypatch, prefect_harness):
