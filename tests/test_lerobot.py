@@ -339,3 +339,21 @@ def test_several_tasks_keep_their_strings_whatever_the_source_task_index(tmp_pat
     assert sorted(ds.tasks) == sorted({tasks[t] for t in episode_task})
     frames = ds.frames()
     assert {"next.reward", "next.success", "observation.environment_state"} <= set(frames.column_names)
+
+
+def test_an_info_json_left_by_a_crashed_first_ingest_is_not_a_dataset(tmp_path):
+    """Before the first commit point nothing is stored: the import adopts its source's layout."""
+    root = tmp_path / "episodes"
+    (root / "meta").mkdir(parents=True)
+    stale = {"fps": 10, "robot_type": "fleetloop", "chunks_size": 1000,
+             "features": {"observation.state": {"dtype": "float32", "shape": [11], "names": None}}}
+    (root / "meta/info.json").write_text(json.dumps(stale))
+    src = tmp_path / "lerobot30"
+    _write_lerobot_v3(src, fps=30)
+    ds = _dataset(root)
+    assert ds.num_episodes == 0 and ds.fps == 10.0
+
+    assert len(import_lerobot(src, ds).report.added) == 3
+    info = _dataset(root).info()
+    assert (info["fps"], info["robot_type"]) == (30, "so100")
+    assert info["features"]["observation.state"]["shape"] == [STATE_DIM]

@@ -535,7 +535,7 @@ class EpisodeDataset:
         """
         with self._writer():
             base_info = self._adopt(layout)
-            staged, quarantined = self._stage(incoming, known_robots, quarantine_dir)
+            staged, quarantined = self._stage(incoming, known_robots, quarantine_dir, fresh=base_info is not None)
             stored = self._stored_hashes([item.episode.episode_id for item in staged])
             new: list[_Staged] = []
             duplicates: list[str] = []
@@ -589,9 +589,14 @@ class EpisodeDataset:
         return None
 
     def _stage(
-        self, incoming: list[IncomingEpisode], known_robots: Set[str] | None, quarantine_dir: Path | None
+        self,
+        incoming: list[IncomingEpisode],
+        known_robots: Set[str] | None,
+        quarantine_dir: Path | None,
+        fresh: bool = False,
     ) -> tuple[list[_Staged], list[QuarantinedFile]]:
-        state_dim, action_dim = self.state_dim, self.action_dim
+        """Validate; ``fresh``: the batch starts a new info.json, so no stored shapes apply."""
+        state_dim, action_dim = (None, None) if fresh else (self.state_dim, self.action_dim)
         staged: list[_Staged] = []
         errors: list[tuple[IncomingEpisode, EpisodeValidationError]] = []
         for item in incoming:
