@@ -23,7 +23,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from cli.output import cell, to_json
+from cli.output import cell, say, to_json
 
 fleet_app = typer.Typer(help="FATS: the fault-tolerant asynchronous fleet runtime.", no_args_is_help=True)
 console = Console()
@@ -90,6 +90,7 @@ def up(
     detach: Annotated[bool, typer.Option(help="Start in the background and return.")] = False,
     robots: Annotated[Optional[int], typer.Option(help="Robots in the fleet (default fleet.num_robots).")] = None,
     episodes: Annotated[Optional[int], typer.Option(help="Episodes per robot; 0 = until stopped.")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Start the fleet on runtime.host (127.0.0.1 by default)."""
     from components.fleet.auth import issue_tokens
@@ -121,13 +122,14 @@ def up(
     if not healthy or running is None or running.pid != proc.pid:  # the answer must come from ours
         stop_process(proc, settings.runtime.stop_grace_s)
         _fail(f"the coordinator did not start; see {layout.logs / 'coordinator.log'}", "fix the error in that log and retry")
-    console.print(
+    say(console, {"coordinator_pid": proc.pid, "url": url, "robots": settings.fleet.num_robots,
+                  "logs": str(layout.logs), "token_file": str(layout.token_file)}, as_json,
         f"fleet up: coordinator pid {proc.pid} at {url}; {settings.fleet.num_robots} robots; "
-        f"logs in {layout.logs}; tokens in {layout.token_file}"
-    )
+        f"logs in {layout.logs}; tokens in {layout.token_file}")
     if detach:
         return
-    console.print("[dim]Ctrl-C stops the fleet[/dim]")
+    if not as_json:
+        console.print("[dim]Ctrl-C stops the fleet[/dim]")
     try:
         while proc.poll() is None:
             time.sleep(1.0)
@@ -138,7 +140,7 @@ def up(
 
 
 @fleet_app.command()
-def down() -> None:
+def down(as_json: JsonOpt = False) -> None:
     """Stop the coordinator (which stops its members), then any member still running; verified
     identities only (pid + start time + command line), and nothing of this root is left running."""
     from components.fleet.identity import signal_verified, stop_verified, wait_gone
@@ -159,7 +161,7 @@ def down() -> None:
         layout.coordinator_pid_file.unlink(missing_ok=True)  # it was killed, so it could not clean up
     if still:
         _fail(f"fleet processes still running: {[p.pid for p in still]}", "check them with `ps -fp PID` and stop them by hand")
-    console.print(f"fleet down{f' (stopped leftovers {leftovers})' if leftovers else ''}")
+    say(console, {"stopped_leftovers": leftovers}, as_json, f"fleet down{f' (stopped leftovers {leftovers})' if leftovers else ''}")
 
 
 @fleet_app.command()
@@ -246,7 +248,10 @@ def _status_summary(body: dict) -> str:
 
 
 @fleet_app.command()
-def tokens(rotate: Annotated[bool, typer.Option(help="Replace every token (old ones are revoked).")] = False) -> None:
+def tokens(
+    rotate: Annotated[bool, typer.Option(help="Replace every token (old ones are revoked).")] = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Issue per-robot tokens (and the service token) into the token file; prints no token."""
     from components.fleet.auth import issue_tokens
     from components.fleet.layout import RuntimeLayout
@@ -254,11 +259,12 @@ def tokens(rotate: Annotated[bool, typer.Option(help="Replace every token (old o
     settings = _settings()
     layout = RuntimeLayout.of(settings).ensure()
     book = issue_tokens(layout.token_file, settings.fleet.robot_ids(), rotate=rotate)
-    console.print(f"{len(book.robots)} robot tokens + 1 service token in {layout.token_file} (mode 0600)")
+    say(console, {"robots": len(book.robots), "token_file": str(layout.token_file), "rotated": rotate}, as_json,
+        f"{len(book.robots)} robot tokens + 1 service token in {layout.token_file} (mode 0600)")
 
 
 @fleet_app.command()
-def revoke(robot: Annotated[str, typer.Argument(help="Robot id whose token to revoke.")]) -> None:
+def revoke(robot: Annotated[str, typer.Argument(help="Robot id whose token to revoke.")], as_json: JsonOpt = False) -> None:
     """Revoke a robot's token: its requests get 403 from now on (services re-read the file)."""
     from components.fleet.auth import revoke_robot
     from components.fleet.layout import RuntimeLayout
@@ -268,11 +274,11 @@ def revoke(robot: Annotated[str, typer.Argument(help="Robot id whose token to re
         revoke_robot(RuntimeLayout.of(settings).token_file, robot)
     except KeyError as exc:
         _fail(str(exc), "pass a robot id that has a token (`fleetloop fleet tokens`)")
-    console.print(f"revoked the token of {robot}")
+    say(console, {"revoked": robot}, as_json, f"revoked the token of {robot}")
 
 
 @fleet_app.command()
-def canary(version: Annotated[int, typer.Argument(help="Registered model version to roll out.")]) -> None:
+def canary(version: Annotated[int, typer.Argument(help="Registered model version to roll out.")], as_json: JsonOpt = False) -> None:
     """Start a canary rollout; the coordinator promotes or rolls it back on live outcomes."""
     from components.episodes.dataset import EpisodeDataset
     from components.fleet.canary import CanaryRollout
@@ -282,7 +288,8 @@ def canary(version: Annotated[int, typer.Argument(help="Registered model version
     registry = PolicyRegistry(settings.paths.mlruns, settings.registry)
     dataset = EpisodeDataset(settings.paths.episodes, settings.episodes)
     decision = CanaryRollout(registry, dataset, settings.runtime).start(version)
-    console.print(f"v{version}: {decision.action} ({decision.reason})")
+    say(console, {"version": version, "action": decision.action, "reason": decision.reason}, as_json,
+        f"v{version}: {decision.action} ({decision.reason})")
 
 
 @fleet_app.command()

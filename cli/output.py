@@ -114,3 +114,12 @@ def emit(
     for t in extra:
         console.print(t)
     console.print(summary, soft_wrap=True)
+
+
+def say(console: Console, report: Mapping[str, Any], as_json: bool, line: str) -> None:
+    """For a command whose whole report fits one line: ``--json`` the report, people that line
+    (soft-wrapped: the terminal wraps a long path, nothing cuts it)."""
+    if as_json:
+        print(to_json(report))
+    else:
+        console.print(line, soft_wrap=True)

@@ -35,9 +35,14 @@ def test_tokens_and_revoke_never_print_a_token(tmp_path, monkeypatch):
     assert set(book.robots) == {"robot-0000", "robot-0001"} and stat.S_IMODE(path.stat().st_mode) == 0o600
     assert not any(t in issued.output for t in [*book.robots.values(), book.service])
     assert (tmp_path / "fleet-runtime" / ".gitignore").read_text().strip().endswith("*")
-    revoked = runner.invoke(fleet_app, ["revoke", "robot-0001"])
+    revoked = runner.invoke(fleet_app, ["revoke", "robot-0001", "--json"])
     assert revoked.exit_code == 0 and "robot-0001" not in read_token_file(path).robots
-    assert runner.invoke(fleet_app, ["revoke", "robot-0042"]).exit_code == 1
+    assert json.loads(revoked.stdout) == {"revoked": "robot-0001"}
+    again = runner.invoke(fleet_app, ["tokens", "--json"])  # the configured robots get tokens again
+    assert json.loads(again.stdout) == {"robots": 2, "token_file": str(path), "rotated": False}
+    assert not any(t in again.stdout for t in [*read_token_file(path).robots.values(), book.service])
+    unknown = runner.invoke(fleet_app, ["revoke", "robot-0042"])
+    assert unknown.exit_code == 1 and unknown.stderr.count("\n") == 2 and "fix:" in unknown.stderr  # one line + fix
 
 
 def test_up_status_down_leaves_no_process(tmp_path, monkeypatch):
