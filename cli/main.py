@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.output import Blocks, emit
+from cli.output import Blocks, emit, to_json
 
 app = typer.Typer(
     help="fleetloop: turn a robot fleet's own executions into a better shared policy.",
@@ -76,8 +76,10 @@ def _promotion_summary(promotion) -> str:
 
 # -- the loop ----------------------------------------------------------------------------------
 @app.command()
-def demo() -> None:
+def demo(as_json: JsonOpt = False) -> None:
     """Bootstrap from scripted-expert demos, then run fleet rounds on @champion; print a per-round table."""
+    import dataclasses
+
     settings = _settings()
     from flows.demo import run_demo
 
@@ -87,6 +89,9 @@ def demo() -> None:
         for row in run_demo(settings):
             rows.append(row)
             progress.advance(bar)
+    if as_json:
+        print(to_json({"rounds": [dataclasses.asdict(r) for r in rows]}))
+        return
     table = Table(title=f"fleetloop demo: closed-loop rounds (held-out success, Wilson {100 * settings.evaluation.confidence:.0f}% CI)")
     for col in ("round", "robots", "episodes", "fleet success", "held-out success [CI]", "trials", "promoted", "champion",
                 "method", "plan", "ms/iteration", "retrieved"):
@@ -97,6 +102,8 @@ def demo() -> None:
             "yes" if r.promoted else "no", f"v{r.champion}", r.method, r.plan, r.iteration_ms, str(r.retrieved),
         )
     Console(width=max(console.width, 200)).print(table)
+    last = rows[-1]
+    console.print(f"demo: {len(rows)} rounds; champion v{last.champion}, held-out success {last.heldout}", soft_wrap=True)
 
 
 @app.command()
