@@ -16,7 +16,13 @@ from components.sim.expert import ScriptedExpert
 from components.sim.factory import make_env
 from components.sim.metaworld import MetaWorldVecEnv
 from components.sim.pickplace import PickPlaceVecEnv
-from components.sim.registration import METAWORLD_ID, PICKPLACE_ID, OneRobotEnv, _sim_config, metaworld_available
+from components.sim.registration import (
+    METAWORLD_ID,
+    PICKPLACE_ID,
+    OneRobotEnv,
+    _sim_config,
+    metaworld_available,
+)
 
 SHORT = 25  # max_steps: short episodes, so a few hundred steps cross several episode ends
 

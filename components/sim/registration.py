@@ -16,7 +16,7 @@ keyword overrides a ``SimConfig`` field of params.yaml's ``sim:`` section (e.g. 
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -53,7 +53,7 @@ class OneRobotEnv(gym.Env):
     streams, so episode k equals episode k of that robot in the fleet env. Without a reset seed
     the robot's streams start from the constructor's ``seed``."""
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
     def __init__(self, cfg: SimConfig, robot_id: str, seed: int = 0, render_mode: str | None = None) -> None:
         if render_mode is not None:
