@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from cli.output import cell, say, to_json
+
 fleet_app = typer.Typer(help="FATS: the fault-tolerant asynchronous fleet runtime.", no_args_is_help=True)
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whatever the terminal width
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 START_TIMEOUT_S = 180.0
@@ -87,6 +90,7 @@ def up(
     detach: Annotated[bool, typer.Option(help="Start in the background and return.")] = False,
     robots: Annotated[Optional[int], typer.Option(help="Robots in the fleet (default fleet.num_robots).")] = None,
     episodes: Annotated[Optional[int], typer.Option(help="Episodes per robot; 0 = until stopped.")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Start the fleet on runtime.host (127.0.0.1 by default)."""
     from components.fleet.auth import issue_tokens
@@ -118,13 +122,14 @@ def up(
     if not healthy or running is None or running.pid != proc.pid:  # the answer must come from ours
         stop_process(proc, settings.runtime.stop_grace_s)
         _fail(f"the coordinator did not start; see {layout.logs / 'coordinator.log'}", "fix the error in that log and retry")
-    console.print(
+    say(console, {"coordinator_pid": proc.pid, "url": url, "robots": settings.fleet.num_robots,
+                  "logs": str(layout.logs), "token_file": str(layout.token_file)}, as_json,
         f"fleet up: coordinator pid {proc.pid} at {url}; {settings.fleet.num_robots} robots; "
-        f"logs in {layout.logs}; tokens in {layout.token_file}"
-    )
+        f"logs in {layout.logs}; tokens in {layout.token_file}")
     if detach:
         return
-    console.print("[dim]Ctrl-C stops the fleet[/dim]")
+    if not as_json:
+        console.print("[dim]Ctrl-C stops the fleet[/dim]")
     try:
         while proc.poll() is None:
             time.sleep(1.0)
@@ -135,7 +140,7 @@ def up(
 
 
 @fleet_app.command()
-def down() -> None:
+def down(as_json: JsonOpt = False) -> None:
     """Stop the coordinator (which stops its members), then any member still running; verified
     identities only (pid + start time + command line), and nothing of this root is left running."""
     from components.fleet.identity import signal_verified, stop_verified, wait_gone
@@ -156,7 +161,7 @@ def down() -> None:
         layout.coordinator_pid_file.unlink(missing_ok=True)  # it was killed, so it could not clean up
     if still:
         _fail(f"fleet processes still running: {[p.pid for p in still]}", "check them with `ps -fp PID` and stop them by hand")
-    console.print(f"fleet down{f' (stopped leftovers {leftovers})' if leftovers else ''}")
+    say(console, {"stopped_leftovers": leftovers}, as_json, f"fleet down{f' (stopped leftovers {leftovers})' if leftovers else ''}")
 
 
 @fleet_app.command()
@@ -185,24 +190,68 @@ def status(as_json: JsonOpt = False) -> None:
     if body["orphans"]:
         err.print(f"[red]the coordinator is down but fleet processes {body['orphans']} still run[/red]: `fleetloop fleet down` stops them")
     if as_json:
-        console.print_json(json.dumps(body))
+        print(to_json(body))
         return
-    table = Table(title=f"fleet ({'up' if body['coordinator_running'] else 'down'}): aliases {body.get('aliases')}, "
-                        f"served {body.get('served')}, canary {body.get('canary') or '-'}")
-    for col in ("member", "role", "pid", "alive", "done", "restarts", "heartbeat age (s)", "serves", "info"):
-        table.add_column(col)
+    console.print(_members_table(body))
+    info = _info_table(body)
+    if info is not None:
+        console.print(info)
+    console.print(_status_summary(body), soft_wrap=True)
+
+
+def _members_table(body: dict) -> Table:
+    """One row per member, short columns only, so 80 columns hold them: names never wrap or shrink
+    (the column is as wide as the longest). Each member's free-form info is ``_info_table``'s."""
+    names = list(body["members"])
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table.add_column("member", no_wrap=True, min_width=max(map(len, names), default=0))
+    for col in ("role", "pid", "state", "restarts", "beat s"):  # beat s: since the last heartbeat
+        table.add_column(col, no_wrap=True)
+    table.add_column("serves", overflow="fold")
     serving = body.get("serving") or {}
     for name, m in body["members"].items():
         table.add_row(
-            name, m["role"], str(m["pid"]), "yes" if m["alive"] else "no", "yes" if m["done"] else "",
-            str(m["restarts"]), "" if m["heartbeat_age_s"] is None else f"{m['heartbeat_age_s']:.1f}",
-            serving.get(name) or "", json.dumps(m["info"])[:60],
+            name, m["role"], cell(m["pid"]), _state(m), cell(m["restarts"]),
+            "" if m["heartbeat_age_s"] is None else f"{m['heartbeat_age_s']:.1f}", serving.get(name) or "",
         )
-    console.print(table)
+    return table
+
+
+def _state(member: dict) -> str:
+    """up / down, and done once a robot has finished its episodes."""
+    return ("up" if member["alive"] else "down") + (", done" if member["done"] else "")
+
+
+def _info_table(body: dict) -> Table | None:
+    """What each member last reported (its heartbeat info), wrapped: paths fold, never cut."""
+    rows = [(name, cell(m["info"])) for name, m in body["members"].items() if m.get("info")]
+    if not rows:
+        return None
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table.add_column("member", no_wrap=True)
+    table.add_column("info", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _status_summary(body: dict) -> str:
+    members = body["members"].values()
+    alive = sum(1 for m in members if m["alive"])
+    robots = [m for m in members if m["role"] == "robot"]
+    aliases = ", ".join(f"{k} v{v}" for k, v in (body.get("aliases") or {}).items()) or "no aliases"
+    return (
+        f"fleet {'up' if body['coordinator_running'] else 'down'}: {alive}/{len(body['members'])} members alive, "
+        f"{sum(1 for r in robots if r['done'])}/{len(robots)} robots done; {aliases}; "
+        f"served {cell(body.get('served'))}; canary {cell(body.get('canary') or None)}"
+    )
 
 
 @fleet_app.command()
-def tokens(rotate: Annotated[bool, typer.Option(help="Replace every token (old ones are revoked).")] = False) -> None:
+def tokens(
+    rotate: Annotated[bool, typer.Option(help="Replace every token (old ones are revoked).")] = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Issue per-robot tokens (and the service token) into the token file; prints no token."""
     from components.fleet.auth import issue_tokens
     from components.fleet.layout import RuntimeLayout
@@ -210,11 +259,12 @@ def tokens(rotate: Annotated[bool, typer.Option(help="Replace every token (old o
     settings = _settings()
     layout = RuntimeLayout.of(settings).ensure()
     book = issue_tokens(layout.token_file, settings.fleet.robot_ids(), rotate=rotate)
-    console.print(f"{len(book.robots)} robot tokens + 1 service token in {layout.token_file} (mode 0600)")
+    say(console, {"robots": len(book.robots), "token_file": str(layout.token_file), "rotated": rotate}, as_json,
+        f"{len(book.robots)} robot tokens + 1 service token in {layout.token_file} (mode 0600)")
 
 
 @fleet_app.command()
-def revoke(robot: Annotated[str, typer.Argument(help="Robot id whose token to revoke.")]) -> None:
+def revoke(robot: Annotated[str, typer.Argument(help="Robot id whose token to revoke.")], as_json: JsonOpt = False) -> None:
     """Revoke a robot's token: its requests get 403 from now on (services re-read the file)."""
     from components.fleet.auth import revoke_robot
     from components.fleet.layout import RuntimeLayout
@@ -224,11 +274,11 @@ def revoke(robot: Annotated[str, typer.Argument(help="Robot id whose token to re
         revoke_robot(RuntimeLayout.of(settings).token_file, robot)
     except KeyError as exc:
         _fail(str(exc), "pass a robot id that has a token (`fleetloop fleet tokens`)")
-    console.print(f"revoked the token of {robot}")
+    say(console, {"revoked": robot}, as_json, f"revoked the token of {robot}")
 
 
 @fleet_app.command()
-def canary(version: Annotated[int, typer.Argument(help="Registered model version to roll out.")]) -> None:
+def canary(version: Annotated[int, typer.Argument(help="Registered model version to roll out.")], as_json: JsonOpt = False) -> None:
     """Start a canary rollout; the coordinator promotes or rolls it back on live outcomes."""
     from components.episodes.dataset import EpisodeDataset
     from components.fleet.canary import CanaryRollout
@@ -238,7 +288,8 @@ def canary(version: Annotated[int, typer.Argument(help="Registered model version
     registry = PolicyRegistry(settings.paths.mlruns, settings.registry)
     dataset = EpisodeDataset(settings.paths.episodes, settings.episodes)
     decision = CanaryRollout(registry, dataset, settings.runtime).start(version)
-    console.print(f"v{version}: {decision.action} ({decision.reason})")
+    say(console, {"version": version, "action": decision.action, "reason": decision.reason}, as_json,
+        f"v{version}: {decision.action} ({decision.reason})")
 
 
 @fleet_app.command()

@@ -6,7 +6,6 @@ report state take ``--json`` for scripts; long commands show a progress bar.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -14,8 +13,17 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
+
+from cli.output import Blocks, emit, to_json
 
 app = typer.Typer(
     help="fleetloop: turn a robot fleet's own executions into a better shared policy.",
@@ -56,18 +64,28 @@ def _progress() -> Progress:
     )
 
 
-def _print(data: dict, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(data, indent=2, default=str))
-    else:
-        for key, value in data.items():
-            console.print(f"[bold]{key}[/bold]: {value}")
+def _quarantine_rows(quarantined) -> Blocks:
+    """Quarantined files as people read them: one block each, long paths wrapped, nothing cut."""
+    return Blocks({"file": q.source, "field": q.field, "reason": q.reason, "fix": q.fix, "moved to": str(q.path)}
+                  for q in quarantined)
+
+
+def _quarantine_lines(quarantined) -> list[str]:
+    """The stable ``--json`` form of quarantined files (one string each)."""
+    return [f"{q.source}: {q.field}: {q.reason}" for q in quarantined]
+
+
+def _promotion_summary(promotion) -> str:
+    verdict = "promoted" if promotion.decision.promote else "not promoted"
+    return f"v{promotion.candidate.version} {verdict} ({promotion.decision.reason}); champion v{promotion.champion_after}"
 
 
 # -- the loop ----------------------------------------------------------------------------------
 @app.command()
-def demo() -> None:
+def demo(as_json: JsonOpt = False) -> None:
     """Bootstrap from scripted-expert demos, then run fleet rounds on @champion; print a per-round table."""
+    import dataclasses
+
     settings = _settings()
     from flows.demo import run_demo
 
@@ -77,6 +95,9 @@ def demo() -> None:
         for row in run_demo(settings):
             rows.append(row)
             progress.advance(bar)
+    if as_json:
+        print(to_json({"rounds": [dataclasses.asdict(r) for r in rows]}))
+        return
     table = Table(title=f"fleetloop demo: closed-loop rounds (held-out success, Wilson {100 * settings.evaluation.confidence:.0f}% CI)")
     for col in ("round", "robots", "episodes", "fleet success", "held-out success [CI]", "trials", "promoted", "champion",
                 "method", "plan", "ms/iteration", "retrieved"):
@@ -87,6 +108,8 @@ def demo() -> None:
             "yes" if r.promoted else "no", f"v{r.champion}", r.method, r.plan, r.iteration_ms, str(r.retrieved),
         )
     Console(width=max(console.width, 200)).print(table)
+    last = rows[-1]
+    console.print(f"demo: {len(rows)} rounds; champion v{last.champion}, held-out success {last.heldout}", soft_wrap=True)
 
 
 @app.command()
@@ -104,12 +127,15 @@ def ingest(
     with _progress() as progress:
         progress.add_task(f"ingesting {len(files)} files", total=None)
         result = run_ingest(files, settings)
-    _print({
+    report = {
         "added": len(result.report.added), "duplicates": len(result.report.duplicates),
-        "quarantined": [f"{q.source}: {q.field}: {q.reason}" for q in result.report.quarantined],
+        "quarantined": _quarantine_lines(result.report.quarantined),
         "snapshot": result.snapshot.hash if result.snapshot else None, "lancedb_version": result.store_version,
         "segments_upserted": result.segments_upserted,
-    }, as_json)
+    }
+    snapshot = f"snapshot {result.snapshot.hash}" if result.snapshot else "no new snapshot"
+    emit(console, report, as_json, f"ingest: {result.report.summary()}; {snapshot}",
+         people={**report, "quarantined": _quarantine_rows(result.report.quarantined)})
 
 
 @app.command("store-upkeep")
@@ -121,13 +147,14 @@ def store_upkeep(as_json: JsonOpt = False) -> None:
     with _progress() as progress:
         progress.add_task("store upkeep", total=None)
         report = run_upkeep(settings)
-    _print({
+    body = {
         "versions": f"{report.versions_before} -> {report.versions_after}",
         "disk_mib": f"{report.bytes_before / 2**20:.1f} -> {report.bytes_after / 2**20:.1f}",
         "fragments": f"{report.fragments_before} -> {report.fragments_after}",
         "index": report.index_action,
         "lancedb_version": report.version_after, "tags_kept": report.tags,
-    }, as_json)
+    }
+    emit(console, body, as_json, f"store upkeep: {body['versions']} versions, {body['disk_mib']} MiB, index {report.index_action}")
 
 
 @app.command()
@@ -148,8 +175,9 @@ def retrain(
             from flows.retrain import retrain as retrain_flow
 
             promotion = retrain_flow(files or None, "retrain", settings)
-    _print({"version": promotion.candidate.version, "promoted": promotion.decision.promote,
-            "champion": promotion.champion_after, "gate": promotion.decision.reason}, as_json)
+    emit(console, {"version": promotion.candidate.version, "promoted": promotion.decision.promote,
+                   "champion": promotion.champion_after, "gate": promotion.decision.reason}, as_json,
+         f"retrain: {_promotion_summary(promotion)}")
 
 
 @app.command("fleet-round")
@@ -165,8 +193,9 @@ def fleet_round(
     with _progress() as progress:
         progress.add_task("fleet round", total=None)
         collected, promotion = fleet_round_flow(round_index, robots, settings)
-    _print({"episodes": collected.episodes, "fleet_success": collected.success_rate, "version": promotion.candidate.version,
-            "promoted": promotion.decision.promote, "champion": promotion.champion_after}, as_json)
+    emit(console, {"episodes": collected.episodes, "fleet_success": collected.success_rate, "version": promotion.candidate.version,
+                   "promoted": promotion.decision.promote, "champion": promotion.champion_after}, as_json,
+         f"fleet round: {collected.episodes} episodes at {100 * collected.success_rate:.1f}% success; {_promotion_summary(promotion)}")
 
 
 @app.command()
@@ -180,7 +209,7 @@ def rollback(as_json: JsonOpt = False) -> None:
         restored = rollback_flow(settings)
     except RegistryError as exc:
         raise CliError(str(exc), "promote at least two models before rolling back") from exc
-    _print({"champion": restored.version}, as_json)
+    emit(console, {"champion": restored.version}, as_json, f"rollback: champion: {restored.version} (the alias previous pointed at it)")
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -188,24 +217,55 @@ def rollback(as_json: JsonOpt = False) -> None:
 def import_lerobot(
     src: Annotated[Path, typer.Argument(help="A LeRobot v3 dataset folder (meta/info.json inside).")],
     robot_id: Annotated[str, typer.Option(help="Robot id for episodes that carry none.")] = "lerobot-import",
+    as_json: JsonOpt = False,
 ) -> None:
-    """Import a LeRobot v3 dataset into the episode dataset."""
+    """Import a LeRobot v3 dataset into the episode dataset (an empty one adopts its fps and robot type)."""
+    from components.episodes.dataset import DatasetMismatchError
+    from components.episodes.lerobot import LeRobotFormatError
     from components.episodes.lerobot import import_lerobot as do_import
     from components.pipeline.workspace import Workspace
 
     if not (src / "meta" / "info.json").exists():
         raise CliError(f"{src} is not a LeRobot v3 dataset (no meta/info.json)", "point at the dataset root folder that contains meta/ and data/")
     settings = _settings()
-    console.print(do_import(src, Workspace(settings).dataset, robot_id=robot_id))
+    dataset = Workspace(settings).dataset
+    try:
+        with _progress() as progress:
+            progress.add_task(f"importing {src.name}", total=None)
+            result = do_import(src, dataset, robot_id=robot_id)
+    except (LeRobotFormatError, DatasetMismatchError) as exc:
+        raise _one_line(exc) from exc
+    report = {
+        "source": str(result.source), "added": len(result.report.added), "duplicates": len(result.report.duplicates),
+        "quarantined": _quarantine_lines(result.report.quarantined), "frames_added": result.report.frames_added,
+        "dataset": str(dataset.root), "fps": dataset.fps, "robot_type": dataset.info()["robot_type"],
+        "mapping_file": str(result.mapping_file) if result.mapping_file else None,
+    }
+    emit(console, report, as_json, str(result), people={**report, "quarantined": _quarantine_rows(result.report.quarantined)})
+
+
+def _one_line(exc: Exception) -> CliError:
+    """A library error whose message ends in ". Fix: ..." as the CLI's message + fix."""
+    message, _, fix = str(exc).partition(". Fix: ")
+    return CliError(message, fix or "follow the message above")
 
 
 @app.command("export-lerobot")
-def export_lerobot(dst: Annotated[Path, typer.Argument(help="An empty or new folder for the LeRobot v3 dataset.")]) -> None:
+def export_lerobot(
+    dst: Annotated[Path, typer.Argument(help="An empty or new folder for the LeRobot v3 dataset.")],
+    as_json: JsonOpt = False,
+) -> None:
     """Export the episode dataset in the LeRobot v3 layout."""
+    from components.episodes.lerobot import LeRobotFormatError
     from components.episodes.lerobot import export_lerobot as do_export
     from components.pipeline.workspace import Workspace
 
-    console.print(do_export(Workspace(_settings()).dataset, dst))
+    try:
+        result = do_export(Workspace(_settings()).dataset, dst)
+    except LeRobotFormatError as exc:
+        raise _one_line(exc) from exc
+    emit(console, {"path": str(result.path), "episodes": result.episodes, "frames": result.frames,
+                   "data_files": result.data_files, "video_files": result.video_files}, as_json, str(result))
 
 
 @app.command()
@@ -222,21 +282,22 @@ def stage(name: Annotated[str, typer.Argument(help="collect | ingest | train | e
 @app.command()
 def status(as_json: JsonOpt = False, runs: Annotated[int, typer.Option(help="How many recent runs to list.", min=0)] = 5) -> None:
     """The champion, the last runs and the data size."""
-    from cli.reports import status_report
+    from cli.reports import status_report, status_summary
 
-    _print(status_report(_settings(), runs), as_json)
+    report = status_report(_settings(), runs)
+    emit(console, report, as_json, status_summary(report))
 
 
 @app.command()
 def lineage(version: Annotated[str, typer.Argument(help="Model version number, or an alias such as champion.")], as_json: JsonOpt = False) -> None:
     """Model version → MLflow run → git commit, params, DVC snapshot, LanceDB version → episodes per robot."""
-    from cli.reports import LineageNotFound, lineage_report
+    from cli.reports import LineageNotFound, lineage_report, lineage_summary
 
     try:
         report = lineage_report(_settings(), version)
     except LineageNotFound as exc:
         raise CliError(str(exc), "list versions with `fleetloop status`") from exc
-    _print(report, as_json)
+    emit(console, report, as_json, lineage_summary(report))
 
 
 # -- operate -------------------------------------------------------------------------------------

@@ -39,6 +39,26 @@ def status_report(settings: Settings, last_runs: int) -> dict[str, Any]:
     }
 
 
+def status_summary(report: dict[str, Any]) -> str:
+    """One line for people: the champion and the data size."""
+    champion = report["champion"]
+    if champion is None:
+        head = "no champion yet"
+    elif champion["success_rate"] is None:
+        head = f"champion v{champion['version']} (not evaluated)"
+    else:
+        head = f"champion v{champion['version']} ({100 * champion['success_rate']:.1f}% success over {champion['trials']} trials)"
+    data = report["data"]
+    return (f"{head}; {data['episodes']} episodes, {data['frames']} frames, {data['robots']} robots, "
+            f"{data['segments']} segments")
+
+
+def lineage_summary(report: dict[str, Any]) -> str:
+    commit = (report["git_commit"] or "?")[:12]
+    return (f"{report['model']}: run {report['mlflow_run']['id']}, commit {commit}, snapshot {report['dvc_snapshot']}, "
+            f"lancedb version {report['lancedb_version']}, {report['episodes']} episodes")
+
+
 def lineage_report(settings: Settings, version: str) -> dict[str, Any]:
     registry = Workspace(settings).registry
     number = int(version) if version.isdigit() else registry.aliases().get(version)

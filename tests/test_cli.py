@@ -2,9 +2,12 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from cli.main import app, main
+
+NARROW = "80"  # COLUMNS: the terminal width the people view must fit
 
 COMMANDS = sorted(cmd.name or cmd.callback.__name__ for cmd in app.registered_commands)
 
@@ -57,3 +60,109 @@ def test_status_json_on_an_empty_root(scratch_root, capsys):
     assert status["champion"] is None
     assert status["data"]["episodes"] == 0 and status["data"]["segments"] == 0
     assert status["root"] == str(scratch_root.resolve())
+
+
+def _squeezed(text: str) -> str:
+    """Text without whitespace: a value folded over several lines of a table reads whole again."""
+    return "".join(text.split())
+
+
+def test_status_lineage_rollback_for_people_and_scripts(scratch_root, capsys, monkeypatch, prefect_harness):
+    import torch
+
+    from components.config import PolicyConfig, load_settings
+    from components.policy.factory import make_policy
+    from components.registry.lineage import Lineage
+    from components.registry.model_registry import PolicyRegistry
+
+    monkeypatch.setenv("COLUMNS", NARROW)
+    settings = load_settings()
+    registry = PolicyRegistry(settings.paths.mlruns, settings.registry)
+    torch.manual_seed(0)
+    evaluation = {"success_rate": 0.75, "ci_low": 0.6, "ci_high": 0.85, "successes": 90, "trials": 120}
+    lineage = Lineage(git_commit="abc", snapshot_hash="d41d8.dir", lancedb_version=3, params_hash="p", episodes=10, frames=100)
+    version = registry.log_candidate(make_policy(6, 3, PolicyConfig(hidden=16, layers=2)), evaluation, lineage,
+                                     {"train": {"lr": 0.001}}, {"loss": 0.1}, [1.0, 0.5], "run-status")
+    assert registry.promote_if_better(version, None, None).promote
+
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "{'" not in out and "'version'" not in out  # no Python dict repr
+    assert out.splitlines()[-1].startswith(f"champion v{version.version} (75.0% success over 120 trials); 0 episodes")
+    assert any(line.split() == ["champion.version", str(version.version)] for line in out.splitlines())
+    assert "run-status" in out  # the last runs table
+    assert all(len(line) <= int(NARROW) for line in out.splitlines()[:-1])
+
+    assert main(["status", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert set(status) == {"root", "champion", "aliases", "last_runs", "data"}
+    assert status["champion"] == {"version": version.version, "success_rate": 0.75, "trials": 120}
+    assert status["aliases"] == {"champion": version.version}
+
+    assert main(["lineage", "champion"]) == 0
+    out = capsys.readouterr().out
+    assert "{'" not in out and any(line.split() == ["dvc_snapshot", "d41d8.dir"] for line in out.splitlines())
+    assert out.splitlines()[-1].startswith(f"fleetloop-policy v{version.version}: run ")
+
+    better = registry.log_candidate(make_policy(6, 3, PolicyConfig(hidden=16, layers=2)), {**evaluation, "success_rate": 0.99, "successes": 119},
+                                    lineage, {"train": {"lr": 0.001}}, {"loss": 0.1}, [1.0, 0.5], "run-better")
+    assert registry.promote_if_better(better, 90, 120).promote
+    assert main(["rollback"]) == 0
+    assert f"champion: {version.version}" in capsys.readouterr().out  # docs/operations.md's check, verbatim
+
+
+def test_ingest_prints_quarantined_files_whole_at_80_columns(scratch_root, capsys, monkeypatch, prefect_harness):
+    from components.episodes.schema import write_episode_file
+    from components.fleet.local import synthetic_episode
+
+    monkeypatch.setenv("COLUMNS", NARROW)
+    good = write_episode_file(synthetic_episode("robot-0000", seed=1), scratch_root / "incoming" / "good.parquet")
+    broken = synthetic_episode("robot-0001", seed=2)
+    broken.actions[3, 1] = np.nan
+    bad = write_episode_file(
+        broken, scratch_root / "incoming" / "episode-from-robot-warehouse-east-aisle-0007-recorded-2026-12-01T06-00-00.parquet")
+
+    assert main(["ingest", str(good), str(bad)]) == 0
+    out = capsys.readouterr().out
+    assert "['" not in out and "{'" not in out  # no Python list/dict repr
+    assert _squeezed(str(bad)) in _squeezed(out)  # the path is folded over lines, never cut
+    assert "NaN" in out and "fix" in out
+    summary = out.splitlines()[-1]
+    assert summary.startswith("ingest: 1 added (12 frames), 0 duplicates skipped, 1 quarantined; snapshot ")
+    assert all(len(line) <= int(NARROW) for line in out.splitlines()[:-1])
+
+    assert main(["ingest", "--json", str(good)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) == {"added", "duplicates", "quarantined", "snapshot", "lancedb_version", "segments_upserted"}
+    assert (report["added"], report["duplicates"], report["quarantined"]) == (0, 1, [])
+
+
+def test_lerobot_import_and_export_for_people_scripts_and_errors(scratch_root, capsys, monkeypatch):
+    from tests.test_lerobot import _write_lerobot_v3
+
+    monkeypatch.setenv("COLUMNS", NARROW)
+    at_30 = scratch_root / "so100-at-30fps"
+    _write_lerobot_v3(at_30, fps=30)
+    assert main(["import-lerobot", str(at_30), "--robot-id", "so100-lab", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["added"], report["duplicates"], report["quarantined"]) == (3, 0, [])
+    assert (report["fps"], report["robot_type"]) == (30.0, "so100")  # the empty dataset adopted them
+
+    assert main(["import-lerobot", str(at_30), "--robot-id", "so100-lab"]) == 0  # again, for people: nothing new
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == f"import {at_30}: 0 added (0 frames), 3 duplicates skipped, 0 quarantined"
+
+    at_10 = scratch_root / "so100-at-10fps"
+    _write_lerobot_v3(at_10, seed=4, fps=10)
+    assert main(["import-lerobot", str(at_10)]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()[-2:]  # after the progress line: error + fix
+    assert lines[0].startswith("error: ") and "fps 10 differs from the dataset's 30" in lines[0], lines
+    assert lines[1].startswith("fix: import into an empty dataset root")
+
+    out_dir = scratch_root / "exported"
+    assert main(["export-lerobot", str(out_dir), "--json"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    assert exported == {"path": str(out_dir), "episodes": 3, "frames": 12, "data_files": 1, "video_files": 2}
+    assert main(["export-lerobot", str(out_dir)]) == 1  # never overwrites: one line + fix
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "export folder is not empty" in lines[0] and lines[1].startswith("fix: choose a new folder")

@@ -35,9 +35,14 @@ def test_tokens_and_revoke_never_print_a_token(tmp_path, monkeypatch):
     assert set(book.robots) == {"robot-0000", "robot-0001"} and stat.S_IMODE(path.stat().st_mode) == 0o600
     assert not any(t in issued.output for t in [*book.robots.values(), book.service])
     assert (tmp_path / "fleet-runtime" / ".gitignore").read_text().strip().endswith("*")
-    revoked = runner.invoke(fleet_app, ["revoke", "robot-0001"])
+    revoked = runner.invoke(fleet_app, ["revoke", "robot-0001", "--json"])
     assert revoked.exit_code == 0 and "robot-0001" not in read_token_file(path).robots
-    assert runner.invoke(fleet_app, ["revoke", "robot-0042"]).exit_code == 1
+    assert json.loads(revoked.stdout) == {"revoked": "robot-0001"}
+    again = runner.invoke(fleet_app, ["tokens", "--json"])  # the configured robots get tokens again
+    assert json.loads(again.stdout) == {"robots": 2, "token_file": str(path), "rotated": False}
+    assert not any(t in again.stdout for t in [*read_token_file(path).robots.values(), book.service])
+    unknown = runner.invoke(fleet_app, ["revoke", "robot-0042"])
+    assert unknown.exit_code == 1 and unknown.stderr.count("\n") == 2 and "fix:" in unknown.stderr  # one line + fix
 
 
 def test_up_status_down_leaves_no_process(tmp_path, monkeypatch):
@@ -127,3 +132,48 @@ def test_fleet_up_trainer_ships_a_champion_and_status_shows_the_version_each_rob
     assert trainer["candidates"]["shipped"] >= 1 and trainer["candidates"]["promoted"] >= 1
     print(json.dumps({"champion": champion, "serving": body["serving"], "seen_after_s": round(seen_after_s, 1),
                       "last_candidate": trainer["candidates"]["last"]}))
+
+
+def _long_named_status(root, monkeypatch) -> tuple[list[str], str]:
+    """A status.json as the coordinator writes it, for members with long names (no fleet runs)."""
+    _env(monkeypatch, root)
+    names = ["ingest", "inference", "trainer", "robot-warehouse-east-aisle-0007", "robot-warehouse-east-aisle-0012"]
+    served = "models:/fleetloop-policy/17"
+    members = {
+        name: {"role": "robot" if name.startswith("robot") else name, "pid": 4000 + i, "identity": None,
+               "alive": True, "failures": 0, "restart_in_s": None, "done": False, "restarts": i,
+               "last_exit": None, "heartbeat_age_s": 0.25 * i,
+               "info": {"serving": "v17", "episodes": 3, "spool": f"/var/lib/fleetloop/spool/{name}/pending"}}
+        for i, name in enumerate(names)
+    }
+    body = {"coordinator_pid": 1, "members": members, "robots_done": 0, "robots": 2, "served": {"champion": served},
+            "serving": {n: "v17" for n in names if n.startswith("robot")}, "aliases": {"champion": 17, "previous": 16},
+            "canary": {}, "time": 0.0}
+    path = RuntimeLayout.of(load_settings()).status_file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(body))
+    return names, served
+
+
+def test_status_table_keeps_member_names_whole_at_80_columns(tmp_path, monkeypatch):
+    names, served = _long_named_status(tmp_path, monkeypatch)
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(fleet_app, ["status"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    table_lines = lines[:-1]
+    assert all(len(line) <= 80 for line in table_lines), "\n".join(lines)
+    for name in names:
+        assert any(name in line for line in table_lines), f"{name} cut:\n{result.stdout}"
+    for line in table_lines:  # each member's spool path is folded, never cut with an ellipsis
+        assert "…" not in line
+    summary = lines[-1]
+    assert summary.startswith("fleet down: 0/5 members alive, 0/2 robots done; champion v17, previous v16")
+    assert served in summary and "{" not in summary  # no Python repr
+
+
+def test_status_json_keys_are_stable(tmp_path, monkeypatch):
+    _long_named_status(tmp_path, monkeypatch)
+    body = json.loads(CliRunner(env={"COLUMNS": "80"}).invoke(fleet_app, ["status", "--json"]).stdout)
+    assert {"members", "served", "serving", "aliases", "canary", "coordinator_running", "orphans"} <= set(body)
+    assert body["coordinator_running"] is False and body["orphans"] == []
+    assert body["members"]["robot-warehouse-east-aisle-0007"]["info"]["serving"] == "v17"

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from components.config import EpisodesConfig
-from components.episodes.dataset import EpisodeDataset
+from components.episodes.dataset import DatasetMismatchError, EpisodeDataset
 from components.episodes.lerobot import (
     IMPORT_POLICY_VERSION,
     LeRobotFormatError,
@@ -33,10 +33,13 @@ VIDEO_SHAPE = [3, 8, 8]
 VIDEO_SLOTS = ((0, 0.0), (0, 0.4), (1, 0.0))
 
 
-def _write_lerobot_v3(root: Path, seed: int = 3) -> dict[str, np.ndarray]:
+def _write_lerobot_v3(
+    root: Path, seed: int = 3, fps: int = FPS, tasks: tuple[str, ...] = TASKS,
+    episode_task: tuple[int, ...] = EPISODE_TASK, robot_type: str = "so100", state_dim: int = STATE_DIM,
+) -> dict[str, np.ndarray]:
     """A LeRobot v3 dataset as LeRobot writes it: two data files, a video feature, variable lists."""
     rng = np.random.default_rng(seed)
-    states = [rng.normal(size=(n, STATE_DIM)).astype(np.float32) for n in LENGTHS]
+    states = [rng.normal(size=(n, state_dim)).astype(np.float32) for n in LENGTHS]
     actions = [rng.normal(size=(n, ACTION_DIM)).astype(np.float32) for n in LENGTHS]
     env = [rng.normal(size=(n, ENV_DIM)).astype(np.float32) for n in LENGTHS]
     starts = np.concatenate([[0], np.cumsum(LENGTHS)])
@@ -53,11 +56,11 @@ def _write_lerobot_v3(root: Path, seed: int = 3) -> dict[str, np.ndarray]:
                 last = f == LENGTHS[e] - 1
                 rows["next.reward"].append(1.0 if last and NEXT_SUCCESS[e] else 0.0)
                 rows["next.success"].append(bool(last and NEXT_SUCCESS[e]))
-                rows["timestamp"].append(f / FPS)
+                rows["timestamp"].append(f / fps)
                 rows["frame_index"].append(f)
                 rows["episode_index"].append(e)
                 rows["index"].append(int(starts[e]) + f)
-                rows["task_index"].append(EPISODE_TASK[e])
+                rows["task_index"].append(episode_task[e])
         return pa.table({
             # variable-size lists (as `datasets.Sequence` without length writes them)
             "observation.state": pa.array(rows["observation.state"], pa.list_(pa.float32())),
@@ -83,7 +86,7 @@ def _write_lerobot_v3(root: Path, seed: int = 3) -> dict[str, np.ndarray]:
 
     episodes = {
         "episode_index": pa.array(range(3), pa.int64()),
-        "tasks": pa.array([[TASKS[t]] for t in EPISODE_TASK], pa.list_(pa.string())),
+        "tasks": pa.array([[tasks[t]] for t in episode_task], pa.list_(pa.string())),
         "length": pa.array(LENGTHS, pa.int64()),
         "data/chunk_index": pa.array([0, 0, 0], pa.int64()),
         "data/file_index": pa.array([0, 0, 1], pa.int64()),
@@ -93,7 +96,7 @@ def _write_lerobot_v3(root: Path, seed: int = 3) -> dict[str, np.ndarray]:
         f"videos/{VIDEO_KEY}/file_index": pa.array([s[0] for s in VIDEO_SLOTS], pa.int64()),
         f"videos/{VIDEO_KEY}/from_timestamp": pa.array([s[1] for s in VIDEO_SLOTS], pa.float64()),
         f"videos/{VIDEO_KEY}/to_timestamp": pa.array(
-            [s[1] + n / FPS for s, n in zip(VIDEO_SLOTS, LENGTHS)], pa.float64()),
+            [s[1] + n / fps for s, n in zip(VIDEO_SLOTS, LENGTHS)], pa.float64()),
         "meta/episodes/chunk_index": pa.array([0, 0, 0], pa.int64()),
         "meta/episodes/file_index": pa.array([0, 0, 0], pa.int64()),
     }
@@ -105,14 +108,14 @@ def _write_lerobot_v3(root: Path, seed: int = 3) -> dict[str, np.ndarray]:
     (root / "meta/episodes/chunk-000").mkdir(parents=True)
     pq.write_table(pa.table(episodes), root / "meta/episodes/chunk-000/file-000.parquet")
 
-    pd.DataFrame({"task_index": range(len(TASKS))}, index=pd.Index(TASKS, name="task")).to_parquet(
+    pd.DataFrame({"task_index": range(len(tasks))}, index=pd.Index(tasks, name="task")).to_parquet(
         root / "meta/tasks.parquet")
     features = {
-        "observation.state": {"dtype": "float32", "shape": [STATE_DIM], "names": ["x", "y", "z"]},
+        "observation.state": {"dtype": "float32", "shape": [state_dim], "names": [f"q{i}" for i in range(state_dim)]},
         "action": {"dtype": "float32", "shape": [ACTION_DIM], "names": ["vx", "vy"]},
         "observation.environment_state": {"dtype": "float32", "shape": [ENV_DIM], "names": None},
         VIDEO_KEY: {"dtype": "video", "shape": VIDEO_SHAPE, "names": ["channels", "height", "width"],
-                    "info": {"video.fps": FPS, "video.codec": "av1", "video.pix_fmt": "yuv420p"}},
+                    "info": {"video.fps": fps, "video.codec": "av1", "video.pix_fmt": "yuv420p"}},
         "next.reward": {"dtype": "float32", "shape": [1], "names": None},
         "next.success": {"dtype": "bool", "shape": [1], "names": None},
         "timestamp": {"dtype": "float32", "shape": [1], "names": None},
@@ -122,9 +125,9 @@ def _write_lerobot_v3(root: Path, seed: int = 3) -> dict[str, np.ndarray]:
         "task_index": {"dtype": "int64", "shape": [1], "names": None},
     }
     info = {
-        "codebase_version": "v3.0", "robot_type": "so100", "total_episodes": 3,
-        "total_frames": int(sum(LENGTHS)), "total_tasks": 2, "chunks_size": 1000,
-        "data_files_size_in_mb": 100, "video_files_size_in_mb": 500, "fps": FPS,
+        "codebase_version": "v3.0", "robot_type": robot_type, "total_episodes": 3,
+        "total_frames": int(sum(LENGTHS)), "total_tasks": len(tasks), "chunks_size": 1000,
+        "data_files_size_in_mb": 100, "video_files_size_in_mb": 500, "fps": fps,
         "splits": {"train": "0:3"},
         "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
         "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
@@ -232,8 +235,8 @@ def test_import_rejects_other_versions_and_export_never_overwrites(source, tmp_p
     info_path.write_text(json.dumps({**info, "codebase_version": "v2.1"}))
     with pytest.raises(LeRobotFormatError, match="v2.1.*convert"):
         import_lerobot(src, _dataset(tmp_path / "episodes"))
-    info_path.write_text(json.dumps({**info, "fps": 30}))
-    with pytest.raises(LeRobotFormatError, match="fps"):
+    info_path.write_text(json.dumps({**info, "fps": None}))
+    with pytest.raises(LeRobotFormatError, match="fps None.*Fix: set meta/info.json `fps`"):
         import_lerobot(src, _dataset(tmp_path / "episodes"))
 
     info_path.write_text(json.dumps(info))
@@ -272,3 +275,85 @@ def test_mixed_dataset_of_imports_and_fleet_episodes_round_trips(source, tmp_pat
     assert len(import_lerobot(tmp_path / "exported", second).report.added) == 5
     assert second.content_hash() == first.content_hash()
     assert [e.policy_version for e in second.episodes()][-2:] == ["v7", "v7"]
+
+
+def test_empty_dataset_adopts_fps_robot_type_and_features(tmp_path):
+    """Most LeRobot datasets are 30 fps: importing one into an empty root needs no setting."""
+    src = tmp_path / "lerobot30"
+    _write_lerobot_v3(src, fps=30, robot_type="koch")
+    ds = _dataset(tmp_path / "episodes")
+    assert ds.cfg.fps == FPS  # the configured default differs from the source's
+
+    result = import_lerobot(src, ds, robot_id="koch-lab")
+
+    assert len(result.report.added) == 3
+    reopened = _dataset(tmp_path / "episodes")  # what is on disk, not the handle's memory
+    info = reopened.info()
+    assert (reopened.fps, info["fps"], info["robot_type"]) == (30.0, 30, "koch")
+    assert info["features"]["observation.state"]["names"] == [f"q{i}" for i in range(STATE_DIM)]
+    assert info["features"]["observation.state"]["dtype"] == "float32"
+    assert info["features"]["action"]["names"] == ["vx", "vy"]
+    assert info["features"]["next.reward"] == {"dtype": "float32", "shape": [1], "names": None}
+    assert info["features"][VIDEO_KEY]["info"]["video.fps"] == 30
+    assert reopened.frames().column("next.reward").to_pylist()[LENGTHS[0] - 1] == 1.0
+    mapping = json.loads(result.mapping_file.read_text())
+    assert (mapping["source_fps"], mapping["source_robot_type"]) == (30, "koch")
+
+    exported = json.loads(
+        (export_lerobot(reopened, tmp_path / "out").path / "meta/info.json").read_text())
+    assert (exported["fps"], exported["robot_type"]) == (30, "koch")
+
+
+def test_non_empty_dataset_refuses_another_fps_or_shape_and_keeps_what_it_has(source, tmp_path):
+    src, _ = source
+    ds = _dataset(tmp_path / "episodes")
+    import_lerobot(src, ds, robot_id="so100-lab")
+    before = (ds.content_hash(), (ds.root / "meta/info.json").read_bytes(), sorted(ds.root.rglob("*")))
+
+    faster = tmp_path / "lerobot30"
+    _write_lerobot_v3(faster, seed=5, fps=30)
+    with pytest.raises(DatasetMismatchError, match=r"fps 30 differs from the dataset's 10\. Fix: import into an empty"):
+        import_lerobot(faster, ds)
+    wider = tmp_path / "wider"
+    _write_lerobot_v3(wider, seed=6, state_dim=STATE_DIM + 1)
+    with pytest.raises(DatasetMismatchError, match=r"observation\.state shape \[4\] differs from the dataset's \[3\]"):
+        import_lerobot(wider, ds)
+
+    ds.refresh()
+    assert (ds.content_hash(), (ds.root / "meta/info.json").read_bytes(), sorted(ds.root.rglob("*"))) == before
+    # same fps and shapes, another robot type: stored beside the others, the dataset's type kept
+    other = tmp_path / "other-robot"
+    _write_lerobot_v3(other, seed=7, robot_type="aloha")
+    assert len(import_lerobot(other, ds, robot_id="aloha-lab").report.added) == 3
+    assert ds.info()["robot_type"] == "so100" and ds.robots() == {"aloha-lab": 3, "so100-lab": 3}
+
+
+def test_several_tasks_keep_their_strings_whatever_the_source_task_index(tmp_path):
+    tasks = ("stack the blocks", "open the drawer", "wipe the table")
+    episode_task = (2, 0, 2)  # task 1 is declared but unused; indices out of first-use order
+    src = tmp_path / "multi"
+    _write_lerobot_v3(src, tasks=tasks, episode_task=episode_task)
+    ds = _dataset(tmp_path / "episodes")
+    import_lerobot(src, ds)
+    assert [ep.task for ep in ds.episodes()] == [tasks[t] for t in episode_task]
+    assert sorted(ds.tasks) == sorted({tasks[t] for t in episode_task})
+    frames = ds.frames()
+    assert {"next.reward", "next.success", "observation.environment_state"} <= set(frames.column_names)
+
+
+def test_an_info_json_left_by_a_crashed_first_ingest_is_not_a_dataset(tmp_path):
+    """Before the first commit point nothing is stored: the import adopts its source's layout."""
+    root = tmp_path / "episodes"
+    (root / "meta").mkdir(parents=True)
+    stale = {"fps": 10, "robot_type": "fleetloop", "chunks_size": 1000,
+             "features": {"observation.state": {"dtype": "float32", "shape": [11], "names": None}}}
+    (root / "meta/info.json").write_text(json.dumps(stale))
+    src = tmp_path / "lerobot30"
+    _write_lerobot_v3(src, fps=30)
+    ds = _dataset(root)
+    assert ds.num_episodes == 0 and ds.fps == 10.0
+
+    assert len(import_lerobot(src, ds).report.added) == 3
+    info = _dataset(root).info()
+    assert (info["fps"], info["robot_type"]) == (30, "so100")
+    assert info["features"]["observation.state"]["shape"] == [STATE_DIM]

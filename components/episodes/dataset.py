@@ -86,6 +86,7 @@ DATA_PATH = "data/" + CHUNK_FILE_PATTERN + ".parquet"
 VIDEO_PATH = "videos/{video_key}/" + CHUNK_FILE_PATTERN + ".mp4"
 LOCK_NAME = ".fleetloop.lock"
 TMP_SUFFIX = ".tmp"
+FPS_TOLERANCE = 1e-6  # fps are compared as floats (info.json may hold 30 or 30.0)
 # LeRobot's defaults, written to info.json for readers that expect them.
 DATA_FILES_SIZE_IN_MB = 100
 VIDEO_FILES_SIZE_IN_MB = 500
@@ -160,6 +161,30 @@ class IngestReport:
             f"{len(self.added)} added ({self.frames_added} frames), "
             f"{len(self.duplicates)} duplicates skipped, {len(self.quarantined)} quarantined"
         )
+
+
+class DatasetMismatchError(ValueError):
+    """An import whose dataset-level layout (fps, state/action shape) differs from the stored
+    episodes'. One line: the dataset, the field, both values and the fix."""
+
+    def __init__(self, root: Path, field_name: str, ours: Any, theirs: Any, fix: str) -> None:
+        self.root, self.field, self.ours, self.theirs, self.fix = Path(root), field_name, ours, theirs, fix
+        super().__init__(f"{root}: {field_name} {theirs} differs from the dataset's {ours}. Fix: {fix}")
+
+
+@dataclass(frozen=True)
+class SourceLayout:
+    """Dataset-level properties an import brings (a LeRobot ``info.json``): an empty dataset
+    adopts them, a non-empty one refuses a different fps or state/action shape. A different
+    ``robot_type`` is kept out of a non-empty dataset's info.json (its episodes keep their
+    ``robot_id``) rather than refused, as fleet and imported episodes may share a dataset."""
+
+    fps: float
+    robot_type: str | None = None
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # STATE / ACTION only
+
+
+MISMATCH_FIX = "import into an empty dataset root (set FLEETLOOP_ROOT to a new folder), which adopts the source's {what}"
 
 
 @dataclass(frozen=True)
@@ -501,10 +526,16 @@ class EpisodeDataset:
         incoming: list[IncomingEpisode],
         known_robots: Set[str] | None,
         quarantine_dir: Path | None,
+        layout: SourceLayout | None = None,
     ) -> IngestReport:
-        """The one ingest path: validate, dedupe by episode_id + content, store in one new file."""
+        """The one ingest path: validate, dedupe by episode_id + content, store in one new file.
+
+        ``layout`` (imports): checked under the writer lock, so "empty" cannot change between
+        the check and the store; raises ``DatasetMismatchError`` before anything is written.
+        """
         with self._writer():
-            staged, quarantined = self._stage(incoming, known_robots, quarantine_dir)
+            base_info = self._adopt(layout)
+            staged, quarantined = self._stage(incoming, known_robots, quarantine_dir, fresh=base_info is not None)
             stored = self._stored_hashes([item.episode.episode_id for item in staged])
             new: list[_Staged] = []
             duplicates: list[str] = []
@@ -526,7 +557,7 @@ class EpisodeDataset:
                     quarantined.append(self._reject(item.incoming, error, quarantine_dir))
             if not new:
                 return IngestReport(duplicates=tuple(duplicates), quarantined=tuple(quarantined))
-            data_file = self._store(new)
+            data_file = self._store(new, base_info)
             return IngestReport(
                 added=tuple(s.episode.episode_id for s in new),
                 duplicates=tuple(duplicates),
@@ -535,10 +566,37 @@ class EpisodeDataset:
                 data_file=data_file,
             )
 
+    def _adopt(self, layout: SourceLayout | None) -> dict[str, Any] | None:
+        """The info.json an empty dataset starts from when ``layout`` is given (fps, robot type
+        and state/action shapes of the source); for a non-empty one, None after checking that
+        the layout matches what is stored."""
+        if layout is None:
+            return None
+        if self.num_episodes == 0:  # a crashed first ingest may have left an info.json: start afresh
+            return self._new_info(fps=layout.fps, robot_type=layout.robot_type)
+        if abs(layout.fps - self.fps) > FPS_TOLERANCE:
+            raise DatasetMismatchError(
+                self.root, "fps", f"{self.fps:g}", f"{layout.fps:g}",
+                MISMATCH_FIX.format(what="fps") + f", or resample the source to {self.fps:g} fps",
+            )
+        stored = {STATE: self.state_dim, ACTION: self.action_dim}
+        for name, shape in sorted(layout.shapes.items()):
+            ours = stored.get(name)
+            if ours is not None and tuple(shape) != (ours,):
+                raise DatasetMismatchError(
+                    self.root, f"{name} shape", [ours], list(shape), MISMATCH_FIX.format(what=f"{name} shape"),
+                )
+        return None
+
     def _stage(
-        self, incoming: list[IncomingEpisode], known_robots: Set[str] | None, quarantine_dir: Path | None
+        self,
+        incoming: list[IncomingEpisode],
+        known_robots: Set[str] | None,
+        quarantine_dir: Path | None,
+        fresh: bool = False,
     ) -> tuple[list[_Staged], list[QuarantinedFile]]:
-        state_dim, action_dim = self.state_dim, self.action_dim
+        """Validate; ``fresh``: the batch starts a new info.json, so no stored shapes apply."""
+        state_dim, action_dim = (None, None) if fresh else (self.state_dim, self.action_dim)
         staged: list[_Staged] = []
         errors: list[tuple[IncomingEpisode, EpisodeValidationError]] = []
         for item in incoming:
@@ -598,9 +656,10 @@ class EpisodeDataset:
             out[key] = max(numbers) + 1 if numbers else 0
         return out
 
-    def _store(self, new: list[_Staged]) -> Path:
-        """Write one data file (+ copied videos), then tasks, info, stats, and commit the meta."""
-        info = self._info or self._new_info()
+    def _store(self, new: list[_Staged], base_info: dict[str, Any] | None = None) -> Path:
+        """Write one data file (+ copied videos), then tasks, info, stats, and commit the meta.
+        ``base_info``: the info.json an empty dataset adopts from an import's source."""
+        info = base_info or self._info or self._new_info()
         chunk_size = int(info["chunks_size"])
         data_chunk, data_file = divmod(self._next_file_number(), chunk_size)
         next_video = self._next_video_numbers()
@@ -694,11 +753,12 @@ class EpisodeDataset:
         new = stats_from_episodes_meta(added)
         return {f: _pool(old.get(f), new.get(f)) for f in sorted(set(old) | set(new))}
 
-    def _new_info(self) -> dict[str, Any]:
-        fps = self.cfg.fps
+    def _new_info(self, fps: float | None = None, robot_type: str | None = None) -> dict[str, Any]:
+        """A fresh info.json: fps and robot type from the config unless an import brings its own."""
+        fps = self.cfg.fps if fps is None else fps
         return {
             "codebase_version": self.cfg.codebase_version,
-            "robot_type": self.cfg.robot_type,
+            "robot_type": robot_type or self.cfg.robot_type,
             "total_episodes": 0,
             "total_frames": 0,
             "total_tasks": 0,

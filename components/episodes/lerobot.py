@@ -43,6 +43,7 @@ from components.episodes.dataset import (
     EpisodeDataset,
     IncomingEpisode,
     IngestReport,
+    SourceLayout,
     read_tasks,
     video_location_column,
 )
@@ -69,7 +70,8 @@ SUPPORTED_MAJOR_VERSION = 3
 ID_NAMESPACE = b"fleetloop/lerobot-import/v1"
 IMPORTS_DIR = "meta/imports"
 VIDEO_DTYPE = "video"
-FPS_TOLERANCE = 1e-6
+# columns import casts to the contract's types: their info.json entries must say so
+STORED_DTYPES = {STATE: "float32", ACTION: "float32", TIMESTAMP: "float32", FRAME_INDEX: "int64"}
 
 
 class LeRobotFormatError(ValueError):
@@ -138,7 +140,25 @@ def _read_info(src: Path) -> dict[str, Any]:
     for name in (STATE, ACTION):
         if name not in features:
             raise LeRobotFormatError(path, f"no {name!r} feature", f"only datasets with {STATE} and {ACTION} can be imported")
+    if not isinstance(info.get("fps"), (int, float)) or info["fps"] <= 0:
+        raise LeRobotFormatError(path, f"fps {info.get('fps')!r} is not a positive number", "set meta/info.json `fps` to the recording rate")
     return info
+
+
+def _source_layout(info: dict[str, Any]) -> SourceLayout:
+    """What an empty dataset adopts from the source (and a non-empty one must match)."""
+    shapes = {name: tuple(int(d) for d in info["features"][name].get("shape", ())) for name in (STATE, ACTION)}
+    return SourceLayout(fps=float(info["fps"]), robot_type=info.get("robot_type") or None, shapes=shapes)
+
+
+def _stored_features(features: dict[str, dict[str, Any]], keep: Set[str]) -> dict[str, dict[str, Any]]:
+    """The source's info.json entries (names, video info, ...) of the features we store, with the
+    dtype of the columns import casts."""
+    out = {}
+    for name, feature in features.items():
+        if name in keep:
+            out[name] = {**feature, "dtype": STORED_DTYPES[name]} if name in STORED_DTYPES else dict(feature)
+    return out
 
 
 def _as_float32_vectors(column: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -235,16 +255,11 @@ def import_lerobot(
 
     ``robot_id`` and ``success`` fill episodes that carry no such column. ``known_robots=None``
     accepts any robot id. A bad episode goes to ``quarantine_dir`` (or raises when it is None).
+    An empty ``dataset`` adopts the source's fps, robot type and feature entries; a non-empty one
+    refuses a different fps or state/action shape (``DatasetMismatchError``, nothing written).
     """
     src = Path(src_dir)
     info = _read_info(src)
-    fps = float(info.get("fps", 0))
-    if abs(fps - dataset.fps) > FPS_TOLERANCE:
-        raise LeRobotFormatError(
-            src / INFO_PATH,
-            f"fps {fps:g} differs from the dataset's {dataset.fps:g}",
-            f"import into a dataset made with episodes.fps: {fps:g} (params.yaml)",
-        )
     features: dict[str, dict[str, Any]] = info["features"]
     video_keys = sorted(k for k, f in features.items() if f.get("dtype") == VIDEO_DTYPE)
     tasks = read_tasks(src / TASKS_PATH)
@@ -289,7 +304,7 @@ def import_lerobot(
             if not video.exists():
                 raise LeRobotFormatError(video, f"video of episode {source_index} is missing", "restore the videos/ folder")
             videos[video_key] = video
-        extra_features = {k: v for k, v in features.items() if k in table.column_names or k in videos}
+        extra_features = _stored_features(features, set(table.column_names) | set(videos))
         incoming.append(
             IncomingEpisode(
                 table=table,
@@ -301,14 +316,18 @@ def import_lerobot(
         )
         mapping.append(EpisodeMapping(source_index, table.column(EPISODE_ID)[0].as_py(), filled))
 
-    report = dataset.ingest_tables(incoming, known_robots, quarantine_dir)
-    mapping_file = _write_mapping(dataset, src, robot_id, mapping) if report.added else None
+    report = dataset.ingest_tables(incoming, known_robots, quarantine_dir, layout=_source_layout(info))
+    mapping_file = _write_mapping(dataset, src, info, robot_id, mapping) if report.added else None
     return LeRobotImport(src, report, tuple(mapping), mapping_file)
 
 
-def _write_mapping(dataset: EpisodeDataset, src: Path, robot_id: str, mapping: list[EpisodeMapping]) -> Path:
+def _write_mapping(
+    dataset: EpisodeDataset, src: Path, info: dict[str, Any], robot_id: str, mapping: list[EpisodeMapping]
+) -> Path:
     body = {
         "source": str(src.resolve()),
+        "source_fps": info["fps"],
+        "source_robot_type": info.get("robot_type"),
         "robot_id": robot_id,
         "policy_version": IMPORT_POLICY_VERSION,
         "episodes": [

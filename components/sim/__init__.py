@@ -1,5 +1,6 @@
 """Simulated fleets behind the gymnasium vector API: per-robot quirks, a scripted expert,
-and collection of finished episodes. See README.md."""
+and collection of finished episodes; importing it registers ``fleetloop/PickPlace-v0`` (and
+``fleetloop/MetaWorldPickPlace-v0`` where metaworld is installed). See README.md."""
 
 from components.sim.collect import FleetCollection, Policy, collect, run_episodes
 from components.sim.expert import ScriptedExpert
@@ -7,9 +8,15 @@ from components.sim.exploration import MotionNoise, SampledGripper, ThresholdedG
 from components.sim.factory import action_dim, make_env, observation_dim
 from components.sim.pickplace import STAGES, PickPlaceVecEnv
 from components.sim.profile import RobotProfile, stable_robot_hash
+from components.sim.registration import METAWORLD_ID, PICKPLACE_ID, OneRobotEnv, register_envs
+
+register_envs()
 
 __all__ = [
+    "METAWORLD_ID",
+    "PICKPLACE_ID",
     "STAGES",
+    "OneRobotEnv",
     "FleetCollection",
     "MotionNoise",
     "PickPlaceVecEnv",
@@ -22,6 +29,7 @@ __all__ = [
     "collect",
     "make_env",
     "observation_dim",
+    "register_envs",
     "run_episodes",
     "stable_robot_hash",
 ]
