@@ -250,17 +250,21 @@ def _status_summary(body: dict) -> str:
 @fleet_app.command()
 def tokens(
     rotate: Annotated[bool, typer.Option(help="Replace every token (old ones are revoked).")] = False,
+    readmit: Annotated[list[str], typer.Option(help="Revoked robot id to give a new token (repeatable).")] = [],  # noqa: B006
     as_json: JsonOpt = False,
 ) -> None:
-    """Issue per-robot tokens (and the service token) into the token file; prints no token."""
+    """Issue per-robot tokens (and the service token) into the token file; prints no token.
+    Revoked robots get none (a revoke stays revoked) unless named with ``--readmit``."""
     from components.fleet.auth import issue_tokens
     from components.fleet.layout import RuntimeLayout
 
     settings = _settings()
     layout = RuntimeLayout.of(settings).ensure()
-    book = issue_tokens(layout.token_file, settings.fleet.robot_ids(), rotate=rotate)
-    say(console, {"robots": len(book.robots), "token_file": str(layout.token_file), "rotated": rotate}, as_json,
-        f"{len(book.robots)} robot tokens + 1 service token in {layout.token_file} (mode 0600)")
+    book = issue_tokens(layout.token_file, settings.fleet.robot_ids(), rotate=rotate, readmit=readmit)
+    barred = f"; revoked, no token: {', '.join(book.revoked_robots)}" if book.revoked_robots else ""
+    say(console, {"robots": len(book.robots), "token_file": str(layout.token_file), "rotated": rotate,
+                  "revoked_robots": list(book.revoked_robots)}, as_json,
+        f"{len(book.robots)} robot tokens + 1 service token in {layout.token_file} (mode 0600){barred}")
 
 
 @fleet_app.command()

@@ -105,7 +105,8 @@ def test_revoked_token_gets_403_immediately_and_stores_nothing(fleet):
     response = _post(settings, old, body)
     assert response.status_code == 403 and "revoked" in response.json()["detail"]["reason"]
     assert _stored(settings) == before
-    fresh = issue_tokens(layout.token_file, [ROBOTS[2]]).robots[ROBOTS[2]]
+    assert ROBOTS[2] not in issue_tokens(layout.token_file, [ROBOTS[2]]).robots  # a revoke stays revoked
+    fresh = issue_tokens(layout.token_file, [ROBOTS[2]], readmit=[ROBOTS[2]]).robots[ROBOTS[2]]
     assert fresh != old and _post(settings, fresh, body).status_code == 201
 
 

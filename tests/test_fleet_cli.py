@@ -9,6 +9,7 @@ import time
 from typer.testing import CliRunner
 
 from components.fleet.auth import read_token_file
+from components.fleet.coordinator import Coordinator
 from components.fleet.layout import RuntimeLayout
 from components.fleet.local import free_port
 from components.fleet.processes import pid_alive
@@ -38,9 +39,18 @@ def test_tokens_and_revoke_never_print_a_token(tmp_path, monkeypatch):
     revoked = runner.invoke(fleet_app, ["revoke", "robot-0001", "--json"])
     assert revoked.exit_code == 0 and "robot-0001" not in read_token_file(path).robots
     assert json.loads(revoked.stdout) == {"revoked": "robot-0001"}
-    again = runner.invoke(fleet_app, ["tokens", "--json"])  # the configured robots get tokens again
-    assert json.loads(again.stdout) == {"robots": 2, "token_file": str(path), "rotated": False}
+    again = runner.invoke(fleet_app, ["tokens", "--json"])  # a revoke stays revoked: no new token
+    assert json.loads(again.stdout) == {"robots": 1, "token_file": str(path), "rotated": False,
+                                        "revoked_robots": ["robot-0001"]}
     assert not any(t in again.stdout for t in [*read_token_file(path).robots.values(), book.service])
+    supervised = Coordinator(load_settings())  # `fleet up` would not start the revoked robot's agent
+    assert "robot-0001" not in supervised.members and "robot-0000" in supervised.members
+    assert supervised.status()["revoked"] == ["robot-0001"]
+    twice = runner.invoke(fleet_app, ["revoke", "robot-0001"])
+    assert twice.exit_code == 1 and "--readmit robot-0001" in twice.stderr
+    readmitted = runner.invoke(fleet_app, ["tokens", "--readmit", "robot-0001", "--json"])
+    assert json.loads(readmitted.stdout)["robots"] == 2 and json.loads(readmitted.stdout)["revoked_robots"] == []
+    assert read_token_file(path).robots["robot-0001"] != book.robots["robot-0001"]  # a new token, not the old one
     unknown = runner.invoke(fleet_app, ["revoke", "robot-0042"])
     assert unknown.exit_code == 1 and unknown.stderr.count("\n") == 2 and "fix:" in unknown.stderr  # one line + fix
 

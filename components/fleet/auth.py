@@ -63,9 +63,11 @@ class TokenFile:
     robots: dict[str, str] = field(default_factory=dict)
     service: str = ""
     revoked: tuple[str, ...] = ()
+    revoked_robots: tuple[str, ...] = ()  # ids that get no new token until re-admitted
 
     def to_json(self) -> bytes:
-        body = {"robots": self.robots, "service": self.service, "revoked": list(self.revoked)}
+        body = {"robots": self.robots, "service": self.service, "revoked": list(self.revoked),
+                "revoked_robots": list(self.revoked_robots)}
         return json.dumps(body, indent=2, sort_keys=True).encode()
 
 
@@ -85,23 +87,31 @@ def read_token_file(path: Path) -> TokenFile:
     try:
         raw = json.loads(path.read_text())
         robots = {str(k): str(v) for k, v in dict(raw.get("robots", {})).items()}
-        return TokenFile(robots, str(raw.get("service", "")), tuple(str(d) for d in raw.get("revoked", [])))
+        return TokenFile(robots, str(raw.get("service", "")), tuple(str(d) for d in raw.get("revoked", [])),
+                         tuple(str(r) for r in raw.get("revoked_robots", [])))
     except (ValueError, TypeError, AttributeError) as exc:
         raise ValueError(
             f"{path}: not a fleet token file ({type(exc).__name__}); "
-            "recreate it with `fleetloop fleet tokens` (fields: robots, service, revoked)"
+            "recreate it with `fleetloop fleet tokens` (fields: robots, service, revoked, revoked_robots)"
         ) from None
 
 
-def issue_tokens(path: Path, robot_ids: Iterable[str], rotate: bool = False) -> TokenFile:
+def issue_tokens(path: Path, robot_ids: Iterable[str], rotate: bool = False,
+                 readmit: Iterable[str] = ()) -> TokenFile:
     """Give every robot (and the runtime's services) a token; keeps existing ones unless ``rotate``.
 
-    Rotated tokens are revoked, so a leaked old token is refused with 403.
+    Rotated tokens are revoked, so a leaked old token is refused with 403. A revoked robot gets no
+    new token (a later ``fleet up`` or ``fleet tokens`` must not undo a revoke) unless it is in
+    ``readmit``.
     """
     book = read_token_file(path)
     robots = dict(book.robots)
     revoked = list(book.revoked)
+    readmit = set(readmit)
+    barred = tuple(r for r in book.revoked_robots if r not in readmit)
     for robot_id in robot_ids:
+        if robot_id in barred:
+            continue
         if robot_id in robots and rotate:
             revoked.append(token_digest(robots[robot_id]))
         if robot_id not in robots or rotate:
@@ -111,7 +121,7 @@ def issue_tokens(path: Path, robot_ids: Iterable[str], rotate: bool = False) -> 
         if service:
             revoked.append(token_digest(service))
         service = new_token()
-    updated = TokenFile(robots, service, tuple(dict.fromkeys(revoked)))
+    updated = TokenFile(robots, service, tuple(dict.fromkeys(revoked)), barred)
     atomic_write_bytes(Path(path), updated.to_json(), mode=TOKEN_FILE_MODE)
     return updated
 
@@ -120,10 +130,13 @@ def revoke_robot(path: Path, robot_id: str) -> TokenFile:
     """Revoke a robot's token (its requests get 403 from now on) and drop it from the file."""
     book = read_token_file(path)
     if robot_id not in book.robots:
+        if robot_id in book.revoked_robots:
+            raise KeyError(f"{path}: robot {robot_id!r} is already revoked; "
+                           f"`fleetloop fleet tokens --readmit {robot_id}` gives it a new token")
         raise KeyError(f"{path}: robot {robot_id!r} has no token; `fleetloop fleet status` lists the fleet")
     robots = {k: v for k, v in book.robots.items() if k != robot_id}
     revoked = tuple(dict.fromkeys((*book.revoked, token_digest(book.robots[robot_id]))))
-    updated = TokenFile(robots, book.service, revoked)
+    updated = TokenFile(robots, book.service, revoked, tuple(dict.fromkeys((*book.revoked_robots, robot_id))))
     atomic_write_bytes(Path(path), updated.to_json(), mode=TOKEN_FILE_MODE)
     return updated
 

@@ -46,7 +46,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from components.config import Settings
-from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook
+from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook, read_token_file
 from components.fleet.clients import HEARTBEAT_PATH, STATUS_PATH, base_url
 from components.fleet.health import HealthProblem
 from components.fleet.http_server import (
@@ -124,7 +124,9 @@ class Coordinator:
         self.settings_file = write_settings(settings)
         self.finite = self.cfg.robot_episodes > 0 if finite is None else finite
         specs = [ProcessSpec(role, role) for role in ("ingest", "inference", "trainer")]
-        specs += [ProcessSpec("robot", robot) for robot in settings.fleet.robot_ids()]
+        # a revoked robot is not started (its agent would only collect 403s and restarts)
+        self.revoked = read_token_file(self.layout.token_file).revoked_robots
+        specs += [ProcessSpec("robot", robot) for robot in settings.fleet.robot_ids() if robot not in self.revoked]
         self.members = {spec.name: Member(spec) for spec in specs}
         self.lock = threading.Lock()
         self.stale_since: float | None = None
@@ -352,6 +354,7 @@ class Coordinator:
             "members": members,
             "robots_done": sum(r["done"] for r in robots),
             "robots": len(robots),
+            "revoked": list(self.revoked),
             "served": self.served,
             # per robot, the version that answered its latest action (from its heartbeat)
             "serving": {name: m["info"].get("serving") for name, m in members.items() if m["role"] == "robot"},
