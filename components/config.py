@@ -98,6 +98,9 @@ class StoreConfig(Section):
     metric: Literal["l2", "cosine"] = "l2"  # used to build the index AND to query it
     nprobes: int = Field(default=20, ge=1)  # IVF partitions searched per query
     refine_factor: int = Field(default=30, ge=0)  # re-rank k*factor PQ hits exactly; 0 = off
+    # queries per LanceDB call: an indexed search materialises k * refine_factor rows per query,
+    # so FERT's tens of thousands of failure windows in one call took >15 GB (96-robot study)
+    search_batch_queries: int = Field(default=1024, ge=1)
     upsert_batch_rows: int = Field(default=100_000, ge=1)  # segments per merge_insert commit
     # ingest folds new rows into the vector index once this many are unindexed (searched flat till then)
     index_fold_rows: int = Field(default=50_000, ge=1)

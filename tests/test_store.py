@@ -327,6 +327,13 @@ def test_index_needs_enough_rows_and_keeps_filters(tmp_path: Path) -> None:
     brute = store.search(queries, k=5, success=True, exact=True)
     # refine_factor re-ranks with exact distances, so the top hit agrees with brute force here
     np.testing.assert_allclose(indexed.distances[:, 0], brute.distances[:, 0], rtol=1e-5)
+    # queries go to LanceDB a few at a time (bounded memory): the same hits in the same order
+    batched = SegmentStore.open(tmp_path / "segments", CFG.model_copy(update={"search_batch_queries": 3}), encoder.dim)
+    assert len(queries) > 3
+    for exact, one_call in ((False, indexed), (True, brute)):
+        got = batched.search(queries, k=5, success=True, exact=exact)
+        assert (got.segment_ids == one_call.segment_ids).all() and (got.counts == one_call.counts).all()
+        np.testing.assert_array_equal(got.distances, one_call.distances)
     # new rows are searchable before optimize (flat over the unindexed part) and after it
     extra = make_fleet(seed=1, count=2)
     store.upsert(extra, encoder, snapshot="snap-b")

@@ -652,7 +652,9 @@ class SegmentStore:
     ) -> SearchResult:
         """k nearest segments for each row of ``vectors`` (Q, D), filtered before ranking.
 
-        All queries go to LanceDB in one call. ``exact=True`` bypasses the index (brute force).
+        Queries go to LanceDB ``store.search_batch_queries`` at a time (memory stays bounded however
+        many there are; the result does not depend on the batch size). ``exact=True`` bypasses
+        the index (brute force).
         """
         queries = np.asarray(vectors, dtype=np.float32)
         if queries.ndim == 1:
@@ -670,7 +672,15 @@ class SegmentStore:
         version = self.version
         if n_queries == 0 or self.count() == 0:
             return _empty_result(n_queries, k, self.cfg.metric, version)
+        batch = self.cfg.search_batch_queries
+        filters = self._filters(success, task, robot_id, exclude_episode_ids)
+        parts = [self._search_batch(queries[i : i + batch], k, filters, exact, version)
+                 for i in range(0, n_queries, batch)]
+        return parts[0] if len(parts) == 1 else _concat_results(parts)
 
+    @staticmethod
+    def _filters(success: bool | None, task: str | None, robot_id: str | None,
+                 exclude_episode_ids: Iterable[str]) -> list[str]:
         filters = []
         if success is not None:
             filters.append(f"success = {'true' if success else 'false'}")
@@ -681,7 +691,10 @@ class SegmentStore:
         excluded = sorted(set(exclude_episode_ids))
         if excluded:
             filters.append(f"NOT ({_sql_in('episode_id', excluded)})")
+        return filters
 
+    def _search_batch(self, queries: np.ndarray, k: int, filters: list[str], exact: bool, version: int) -> SearchResult:
+        n_queries = queries.shape[0]
         query = (
             self._table.search(
                 list(queries) if n_queries > 1 else queries[0], vector_column_name=VECTOR
@@ -782,6 +795,18 @@ def _empty_result(n_queries: int, k: int, metric: str, version: int) -> SearchRe
         counts=np.zeros(n_queries, dtype=np.int64),
         metric=metric,
         version=version,
+    )
+
+
+def _concat_results(parts: list[SearchResult]) -> SearchResult:
+    """Batches of one search, stacked in query order."""
+    def stack(name: str) -> np.ndarray:
+        return np.concatenate([getattr(p, name) for p in parts], axis=0)
+
+    return SearchResult(
+        segment_ids=stack("segment_ids"), episode_ids=stack("episode_ids"), robot_ids=stack("robot_ids"),
+        starts=stack("starts"), ends=stack("ends"), success=stack("success"), distances=stack("distances"),
+        counts=stack("counts"), metric=parts[0].metric, version=parts[0].version,
     )
 
 
