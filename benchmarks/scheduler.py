@@ -3,6 +3,8 @@
     python -m benchmarks.scheduler            # 256 envs x 64 steps, ~5-8 min on 2 shared cores
     python -m benchmarks.scheduler --quick    # 64 envs x 16 steps, smoke run (~2-3 min)
     python -m benchmarks.scheduler --tiny     # 16 envs x 4 steps, code-path check only (seconds; tests)
+    python -m benchmarks.scheduler --train-workflow-only --name scheduler_train_workflow
+                                              # only the train task's FERT workflow (~5 min)
 
 Every plan runs the *same* workflow with the same per-op thread quota (``scheduler.op_threads``,
 1 here; the PPO learner pinned at ``learner_threads`` = 1), so every plan is bit-identical to the
@@ -186,6 +188,8 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true",
                     help="code-path check: tiny sizes, one round, no FERT section or SM sweep (numbers meaningless)")
     ap.add_argument("--no-fert", action="store_true", help="skip the train task's FERT workflow section")
+    ap.add_argument("--train-workflow-only", action="store_true",
+                    help="only the train task's FERT workflow section (JSON: NAME.json with its figures)")
     ap.add_argument("--rounds", type=int, help="interleaved measurement rounds (default 12; quick 2)")
     ap.add_argument("--name", default=NAME, help="results file stem (benchmarks/results/NAME.json/.png)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="results directory")
@@ -195,6 +199,15 @@ def main() -> None:
     name = args.name
     out_dir = args.out
     s = load_settings()
+    if args.train_workflow_only:
+        started = time.time()
+        section = train_workflow_section(s, args.quick, 2)
+        body = {"train_workflow": section, "load": load(), "seconds": time.time() - started,
+                "config": {"python": platform.python_version(), "cores": os.cpu_count(), "quick": args.quick}}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"{name}.json").write_text(json.dumps(body, indent=2, default=str))
+        log(json.dumps(section, indent=2, default=str))
+        return
     cfg = s.scheduler
     envs, steps = (16, 4) if tiny else (64, 16) if quick else (256, 64)
     eval_envs = 8 if tiny else 32 if quick else 128
