@@ -10,17 +10,16 @@ built-in 2D task), ``pack`` (the built-in multi-stage task, components/sim/pack.
 
 from __future__ import annotations
 
-from gymnasium.vector import VectorEnv
-
 from collections.abc import Callable
 
 import numpy as np
+from gymnasium.vector import VectorEnv
 
 from components.config import SimConfig
 from components.sim import pack, pickplace
 from components.sim.expert import ScriptedExpert
-from components.sim.pack_expert import PackExpert
 from components.sim.exploration import MotionNoise, SampledGripper, ThresholdedGripper
+from components.sim.pack_expert import PackExpert
 
 Policy = Callable[[np.ndarray], np.ndarray]
 METAWORLD_OBS_DIM, METAWORLD_ACT_DIM = 39, 4  # = components.sim.metaworld.OBS_DIM / ACT_DIM

@@ -51,7 +51,7 @@ from components.sim.pickplace import (
 STAGES: tuple[str, ...] = ("reach", "grasp", "carry", "insert", "approach", "push", "deliver")
 REACH, GRASP, CARRY, INSERT, APPROACH, PUSH, DELIVER = range(len(STAGES))
 
-CONTACT_MARGIN = 0.02  # a fist within push_radius + this of the container counts as in contact (push stage)
+CONTACT_MARGIN = 0.04  # a fist within push_radius + this of the container is in the push stage (the push point and a step or two of lost contact)
 SPILL_GAP = 0.03  # a spilled object lands this far outside the container's rim, to one side
 # the container and its goal lie this far inside the workspace, so the gripper can get behind it
 # whatever the goal (sim.pack.push_distance_max is at most half this region's width)
