@@ -1,7 +1,7 @@
 """How hard is the pack task? The two difficulty criteria of components/sim/README.md ("pack"):
 
     python -m benchmarks.pack_difficulty                       # 3 seeds, ~2 min of one core
-    python -m benchmarks.pack_difficulty --seeds 1 --trials 8  # smoke run
+    python -m benchmarks.pack_difficulty --quick               # smoke run (~40 s), to pack_difficulty_quick.json
 
 1. The scripted expert on test robots (``heldout-*`` ids): ``--expert-robots`` x
    ``--expert-trials`` episodes; criterion >= 99%.
@@ -106,8 +106,12 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=25, help="trials per held-out robot for the BC policy")
     parser.add_argument("--expert-robots", type=int, default=32)
     parser.add_argument("--expert-trials", type=int, default=50)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=None, help=f"default {RESULTS}")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 8 robots x 8 trials, expert 8 x 10")
     args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.robots, args.trials, args.expert_robots, args.expert_trials = 1, 8, 8, 8, 10
+    args.out = args.out or (RESULTS.with_name("pack_difficulty_quick.json") if args.quick else RESULTS)
     torch.set_num_threads(1)
     started = time.perf_counter()
     scratch = Path(tempfile.mkdtemp(prefix="pack_difficulty_"))
