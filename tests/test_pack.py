@@ -8,6 +8,7 @@ import warnings
 import gymnasium as gym
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from gymnasium.utils.env_checker import check_env
 
 from components.config import SimConfig
@@ -56,6 +57,8 @@ def test_factory_spaces_and_stage_names():
     assert obs.shape == (4, 17) and obs.dtype == np.float32 and obs in env.observation_space
     assert np.all(info["stage"] <= pk.GRASP)  # nothing is held, nothing is in the container yet
     assert np.all(np.linalg.norm(env.container - env.goal, axis=1) >= CFG.pack.push_distance_min - 1e-9)
+    with pytest.raises(ValueError, match="sim.task: pack"):  # pack episodes are never labelled pick-place
+        make_env(SimConfig(name="pack"), ROBOTS, seed=0)
 
 
 # ------------------------------------------------------------------------------------- stages

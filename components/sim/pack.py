@@ -48,6 +48,7 @@ from components.sim.pickplace import (
     PickPlaceVecEnv,
 )
 
+TASK = "pack"  # sim.task with sim.name: pack; the episodes' task label
 STAGES: tuple[str, ...] = ("reach", "grasp", "carry", "insert", "approach", "push", "deliver")
 REACH, GRASP, CARRY, INSERT, APPROACH, PUSH, DELIVER = range(len(STAGES))
 
@@ -85,6 +86,8 @@ class PackVecEnv(PickPlaceVecEnv):
     step_uniforms = 3  # grasp, slip, spill luck
 
     def __init__(self, cfg: SimConfig, robot_ids: list[str], seed: int = 0) -> None:
+        if cfg.task != TASK:  # episodes carry sim.task: pack data must never be labelled pick-place
+            raise ValueError(f"sim.task={cfg.task!r}: sim.name: pack runs the {TASK!r} task; set sim.task: {TASK}")
         self.pack = cfg.pack
         self.container = np.zeros((len(robot_ids), 2))
         super().__init__(cfg, robot_ids, seed)
