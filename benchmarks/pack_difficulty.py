@@ -1,6 +1,6 @@
 """How hard is the pack task? The two difficulty criteria of components/sim/README.md ("pack"):
 
-    python -m benchmarks.pack_difficulty                       # 3 seeds, ~2 min of one core
+    python -m benchmarks.pack_difficulty                       # 3 seeds, ~4 min of one core
     python -m benchmarks.pack_difficulty --quick               # smoke run (~40 s), to pack_difficulty_quick.json
 
 1. The scripted expert on test robots (``heldout-*`` ids): ``--expert-robots`` x
