@@ -1,4 +1,5 @@
-"""`make bench`: every benchmark in turn, each writing benchmarks/results/NAME.json + NAME.png.
+"""`make bench`: every benchmark in turn, each writing benchmarks/results/NAME.json (+ NAME.png but
+pack_difficulty, whose figures are two rates).
 
     python -m benchmarks.run_all            # full sizes (tens of minutes on a 2-core laptop)
     python -m benchmarks.run_all --quick    # smoke sizes
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import time
 
-BENCHMARKS = ("ingest", "shuffle", "scheduler", "fleet_load", "fleet_scaling")
+BENCHMARKS = ("ingest", "shuffle", "scheduler", "fleet_load", "fleet_scaling", "pack_difficulty")
 
 
 def main() -> int:

@@ -11,6 +11,7 @@ never read the environment themselves. This module imports nothing from the rest
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -29,10 +30,33 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class SimConfig(Section):
-    """The built-in pick-and-place task and its per-robot heterogeneity."""
+class PackConfig(Section):
+    """The built-in pack task's knobs (``sim.name: pack``, components/sim/pack.py): how hard the
+    container is to hit and to push. Tuned only against the difficulty criteria of
+    components/sim/README.md ("pack")."""
 
-    name: Literal["pickplace", "metaworld"] = "pickplace"
+    container_radius: float = Field(default=0.06, gt=0)  # an object released within this of the container's centre is in it
+    push_radius: float = Field(default=0.07, gt=0)  # a closed jaw this close to the container's centre pushes it
+    goal_radius: float = Field(default=0.07, gt=0)  # the container must end within this of its goal
+    push_distance_min: float = Field(default=0.15, gt=0)  # the container's goal lies this far ...
+    push_distance_max: float = Field(default=0.30, gt=0, le=0.35)  # ... to this far from its start
+    push_angle_spread: float = Field(default=0.79, ge=0, le=math.pi)  # goal direction: +y +- this (radians)
+    push_scatter: float = Field(default=0.1, ge=0)  # sideways drift std per unit pushed (uneven friction)
+    spill_scale: float = Field(default=1.0, ge=0)  # spill chance per push step = robot's slip_rate x this x speed^2
+
+    @field_validator("push_distance_max")
+    @classmethod
+    def _distances_ordered(cls, v: float, info: Any) -> float:
+        low = info.data.get("push_distance_min", 0.0)
+        if v < low:
+            raise ValueError(f"sim.pack.push_distance_max={v} is below push_distance_min={low}: raise it")
+        return v
+
+
+class SimConfig(Section):
+    """The built-in tasks (pick-place, pack) and their per-robot heterogeneity."""
+
+    name: Literal["pickplace", "metaworld", "pack"] = "pickplace"
     task: str = "pick-place"
     max_steps: int = Field(default=120, gt=0)
     control_hz: float = Field(default=10.0, gt=0)
@@ -47,6 +71,7 @@ class SimConfig(Section):
     gripper_flip_prob: float = Field(default=0.03, ge=0, le=1)
     gripper_sample_gain: float = Field(default=4.0, gt=0)  # p(close) = sigmoid(gain * command)
     motion_noise_std: float = Field(default=0.35, ge=0)  # Gaussian noise on executed motion commands
+    pack: PackConfig = PackConfig()  # sim.name: pack only
 
 
 class FleetConfig(Section):

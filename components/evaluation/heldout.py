@@ -18,6 +18,7 @@ from components.config import EvaluationConfig, SimConfig
 from components.episodes.record import Episode
 from components.evaluation.intervals import Proportion, wilson_interval
 from components.sim.collect import Policy, run_episodes
+from components.sim.factory import stages as sim_stages
 from components.sim.pickplace import STAGES
 
 UNKNOWN_STAGE = "unknown"  # episodes read back from disk carry no stage diagnostics
@@ -65,11 +66,13 @@ def summarize(
     sim_cfg: SimConfig,
     confidence: float,
     policy_version: str,
-    stages: tuple[str, ...] = STAGES,
+    stages: tuple[str, ...] | None = None,
 ) -> EvaluationReport:
-    """Aggregate finished episodes into a report (also used for fleet-collected episodes)."""
+    """Aggregate finished episodes into a report (also used for fleet-collected episodes); stage
+    names are the simulator's (``sim_cfg``) unless given."""
     if not episodes:
         raise ValueError("no episodes to summarize: run at least one trial per held-out robot")
+    stages = sim_stages(sim_cfg) if stages is None else stages
     robots = sorted({ep.robot_id for ep in episodes})
     by_robot, failures_by_robot = {}, {}
     for robot in robots:

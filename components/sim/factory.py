@@ -4,21 +4,22 @@ Every env it returns is a ``gymnasium.vector.VectorEnv`` with one sub-env per ro
 same-step autoreset, ``info["stage"]``/``info["stage_reached"]``/``info["success"]`` per env,
 float32 observations of ``observation_dim(cfg)`` and actions of ``action_dim(cfg)``
 (motion deltas and a jaw command in [-1, 1], > 0 = close). ``sim.name``: ``pickplace`` (the
-built-in 2D task) or ``metaworld`` (Meta-World pick-place-v3 on MuJoCo, components/sim/metaworld.py).
+built-in 2D task), ``pack`` (the built-in multi-stage task, components/sim/pack.py) or
+``metaworld`` (Meta-World pick-place-v3 on MuJoCo, components/sim/metaworld.py).
 """
 
 from __future__ import annotations
 
-from gymnasium.vector import VectorEnv
-
 from collections.abc import Callable
 
 import numpy as np
+from gymnasium.vector import VectorEnv
 
 from components.config import SimConfig
-from components.sim import pickplace
+from components.sim import pack, pickplace
 from components.sim.expert import ScriptedExpert
 from components.sim.exploration import MotionNoise, SampledGripper, ThresholdedGripper
+from components.sim.pack_expert import PackExpert
 
 Policy = Callable[[np.ndarray], np.ndarray]
 METAWORLD_OBS_DIM, METAWORLD_ACT_DIM = 39, 4  # = components.sim.metaworld.OBS_DIM / ACT_DIM
@@ -28,6 +29,8 @@ def make_env(cfg: SimConfig, robot_ids: list[str], seed: int) -> VectorEnv:
     """A vectorized env with one sub-env per robot, seeded by ``(seed, robot id)``."""
     if cfg.name == "pickplace":
         return pickplace.PickPlaceVecEnv(cfg, list(robot_ids), seed)
+    if cfg.name == "pack":
+        return pack.PackVecEnv(cfg, list(robot_ids), seed)
     if cfg.name == "metaworld":
         from components.sim import metaworld  # imported on demand: MuJoCo loads only when asked for
 
@@ -40,23 +43,32 @@ def make_env(cfg: SimConfig, robot_ids: list[str], seed: int) -> VectorEnv:
 def observation_dim(cfg: SimConfig) -> int:
     if cfg.name == "pickplace":
         return pickplace.OBS_DIM
+    if cfg.name == "pack":
+        return pack.OBS_DIM
     if cfg.name == "metaworld":
         return METAWORLD_OBS_DIM
     raise NotImplementedError(f"sim.name={cfg.name!r} has no adapter yet")
 
 
 def action_dim(cfg: SimConfig) -> int:
-    if cfg.name == "pickplace":
+    if cfg.name in ("pickplace", "pack"):
         return pickplace.ACT_DIM
     if cfg.name == "metaworld":
         return METAWORLD_ACT_DIM
     raise NotImplementedError(f"sim.name={cfg.name!r} has no adapter yet")
 
 
+def stages(cfg: SimConfig) -> tuple[str, ...]:
+    """The simulator's stage names: ``Episode.stage_reached`` indexes them."""
+    return pack.STAGES if cfg.name == "pack" else pickplace.STAGES  # Meta-World reports pick-place's
+
+
 def make_expert(cfg: SimConfig) -> Policy:
     """The simulator's scripted expert: ``obs (B, n) -> actions (B, m)``."""
     if cfg.name == "pickplace":
         return ScriptedExpert()
+    if cfg.name == "pack":
+        return PackExpert(cfg.pack)
     if cfg.name == "metaworld":
         from components.sim import metaworld
 

@@ -77,6 +77,11 @@ class PickPlaceVecEnv(VectorEnv):
     """One pick-and-place env per robot id, stepped together with numpy."""
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP}
+    # what a subclass with more bodies (components/sim/pack.py) changes
+    obs_dim: int = OBS_DIM
+    sensed_coords: int = 6  # sensor-noise coordinates per observation (gripper, object, goal xy)
+    step_normals: int = _STEP_NORMALS
+    step_uniforms: int = _STEP_UNIFORMS
 
     def __init__(self, cfg: SimConfig, robot_ids: list[str], seed: int = 0) -> None:
         check_robot_ids(robot_ids)
@@ -85,7 +90,7 @@ class PickPlaceVecEnv(VectorEnv):
         self.num_envs = len(robot_ids)
         self.profiles = [RobotProfile.from_id(r, cfg) for r in robot_ids]
         self._hashes = [stable_robot_hash(r) for r in robot_ids]
-        self.single_observation_space = gym.spaces.Box(-OBS_LIMIT, OBS_LIMIT, (OBS_DIM,), np.float32)
+        self.single_observation_space = gym.spaces.Box(-OBS_LIMIT, OBS_LIMIT, (self.obs_dim,), np.float32)
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (ACT_DIM,), np.float32)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
@@ -120,7 +125,7 @@ class PickPlaceVecEnv(VectorEnv):
 
     def _step_draws(self) -> tuple[np.ndarray, np.ndarray]:
         if self._block_pos == _STEP_BLOCK:
-            shape_n, shape_u = (_STEP_BLOCK, _STEP_NORMALS), (_STEP_BLOCK, _STEP_UNIFORMS)
+            shape_n, shape_u = (_STEP_BLOCK, self.step_normals), (_STEP_BLOCK, self.step_uniforms)
             self._normals = np.stack([g.standard_normal(shape_n) for g in self._step_rngs], 1)
             self._uniforms = np.stack([g.random(shape_u) for g in self._step_rngs], 1)
             self._block_pos = 0
@@ -154,12 +159,20 @@ class PickPlaceVecEnv(VectorEnv):
             self._seed(seed)
         self._needs_reset = False
         self._reset_envs(np.ones(self.num_envs, dtype=bool))
-        noise = np.stack([g.standard_normal(6) for g in self._reset_rngs])
+        noise = np.stack([g.standard_normal(self.sensed_coords) for g in self._reset_rngs])
         return self._observe(noise), self._info(self.stage(), np.zeros(self.num_envs, dtype=bool))
 
     def step(
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        a = self._checked(actions)
+        normals, uniforms = self._step_draws()
+        speed = self._move(a)
+        self._jaw(a, speed, uniforms[:, 0], uniforms[:, 1], normals[:, 6:8])
+        return self._finish(normals[:, :6])
+
+    # ----------------------------------------------------------------------------- step pieces
+    def _checked(self, actions: np.ndarray) -> np.ndarray:
         if self._needs_reset:
             raise RuntimeError("call reset() before step()")
         a = np.asarray(actions, dtype=np.float64)
@@ -167,19 +180,22 @@ class PickPlaceVecEnv(VectorEnv):
             raise ValueError(f"actions must have shape {(self.num_envs, ACT_DIM)}, got {a.shape}")
         if not np.all(np.isfinite(a)):
             raise ValueError("actions contain NaN or inf")
-        a = np.clip(a, -1.0, 1.0)
-        normals, uniforms = self._step_draws()
+        return np.clip(a, -1.0, 1.0)
 
-        # motion: the robot's gain and bias act on the command; a held object moves along
+    def _move(self, a: np.ndarray) -> np.ndarray:
+        """The robot's gain and bias act on the command; a held object moves along. Returns the
+        speed (distance moved / ``MAX_DELTA``)."""
         before = self.gripper
         self.gripper = np.clip(
             before + (self._gain * a[:, :2] + self._bias) * MAX_DELTA, WORKSPACE_LOW, WORKSPACE_HIGH
         )
         moved = self.gripper - before
         self.object = np.where(self.holding[:, None], self.object + moved, self.object)
-        speed = np.linalg.norm(moved, axis=1) / MAX_DELTA
+        return np.linalg.norm(moved, axis=1) / MAX_DELTA
 
-        # jaw
+    def _jaw(self, a: np.ndarray, speed: np.ndarray, grasp_luck: np.ndarray, slip_luck: np.ndarray,
+             drop_noise: np.ndarray) -> None:
+        """Jaw opening, grasp attempts and slips (see the module docstring)."""
         close = a[:, GRIPPER_ACTION] > 0.0
         carrying = self.holding & close
         release = self.holding & ~close
@@ -192,8 +208,8 @@ class PickPlaceVecEnv(VectorEnv):
             0.0,
             1.0,
         )
-        grasped = attempt & (uniforms[:, 0] < (1.0 - self._miss) * reach)
-        slipped = carrying & (uniforms[:, 1] < self._slip * speed**2)
+        grasped = attempt & (grasp_luck < (1.0 - self._miss) * reach)
+        slipped = carrying & (slip_luck < self._slip * speed**2)
 
         opening = np.where(close, np.maximum(closed_to, 0.0), np.minimum(self.opening + OPEN_RATE, 1.0))
         opening = np.where(attempt & ~grasped, 0.0, opening)  # a miss snaps shut on nothing
@@ -201,10 +217,13 @@ class PickPlaceVecEnv(VectorEnv):
         opening = np.where(slipped, 0.0, opening)
         self.opening = opening
         self.holding = (self.holding & ~release & ~slipped) | grasped
-        dropped = self.gripper + DROP_SCATTER * normals[:, 6:8]
+        dropped = self.gripper + DROP_SCATTER * drop_noise
         self.object = np.where(slipped[:, None], np.clip(dropped, WORKSPACE_LOW, WORKSPACE_HIGH), self.object)
 
-        # outcome
+    def _finish(
+        self, sensor_noise: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Outcome, info, observation and same-step autoreset of the envs that ended."""
         self.elapsed += 1
         stage = self.stage()
         self.stage_reached = np.maximum(self.stage_reached, stage)
@@ -213,12 +232,12 @@ class PickPlaceVecEnv(VectorEnv):
         truncated = ~success & (self.elapsed >= self.cfg.max_steps)
         done = terminated | truncated
         info = self._info(stage, success)
-        obs = self._observe(normals[:, :6])
+        obs = self._observe(sensor_noise)
         info["final_obs"] = obs
         info["_final_obs"] = done
         if done.any():
             self._reset_envs(done)
-            obs = self._observe(normals[:, :6])
+            obs = self._observe(sensor_noise)
         return obs, success.astype(np.float32), terminated, truncated, info
 
     # ----------------------------------------------------------------------------- state views

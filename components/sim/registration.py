@@ -3,6 +3,7 @@
     gym.make_vec("fleetloop/PickPlace-v0", num_envs=8)            # a fleet: robot-0000 .. robot-0007
     gym.make_vec("fleetloop/PickPlace-v0", num_envs=2, robot_ids=["robot-0003", "heldout-0001"])
     gym.make("fleetloop/PickPlace-v0", robot_id="robot-0003")     # one robot, a plain gymnasium.Env
+    gym.make_vec("fleetloop/Pack-v0", num_envs=8)                 # the multi-stage pack task (pack.py)
     gym.make_vec("fleetloop/MetaWorldPickPlace-v0", num_envs=4)   # only where metaworld is installed
 
 Each id builds what ``make_env`` builds: ``make_vec`` (its default ``vector_entry_point`` mode)
@@ -26,8 +27,10 @@ from components.sim.factory import make_env
 
 NAMESPACE = "fleetloop"
 PICKPLACE_ID = f"{NAMESPACE}/PickPlace-v0"
+PACK_ID = f"{NAMESPACE}/Pack-v0"
 METAWORLD_ID = f"{NAMESPACE}/MetaWorldPickPlace-v0"
 METAWORLD_SIM = {"name": "metaworld", "task": "pick-place-v3"}
+PACK_SIM = {"name": "pack", "task": "pack"}
 DEFAULT_ROBOT_PREFIX = "robot"  # as FleetConfig.robot_ids names a fleet's robots
 # per-env info entries of the vector env that describe the autoreset, not the episode
 _AUTORESET_INFO = ("final_obs", "_final_obs")
@@ -100,6 +103,15 @@ def make_pickplace_vec(num_envs: int = 1, robot_ids: list[str] | None = None, se
     return make_env(_sim_config({}, sim), _robot_ids(num_envs, robot_ids), seed)
 
 
+def make_pack(robot_id: str = f"{DEFAULT_ROBOT_PREFIX}-0000", seed: int = 0, render_mode: str | None = None, **sim: Any) -> OneRobotEnv:
+    return OneRobotEnv(_sim_config(PACK_SIM, sim), robot_id, seed, render_mode)
+
+
+def make_pack_vec(num_envs: int = 1, robot_ids: list[str] | None = None, seed: int = 0, **sim: Any) -> gym.vector.VectorEnv:
+    sim.pop("render_mode", None)
+    return make_env(_sim_config(PACK_SIM, sim), _robot_ids(num_envs, robot_ids), seed)
+
+
 def make_metaworld(robot_id: str = f"{DEFAULT_ROBOT_PREFIX}-0000", seed: int = 0, render_mode: str | None = None, **sim: Any) -> OneRobotEnv:
     return OneRobotEnv(_sim_config(METAWORLD_SIM, sim), robot_id, seed, render_mode)
 
@@ -117,7 +129,7 @@ def metaworld_available() -> bool:
 
 def register_envs() -> tuple[str, ...]:
     """Register the ids (idempotent); returns those registered."""
-    specs = [(PICKPLACE_ID, make_pickplace, make_pickplace_vec)]
+    specs = [(PICKPLACE_ID, make_pickplace, make_pickplace_vec), (PACK_ID, make_pack, make_pack_vec)]
     if metaworld_available():
         specs.append((METAWORLD_ID, make_metaworld, make_metaworld_vec))
     for env_id, single, vector in specs:

@@ -1,0 +1,149 @@
+"""How hard is the pack task? The two difficulty criteria of components/sim/README.md ("pack"):
+
+    python -m benchmarks.pack_difficulty                       # 3 seeds, ~4 min of one core
+    python -m benchmarks.pack_difficulty --quick               # smoke run (~40 s), to pack_difficulty_quick.json
+
+1. The scripted expert on test robots (``heldout-*`` ids): ``--expert-robots`` x
+   ``--expert-trials`` episodes; criterion >= 99%.
+2. The initial BC policy, the product's bootstrap per seed: ``demo.expert_robots`` x
+   ``demo.expert_episodes_per_robot`` scripted-expert demos on ``robot-*`` ids -> ingest -> BC with
+   ``train:`` of params.yaml (``train.method: bc``, ``steps.train_policy``), evaluated thresholded
+   (as deployed) on ``--robots`` held-out robots x ``--trials`` trials; criterion 55-75%, per seed
+   and pooled.
+
+Nothing here runs FERT, filtered BC or a fleet round. Writes benchmarks/results/pack_difficulty.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from components.config import Settings, load_settings
+from components.evaluation.intervals import wilson_interval
+from components.pipeline import steps
+from components.pipeline.collect import collect_expert_demos
+from components.pipeline.ingest import ingest_files
+from components.policy.actor import PolicyActor
+from components.sim.collect import run_episodes
+from components.sim.factory import make_expert, make_thresholded, stages
+
+RESULTS = Path(__file__).resolve().parent / "results" / "pack_difficulty.json"
+EXPERT_SEED = 101  # the expert's trials: a stream of its own
+EVAL_STREAM = 7919  # as benchmarks/fleet_scaling.py: evaluation trials apart from the demos' stream
+SEED_STRIDE = 1000
+EXPERT_TARGET = 0.99
+BC_RANGE = (0.55, 0.75)
+
+
+@dataclass(frozen=True)
+class Rate:
+    successes: int
+    trials: int
+    rate: float
+    ci95: tuple[float, float]
+    failures_by_stage: dict[str, int]
+
+
+def rate_of(episodes, settings: Settings) -> Rate:
+    wins = sum(e.success for e in episodes)
+    ci = wilson_interval(wins, len(episodes), 0.95)
+    names = stages(settings.sim)
+    failed = Counter(names[e.stage_reached] for e in episodes if not e.success)
+    return Rate(wins, len(episodes), wins / len(episodes), (ci.low, ci.high), dict(sorted(failed.items())))
+
+
+def pack_settings(root: Path, seed: int) -> Settings:
+    """params.yaml with ``sim.name: pack``, in its own product root; training as the bootstrap runs
+    it in benchmarks/fleet_scaling.py (no validation rollouts, the sequential plan: same results)."""
+    s = load_settings()
+    return s.model_copy(update={
+        "root": root, "seed": seed,
+        "sim": s.sim.model_copy(update={"name": "pack", "task": "pack"}),
+        "train": s.train.model_copy(update={"method": "bc", "validation_robots": 0}),
+        "scheduler": s.scheduler.model_copy(update={"plan": "sequential"}),
+    })
+
+
+def expert_rate(settings: Settings, robots: int, trials: int) -> Rate:
+    ids = settings.fleet.heldout_ids(robots)
+    return rate_of(run_episodes(make_expert(settings.sim), ids, settings.sim, trials, EXPERT_SEED, "expert"), settings)
+
+
+def bootstrap_bc_rate(settings: Settings, robots: int, trials: int) -> tuple[Rate, dict]:
+    """The product's bootstrap (demos -> ingest -> BC), then held-out trials, thresholded jaw."""
+    demos = collect_expert_demos(settings, settings.paths.incoming / "expert")
+    ingest_files(settings, demos.files, snapshot=False)
+    outcome = steps.train_policy(settings)
+    actor = make_thresholded(settings.sim, PolicyActor(outcome.result.policy))
+    seed = settings.seed * SEED_STRIDE + EVAL_STREAM
+    episodes = run_episodes(actor, settings.fleet.heldout_ids(robots), settings.sim, trials, seed, "bc")
+    info = {"demo_episodes": demos.episodes, "demo_success": demos.success_rate, "train_frames": outcome.frames,
+            "train_steps": outcome.result.steps, "final_loss": float(outcome.result.losses[-1])}
+    return rate_of(episodes, settings), info
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--robots", type=int, default=16, help="held-out robots for the BC policy")
+    parser.add_argument("--trials", type=int, default=25, help="trials per held-out robot for the BC policy")
+    parser.add_argument("--expert-robots", type=int, default=32)
+    parser.add_argument("--expert-trials", type=int, default=50)
+    parser.add_argument("--out", type=Path, default=None, help=f"default {RESULTS}")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 8 robots x 8 trials, expert 8 x 10")
+    args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.robots, args.trials, args.expert_robots, args.expert_trials = 1, 8, 8, 8, 10
+    args.out = args.out or (RESULTS.with_name("pack_difficulty_quick.json") if args.quick else RESULTS)
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    scratch = Path(tempfile.mkdtemp(prefix="pack_difficulty_"))
+    try:
+        base = pack_settings(scratch / "expert", 0)
+        expert = expert_rate(base, args.expert_robots, args.expert_trials)
+        print(f"expert: {expert.rate:.2%} of {expert.trials} {expert.ci95}", flush=True)
+        per_seed = []
+        for seed in range(args.seeds):
+            rate, info = bootstrap_bc_rate(pack_settings(scratch / f"seed-{seed}", seed), args.robots, args.trials)
+            per_seed.append({"seed": seed, **asdict(rate), **info})
+            print(f"seed {seed}: initial BC {rate.rate:.2%} of {rate.trials} {rate.ci95} {rate.failures_by_stage}", flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    wins, trials = sum(r["successes"] for r in per_seed), sum(r["trials"] for r in per_seed)
+    pooled = wilson_interval(wins, trials, 0.95)
+    result = {
+        "commit": commit(), "seconds": time.perf_counter() - started,
+        "sim": base.sim.model_dump(), "train": base.train.model_dump(), "demo": base.demo.model_dump(),
+        "plan": vars(args) | {"out": str(args.out)},
+        "expert": asdict(expert), "initial_bc": {"per_seed": per_seed, "pooled": {
+            "successes": wins, "trials": trials, "rate": wins / trials, "ci95": [pooled.low, pooled.high]}},
+        "criteria": {
+            "expert_at_least_99": expert.rate >= EXPERT_TARGET,
+            "initial_bc_in_55_75_pooled": BC_RANGE[0] <= wins / trials <= BC_RANGE[1],
+            "initial_bc_in_55_75_every_seed": all(BC_RANGE[0] <= r["rate"] <= BC_RANGE[1] for r in per_seed),
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(json.dumps(result["criteria"]), f"pooled BC {wins / trials:.2%} [{pooled.low:.2%}, {pooled.high:.2%}]")
+
+
+if __name__ == "__main__":
+    main()
