@@ -84,6 +84,7 @@ def test_train_flow_runs_fert_through_the_scheduler_and_caches_the_plan(tmp_path
     assert summary is not None and summary.method == "fert" and summary.retrieved_segments > 0
     assert summary.plan_requested == "auto" and summary.plan_source == "measured"
     assert summary.sequential_iteration_s and summary.sequential_iteration_s > 0
+    assert summary.predicted_iteration_s and summary.predicted_iteration_s > 0  # whichever plan won
     assert summary.iterations == len(summary.validation) == -(-len(outcome.result.losses) // 4)
     assert set(summary.stage_seconds) == {"sample", "learn", "validate"}
     tags = summary.tags()

@@ -122,8 +122,9 @@ class Trainer:
     def _measure_auto(self) -> PlanChoice:
         """Planner + Rose propose; one interleaved measurement against sequential decides."""
         rt = self.runtime
-        sequential = rt.sequential()
         planned = rt.plan().best.plan
+        sequential = rt.sequential()
+        sequential = sequential.with_(predicted_s=rt.predict(sequential))  # logged beside the measured time
         optimized = rt.optimize(planned).plan
         plans = [sequential] + [p for p in (planned, optimized) if not _serial(p)]
         medians = rt.measure(plans)
