@@ -9,6 +9,7 @@ from __future__ import annotations
 from components.config import Settings
 from components.episodes.record import Episode
 from components.evaluation.heldout import EvaluationReport, summarize
+from components.evaluation.populations import check_decision_robots
 from components.pipeline.collect import fleet_actor
 from components.policy.normalizer import NormalizedPolicy
 from components.sim.collect import run_episodes
@@ -22,7 +23,9 @@ def trials_per_robot(settings: Settings) -> int:
 
 
 def robot_groups(settings: Settings) -> list[list[str]]:
+    """The gate's robots (``fleet.heldout_ids()``) in groups; never test robots (a decision)."""
     robots = settings.fleet.heldout_ids()
+    check_decision_robots(robots, settings.fleet)
     size = max(1, settings.ops.eval_robots_per_task)
     return [robots[i : i + size] for i in range(0, len(robots), size)]
 
