@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
 from benchmarks import fleet_scaling as fs
 from components.config import load_settings
+from components.sim.profile import RobotProfile
 
 
 def test_finetune_budget_is_about_the_steps_but_at_most_max_epochs_passes():
@@ -54,6 +56,17 @@ def test_tiny_study_writes_consistent_results(tmp_path, monkeypatch):
     gap, low, high = result["targets"]["fert_minus_filtered_bc_ci_points"]
     assert gap == pytest.approx(result["targets"]["fert_minus_filtered_bc_points"]) and low <= gap <= high
     assert list(result["targets"]["fert_growth_steps_ci_points"]) == ["1->2"]
+    # seed level: per fleet size, FERT − filtered BC (one seed: no t-interval, the bootstrap over robots still runs)
+    gap = result["by_fleet"]["2"]["seed_level"]["fert_minus_filtered_bc"]
+    assert set(gap) >= {"mean", "ci95", "bootstrap_ci95", "seeds_needed"} and gap["ci95"] is None
+    assert gap["bootstrap_ci95"][0] <= gap["bootstrap_ci95"][1]
+    assert gap["mean"] == pytest.approx(100 * (result["results"]["fert"]["2"]["thresholded"]["rate"]
+                                               - result["results"]["filtered_bc"]["2"]["thresholded"]["rate"]))
+    assert "fert_step_from_previous_fleet" in result["by_fleet"]["2"]["seed_level"]
+    assert result["test_population_seeds"] == [_small().fleet.test_population_seed(0)]
+    for run in result["runs"]:  # per-robot outcomes, on test robots only
+        assert sorted(run["successes_by_robot"]) == ["test-0000", "test-0001"]
+        assert sum(run["successes_by_robot"].values()) == round(run["rate"] * run["trials"])
     fert_rounds = [r["rounds"] for r in result["runs"] if r["method"] == "fert"]
     assert all(len(rounds) == plan.rounds for rounds in fert_rounds)
     for run in result["runs"]:  # validation selection: the kept policy's score never goes down
@@ -81,6 +94,20 @@ def test_seeds_run_in_worker_processes_give_the_same_study(tmp_path, monkeypatch
     assert [r["seed"] for r in pooled["runs"]] == [0, 0, 1, 1]  # seed order kept: bc, fert per seed
     assert figures(pooled) == figures(alone)
 
+    # test robots: fresh per seed (a new population each), never the validation or tuning robots
+    settings = _small()
+    populations = alone["test_population_seeds"]
+    assert len(set(populations)) == 2 and [r["test_population_seed"] for r in alone["runs"]] == [
+        populations[0], populations[0], populations[1], populations[1]]
+    profiles = [RobotProfile.from_id("test-0000", settings.sim.model_copy(update={"population_seed": p}))
+                for p in populations]
+    assert not np.array_equal(profiles[0].action_gain, profiles[1].action_gain)
+    tested = {r for run in alone["runs"] for r in run["successes_by_robot"]}
+    cell = fs.cell_settings(settings, plan, "fert", tmp_path / "cell", seed=0)
+    decided = set(cell.fleet.heldout_ids()) | set(settings.fleet.tuning_ids(plan.heldout_robots)) | set(
+        settings.fleet.robot_ids(max(plan.fleet_sizes)))
+    assert tested and not tested & decided
+
 
 def test_cells_drive_the_product_and_gate_on_validation_robots(tmp_path):
     """A cell is a product root: the gate evaluates on validation robots (not the reported held-out
@@ -91,7 +118,7 @@ def test_cells_drive_the_product_and_gate_on_validation_robots(tmp_path):
     assert cell.root == tmp_path / "cell" and cell.seed == 4
     assert cell.train.method == "fert" and cell.fert.encoder == "learned"
     assert cell.fleet.heldout_ids() == ["validation-0000", "validation-0001", "validation-0002"]
-    assert not set(cell.fleet.heldout_ids()) & set(settings.fleet.heldout_ids(plan.heldout_robots))
+    assert not set(cell.fleet.heldout_ids()) & set(settings.fleet.test_ids(plan.heldout_robots))
     assert cell.evaluation.trials_for(3) == 2
     from components.registry.gate import two_proportion_gate
 
