@@ -45,7 +45,10 @@ Protocol, one run per simulator (every figure of a run is measured side by side 
    the fixed ``heldout-0000..`` robots the settings had been tuned on.
 
 Writes benchmarks/results/fleet_scaling_<sim>.json + .png and the ``## Fleet scaling (FERT)``
-section of docs/results.md (other sections are left as they are).
+section of docs/results.md (other sections are left as they are). Every cell's final policy goes to
+the root's MLflow (experiment ``fleet-scaling``, registered model ``fleet-scaling-policy``, tags task,
+method, fleet_size, seed, population_seed, test_population_seed, commit; ``--no-log-models`` skips
+it); each JSON run carries its ``model_uri`` for ``fleetloop evaluate``.
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ from components.pipeline.evaluate import evaluate_policy
 from components.pipeline.ingest import ingest_files
 from components.pipeline.promote import gate_candidate, register_candidate
 from components.pipeline.workspace import Workspace
+from components.registry.lineage import Lineage, git_commit
+from components.registry.model_registry import PolicyRegistry
 from components.policy.actor import PolicyActor
 from components.policy.normalizer import NormalizedPolicy
 from components.sim.factory import make_exploration, make_thresholded
@@ -99,6 +104,8 @@ FLEET_METHODS = ("filtered_bc", "fert")
 SEED_STRIDE = 1000  # keeps the streams of different seeds / rounds apart
 EVAL_STREAM = 7919
 VALIDATION_STREAM = 4099
+EXPERIMENT = "fleet-scaling"  # the MLflow experiment holding every cell's final policy
+MODEL_NAME = "fleet-scaling-policy"  # ... registered under this name: `fleetloop evaluate --model-uri models:/...`
 GATE_ALPHA = 0.501  # the product gate then promotes a candidate that is not worse on the same validation trials (z >= ~0)
 
 
@@ -170,6 +177,9 @@ class RunRow:
     score: Score
     rounds: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    policy_path: str = ""  # the cell's final policy (torch.save), until it is logged to MLflow
+    lineage: Lineage | None = None  # of the cell's final champion (its registry goes with the cell)
+    model_uri: str = ""  # models:/<MODEL_NAME>/<version> once logged
 
 
 def log(message: str) -> None:
@@ -301,15 +311,21 @@ def cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, 
         info = product_round(cell, plan, f"round-{r}", collected.files, plan.finetune_steps, validated)
         rounds.append({"round": r, "episodes": collected.episodes, "collected_success": collected.success_rate,
                        "failed": collected.episodes - collected.successes, **info})
-    score = evaluate(settings, plan, registry.load("champion"), seed)
+    final = registry.champion()
+    policy = registry.load(final.version)
+    score = evaluate(settings, plan, policy, seed)
+    saved = scratch / "policies" / f"{seed}-{method}-{fleet}.pt"
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(policy, saved)
     shutil.rmtree(root, ignore_errors=True)
-    return RunRow(seed, method, fleet, score, rounds, time.perf_counter() - start), initial
+    return RunRow(seed, method, fleet, score, rounds, time.perf_counter() - start, str(saved), final.lineage), initial
 
 
 # ------------------------------------------------------------------------------- the run
-def run(plan: Plan, out_name: str, workers: int = 1, settings: Settings | None = None) -> dict:
+def run(plan: Plan, out_name: str, workers: int = 1, settings: Settings | None = None, log_models: bool = True) -> dict:
     """Every seed of ``plan`` (``workers`` > 1: that many seeds at once, one process and one torch
-    thread each; a seed's figures do not depend on which process ran it), then the JSON + PNG."""
+    thread each; a seed's figures do not depend on which process ran it), then every cell's final
+    policy to MLflow (``log_models``; the root's store), then the JSON + PNG."""
     torch.set_num_threads(1)
     settings = plan_settings(plan, settings)
     scratch = Path(tempfile.mkdtemp(prefix="fleet_scaling_"))
@@ -323,13 +339,43 @@ def run(plan: Plan, out_name: str, workers: int = 1, settings: Settings | None =
                 per_seed = list(pool.map(run_seed, repeat(settings), repeat(plan), seeds, repeat(scratch)))
         else:
             per_seed = [run_seed(settings, plan, seed, scratch) for seed in seeds]
+        rows = [row for _, seed_rows in per_seed for row in seed_rows]
+        if log_models:
+            log_cell_policies(settings, plan, rows)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     initial = [score for score, _ in per_seed]
-    rows = [row for _, seed_rows in per_seed for row in seed_rows]
     result = summarize_run(plan, settings, rows, initial, time.perf_counter() - started, workers)
     write_outputs(result, out_name)
     return result
+
+
+def log_cell_policies(settings: Settings, plan: Plan, rows: list[RunRow]) -> None:
+    """Every cell's final policy into the root's MLflow (experiment ``EXPERIMENT``, registered as
+    ``MODEL_NAME``), tagged task / method / fleet size / seed / population seeds / commit, so anyone
+    can re-check a figure on robots nobody has seen: ``fleetloop evaluate --model-uri <row.model_uri>``.
+    In the main process, after the seeds: one writer to the store. The ``bc`` cell is logged once."""
+    registry = PolicyRegistry(settings.paths.mlruns, settings.registry.model_copy(
+        update={"experiment": EXPERIMENT, "model_name": MODEL_NAME}))
+    commit = git_commit(Path(__file__).resolve().parent)
+    logged: dict[str, str] = {}
+    for row in rows:
+        if row.policy_path not in logged:
+            score = row.score
+            p = wilson_interval(score.successes, score.trials, settings.evaluation.confidence)
+            evaluation = {"success_rate": p.rate, "ci_low": p.low, "ci_high": p.high, "successes": p.successes,
+                          "trials": p.trials, "sampled_success_rate": score.sampled_rate,
+                          "successes_by_robot": score.successes_by_robot, "robots": "test"}
+            tags = {"task": settings.sim.task, "sim": plan.sim, "method": row.method, "fleet_size": str(row.fleet),
+                    "seed": str(row.seed), "population_seed": str(settings.sim.population_seed),
+                    "test_population_seed": str(score.population_seed), "commit": commit}
+            version = registry.log_candidate(
+                torch.load(row.policy_path, weights_only=False), evaluation,
+                row.lineage or Lineage(commit, "", -1, "", 0, 0), {"plan": asdict(plan)},
+                {"test_success_rate": score.rate, "test_sampled_success_rate": score.sampled_rate}, [],
+                f"{plan.sim}-{row.method}-{row.fleet}-seed{row.seed}", tags)
+            logged[row.policy_path] = version.uri
+        row.model_uri = logged[row.policy_path]
 
 
 def plan_settings(plan: Plan, base: Settings | None = None) -> Settings:
@@ -436,6 +482,7 @@ def summarize_run(
             {"seed": r.seed, "method": r.method, "fleet": r.fleet, "rate": r.score.rate, "sampled_rate": r.score.sampled_rate,
              "trials": r.score.trials, "test_population_seed": r.score.population_seed,
              "trials_per_robot": r.score.trials_per_robot, "successes_by_robot": r.score.successes_by_robot,
+             "model_uri": r.model_uri,
              "seconds": r.seconds, "rounds": r.rounds}
             for r in rows
         ],
@@ -585,6 +632,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="seeds run at once, one process each (same figures; default: one per core)")
     parser.add_argument("--out", help="results file stem (default fleet_scaling_<sim>[_quick])")
+    parser.add_argument("--no-log-models", action="store_true",
+                        help=f"do not log each cell's final policy to MLflow (experiment {EXPERIMENT})")
     parser.add_argument("--replot", action="store_true", help="redraw the PNG and docs section from the saved JSON")
     args = parser.parse_args()
     if args.replot:
@@ -618,7 +667,7 @@ def main() -> None:
     plan = Plan(**{**asdict(plan), **updates})
     out = args.out or f"fleet_scaling_{args.sim}" + ("_quick" if args.quick else "")
     log(f"plan: {plan}")
-    result = run(plan, out, workers=args.workers)
+    result = run(plan, out, workers=args.workers, log_models=not args.no_log_models)
     log(f"targets: {json.dumps(result['targets'])}")
     if not args.quick and not args.out:
         write_docs(result)
