@@ -87,10 +87,10 @@ from components.pipeline.evaluate import evaluate_policy
 from components.pipeline.ingest import ingest_files
 from components.pipeline.promote import gate_candidate, register_candidate
 from components.pipeline.workspace import Workspace
-from components.registry.lineage import Lineage, git_commit
-from components.registry.model_registry import PolicyRegistry
 from components.policy.actor import PolicyActor
 from components.policy.normalizer import NormalizedPolicy
+from components.registry.lineage import Lineage, git_commit
+from components.registry.model_registry import PolicyRegistry
 from components.sim.factory import make_exploration, make_thresholded
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -189,7 +189,7 @@ def log(message: str) -> None:
 # ------------------------------------------------------------------------------- the loop pieces
 # Each (seed, method, fleet) cell is a product root of its own (dataset, segment store, registry),
 # driven through the functions the flows call: collect -> ingest -> train -> evaluate -> gate.
-# Only the grid, the seeds, the final held-out scoring and the report live here.
+# Only the grid, the seeds, the final test-robot scoring and the report live here.
 def evaluate(settings: Settings, plan: Plan, policy: NormalizedPolicy, seed: int) -> Score:
     """The reported figure: ``plan.heldout_robots`` *test* robots drawn fresh for this seed
     (population ``fleet.test_population_seed(seed)``), never collected on, never used for a decision;
