@@ -34,12 +34,21 @@ Protocol, one run per simulator (every figure of a run is measured side by side 
    the same per-round budget), ``filtered_bc`` (all successes, uniform), ``fert`` (failure
    contexts of the round's failures -> retrieval -> priority weights -> pool mix), optionally
    ``fert_uniform`` (``--ablation``, largest fleet only).
-4. Held-out evaluation on robots never used for collection: thresholded jaw (the deployed
-   policy; the headline) and sampled jaw, Wilson 95% CIs on pooled trials, plus the spread over
-   seeds (each seed redraws demos, fleet luck and training).
+4. Reported evaluation on *test* robots (``plan.heldout_robots`` of them, ``fleet.test_ids``) drawn
+   fresh per seed from sim population ``fleet.test_population_seed(seed)``: never collected on,
+   never used for a decision (the gate uses the validation robots; ``evaluate_test`` refuses any
+   non-test robot). Thresholded jaw (the deployed policy; the headline) and sampled jaw. Primary
+   intervals are seed-level (``by_fleet.<n>.seed_level``: FERT − filtered BC and FERT's step from the
+   previous fleet size, paired t over seeds, hierarchical bootstrap over seeds then test robots,
+   seeds needed at the observed variance); Wilson / Newcombe on pooled trials stay as a secondary
+   column. Runs keep per-robot success counts. Results written before issue 16 were measured on
+   the fixed ``heldout-0000..`` robots the settings had been tuned on.
 
 Writes benchmarks/results/fleet_scaling_<sim>.json + .png and the ``## Fleet scaling (FERT)``
-section of docs/results.md (other sections are left as they are).
+section of docs/results.md (other sections are left as they are). Every cell's final policy goes to
+the root's MLflow (experiment ``fleet-scaling``, registered model ``fleet-scaling-policy``, tags task,
+method, fleet_size, seed, population_seed, test_population_seed, commit; ``--no-log-models`` skips
+it); each JSON run carries its ``model_uri`` for ``fleetloop evaluate``.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from itertools import repeat
 from pathlib import Path
 
@@ -61,8 +71,16 @@ import numpy as np
 import torch
 
 from components.config import Settings, load_settings
-from components.evaluation.heldout import EvaluationReport, summarize
-from components.evaluation.intervals import difference_interval, wilson_interval
+from components.evaluation.heldout import EvaluationReport
+from components.evaluation.intervals import (
+    SeedRobotOutcomes,
+    difference_interval,
+    hierarchical_bootstrap,
+    paired_seed_interval,
+    seeds_needed,
+    wilson_interval,
+)
+from components.evaluation.populations import evaluate_test
 from components.pipeline import steps
 from components.pipeline.collect import ROUND_DIR, collect_expert_demos, collect_fleet
 from components.pipeline.evaluate import evaluate_policy
@@ -71,7 +89,8 @@ from components.pipeline.promote import gate_candidate, register_candidate
 from components.pipeline.workspace import Workspace
 from components.policy.actor import PolicyActor
 from components.policy.normalizer import NormalizedPolicy
-from components.sim.collect import run_episodes
+from components.registry.lineage import Lineage, git_commit
+from components.registry.model_registry import PolicyRegistry
 from components.sim.factory import make_exploration, make_thresholded
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -85,7 +104,8 @@ FLEET_METHODS = ("filtered_bc", "fert")
 SEED_STRIDE = 1000  # keeps the streams of different seeds / rounds apart
 EVAL_STREAM = 7919
 VALIDATION_STREAM = 4099
-VALIDATION_PREFIX = "validation"  # robots for round-by-round selection: neither in the fleet nor held out
+EXPERIMENT = "fleet-scaling"  # the MLflow experiment holding every cell's final policy
+MODEL_NAME = "fleet-scaling-policy"  # ... registered under this name: `fleetloop evaluate --model-uri models:/...`
 GATE_ALPHA = 0.501  # the product gate then promotes a candidate that is not worse on the same validation trials (z >= ~0)
 
 
@@ -129,12 +149,16 @@ QUICK = {
 
 @dataclass
 class Score:
-    """Held-out result of one policy: thresholded (deployed) and sampled jaw."""
+    """Test-robot result of one policy: thresholded (deployed) and sampled jaw, and the thresholded
+    successes per test robot (the robot level of the hierarchical bootstrap)."""
 
     successes: int
     trials: int
     sampled_successes: int
     failures_by_stage: dict[str, int]
+    successes_by_robot: dict[str, int] = field(default_factory=dict)
+    trials_per_robot: int = 0
+    population_seed: int = 0  # the sim population the test robots were drawn from
 
     @property
     def rate(self) -> float:
@@ -153,6 +177,9 @@ class RunRow:
     score: Score
     rounds: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    policy_path: str = ""  # the cell's final policy (torch.save), until it is logged to MLflow
+    lineage: Lineage | None = None  # of the cell's final champion (its registry goes with the cell)
+    model_uri: str = ""  # models:/<MODEL_NAME>/<version> once logged
 
 
 def log(message: str) -> None:
@@ -162,23 +189,29 @@ def log(message: str) -> None:
 # ------------------------------------------------------------------------------- the loop pieces
 # Each (seed, method, fleet) cell is a product root of its own (dataset, segment store, registry),
 # driven through the functions the flows call: collect -> ingest -> train -> evaluate -> gate.
-# Only the grid, the seeds, the final held-out scoring and the report live here.
+# Only the grid, the seeds, the final test-robot scoring and the report live here.
 def evaluate(settings: Settings, plan: Plan, policy: NormalizedPolicy, seed: int) -> Score:
-    """The reported figure: held-out robots (never collected on, never used for a decision)."""
-    robots = settings.fleet.heldout_ids(plan.heldout_robots)
+    """The reported figure: ``plan.heldout_robots`` *test* robots drawn fresh for this seed
+    (population ``fleet.test_population_seed(seed)``), never collected on, never used for a decision;
+    ``evaluate_test`` refuses any other robot."""
+    robots = settings.fleet.test_ids(plan.heldout_robots)
+    population = settings.fleet.test_population_seed(seed)
     eval_seed = seed * SEED_STRIDE + EVAL_STREAM
     actor = PolicyActor(policy)
-    thresholded = run_episodes(make_thresholded(settings.sim, actor), robots, settings.sim, plan.trials_per_robot, eval_seed, "eval")
-    sampled = run_episodes(make_exploration(settings.sim, actor, eval_seed, motion=False), robots, settings.sim, plan.trials_per_robot, eval_seed, "eval")
-    report = summarize(thresholded, settings.sim, settings.evaluation.confidence, "eval")
+    test = partial(evaluate_test, robot_ids=robots, population_seed=population, sim_cfg=settings.sim,
+                   fleet_cfg=settings.fleet, eval_cfg=settings.evaluation, trials_per_robot=plan.trials_per_robot,
+                   seed=eval_seed, policy_version="eval")
+    report = test(make_thresholded(settings.sim, actor))
+    sampled = test(make_exploration(settings.sim, actor, eval_seed, motion=False))
     return Score(
-        report.overall.successes, report.overall.trials, sum(e.success for e in sampled), dict(report.failures_by_stage)
+        report.overall.successes, report.overall.trials, sampled.overall.successes, dict(report.failures_by_stage),
+        {r: p.successes for r, p in report.by_robot.items()}, plan.trials_per_robot, population,
     )
 
 
 def cell_settings(settings: Settings, plan: Plan, method: str, root: Path, seed: int) -> Settings:
     """A cell's product settings: its own root; the promotion gate evaluates on *validation* robots
-    (``validation_robots`` x ``validation_trials``, never the held-out ones reported), and promotes a
+    (``validation_robots`` x ``validation_trials``, never the test ones reported), and promotes a
     candidate that is not worse on the same trials (``registry.gate_alpha`` 0.5: one-sided z >= 0)."""
     fert = settings.fert.model_copy(update={"encoder": "learned"}) if method == "fert_learned" else settings.fert
     validation = max(plan.validation_robots, 1)
@@ -186,7 +219,9 @@ def cell_settings(settings: Settings, plan: Plan, method: str, root: Path, seed:
         "root": root, "seed": seed, "fert": fert,
         "train": settings.train.model_copy(update={"method": "fert" if method == "fert_learned" else method,
                                                    "validation_robots": 0}),
-        "fleet": settings.fleet.model_copy(update={"heldout_prefix": VALIDATION_PREFIX, "num_heldout_robots": validation}),
+        # the product gate evaluates fleet.heldout_ids(): in a cell those are the validation robots
+        "fleet": settings.fleet.model_copy(update={"heldout_prefix": settings.fleet.validation_prefix,
+                                                   "num_heldout_robots": validation}),
         "evaluation": settings.evaluation.model_copy(update={"trials_per_robot": plan.validation_trials, "trials_per_task": 1}),
         "registry": settings.registry.model_copy(update={"gate_alpha": GATE_ALPHA if plan.validation_robots > 0 else 1.0}),
         "scheduler": settings.scheduler.model_copy(update={"plan": "sequential"}),
@@ -276,15 +311,21 @@ def cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, 
         info = product_round(cell, plan, f"round-{r}", collected.files, plan.finetune_steps, validated)
         rounds.append({"round": r, "episodes": collected.episodes, "collected_success": collected.success_rate,
                        "failed": collected.episodes - collected.successes, **info})
-    score = evaluate(settings, plan, registry.load("champion"), seed)
+    final = registry.champion()
+    policy = registry.load(final.version)
+    score = evaluate(settings, plan, policy, seed)
+    saved = scratch / "policies" / f"{seed}-{method}-{fleet}.pt"
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(policy, saved)
     shutil.rmtree(root, ignore_errors=True)
-    return RunRow(seed, method, fleet, score, rounds, time.perf_counter() - start), initial
+    return RunRow(seed, method, fleet, score, rounds, time.perf_counter() - start, str(saved), final.lineage), initial
 
 
 # ------------------------------------------------------------------------------- the run
-def run(plan: Plan, out_name: str, workers: int = 1, settings: Settings | None = None) -> dict:
+def run(plan: Plan, out_name: str, workers: int = 1, settings: Settings | None = None, log_models: bool = True) -> dict:
     """Every seed of ``plan`` (``workers`` > 1: that many seeds at once, one process and one torch
-    thread each; a seed's figures do not depend on which process ran it), then the JSON + PNG."""
+    thread each; a seed's figures do not depend on which process ran it), then every cell's final
+    policy to MLflow (``log_models``; the root's store), then the JSON + PNG."""
     torch.set_num_threads(1)
     settings = plan_settings(plan, settings)
     scratch = Path(tempfile.mkdtemp(prefix="fleet_scaling_"))
@@ -298,13 +339,43 @@ def run(plan: Plan, out_name: str, workers: int = 1, settings: Settings | None =
                 per_seed = list(pool.map(run_seed, repeat(settings), repeat(plan), seeds, repeat(scratch)))
         else:
             per_seed = [run_seed(settings, plan, seed, scratch) for seed in seeds]
+        rows = [row for _, seed_rows in per_seed for row in seed_rows]
+        if log_models:
+            log_cell_policies(settings, plan, rows)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     initial = [score for score, _ in per_seed]
-    rows = [row for _, seed_rows in per_seed for row in seed_rows]
     result = summarize_run(plan, settings, rows, initial, time.perf_counter() - started, workers)
     write_outputs(result, out_name)
     return result
+
+
+def log_cell_policies(settings: Settings, plan: Plan, rows: list[RunRow]) -> None:
+    """Every cell's final policy into the root's MLflow (experiment ``EXPERIMENT``, registered as
+    ``MODEL_NAME``), tagged task / method / fleet size / seed / population seeds / commit, so anyone
+    can re-check a figure on robots nobody has seen: ``fleetloop evaluate --model-uri <row.model_uri>``.
+    In the main process, after the seeds: one writer to the store. The ``bc`` cell is logged once."""
+    registry = PolicyRegistry(settings.paths.mlruns, settings.registry.model_copy(
+        update={"experiment": EXPERIMENT, "model_name": MODEL_NAME}))
+    commit = git_commit(Path(__file__).resolve().parent)
+    logged: dict[str, str] = {}
+    for row in rows:
+        if row.policy_path not in logged:
+            score = row.score
+            p = wilson_interval(score.successes, score.trials, settings.evaluation.confidence)
+            evaluation = {"success_rate": p.rate, "ci_low": p.low, "ci_high": p.high, "successes": p.successes,
+                          "trials": p.trials, "sampled_success_rate": score.sampled_rate,
+                          "successes_by_robot": score.successes_by_robot, "robots": "test"}
+            tags = {"task": settings.sim.task, "sim": plan.sim, "method": row.method, "fleet_size": str(row.fleet),
+                    "seed": str(row.seed), "population_seed": str(settings.sim.population_seed),
+                    "test_population_seed": str(score.population_seed), "commit": commit}
+            version = registry.log_candidate(
+                torch.load(row.policy_path, weights_only=False), evaluation,
+                row.lineage or Lineage(commit, "", -1, "", 0, 0), {"plan": asdict(plan)},
+                {"test_success_rate": score.rate, "test_sampled_success_rate": score.sampled_rate}, [],
+                f"{plan.sim}-{row.method}-{row.fleet}-seed{row.seed}", tags)
+            logged[row.policy_path] = version.uri
+        row.model_uri = logged[row.policy_path]
 
 
 def plan_settings(plan: Plan, base: Settings | None = None) -> Settings:
@@ -325,7 +396,7 @@ def run_seed(settings: Settings, plan: Plan, seed: int, scratch: Path) -> tuple[
     rows: list[RunRow] = []
     bc, initial = cel_run(settings, plan, "bc", plan.fleet_sizes[0], seed, scratch)  # it never sees the fleet
     rows += [replace(bc, fleet=fleet) for fleet in plan.fleet_sizes]
-    log(f"seed {seed}: initial policy {initial.rate:.1%} held-out (sampled {initial.sampled_rate:.1%}); "
+    log(f"seed {seed}: initial policy {initial.rate:.1%} on test robots (sampled {initial.sampled_rate:.1%}); "
         f"bc (demos only) {bc.score.rate:.1%}")
     methods = [(m, n) for n in plan.fleet_sizes for m in plan.methods]
     if plan.ablation and seed == 0:  # ablations: largest fleet, first seed only (time)
@@ -337,7 +408,7 @@ def run_seed(settings: Settings, plan: Plan, seed: int, scratch: Path) -> tuple[
                                "the bootstrap must be deterministic")
         rows.append(row)
         last = row.rounds[-1]
-        log(f"seed {seed}: {method:12s} fleet {fleet:3d}: {row.score.rate:.1%} held-out "
+        log(f"seed {seed}: {method:12s} fleet {fleet:3d}: {row.score.rate:.1%} on test robots "
             f"(sampled {row.score.sampled_rate:.1%}); last round collected {last['collected_success']:.1%} "
             f"of {last['episodes']} episodes; {row.seconds:.0f}s")
     return initial, rows
@@ -385,6 +456,10 @@ def summarize_run(
             "fert_largest_minus_smallest_points": 100 * (fert_curve[-1] - fert_curve[0]),
             **interval_targets(table, plan.fleet_sizes, conf),
         }
+    by_fleet = seed_level(rows, plan.fleet_sizes, settings)
+    gap = by_fleet.get(largest, {}).get("seed_level", {}).get("fert_minus_filtered_bc")
+    if targets and gap:
+        targets["fert_minus_filtered_bc_seed_level_above_0"] = gap["ci95"] is not None and gap["ci95"][0] > 0
     return {
         "benchmark": "fleet_scaling",
         "plan": asdict(plan),
@@ -400,13 +475,63 @@ def summarize_run(
         "seconds": seconds,
         "initial": {"thresholded": init, "sampled": pooled(initial, conf, sampled=True)},
         "results": table,
+        "by_fleet": by_fleet,
+        "test_population_seeds": [s.population_seed for s in initial],
         "targets": targets,
         "runs": [
             {"seed": r.seed, "method": r.method, "fleet": r.fleet, "rate": r.score.rate, "sampled_rate": r.score.sampled_rate,
-             "trials": r.score.trials, "seconds": r.seconds, "rounds": r.rounds}
+             "trials": r.score.trials, "test_population_seed": r.score.population_seed,
+             "trials_per_robot": r.score.trials_per_robot, "successes_by_robot": r.score.successes_by_robot,
+             "model_uri": r.model_uri,
+             "seconds": r.seconds, "rounds": r.rounds}
             for r in rows
         ],
     }
+
+
+def seed_level(rows: list[RunRow], fleet_sizes, settings: Settings) -> dict:
+    """Per fleet size, the method differences with seeds as the unit (both methods of a seed share
+    its bootstrap and test robots: paired): FERT − filtered BC, and FERT's step from the previous
+    fleet size. Points; ``ci95`` is the paired t-interval over seeds (None with one seed),
+    ``bootstrap_ci95`` the hierarchical bootstrap over seeds then test robots."""
+    out: dict[str, dict] = {}
+    for i, n in enumerate(fleet_sizes):
+        comparisons = {"fert_minus_filtered_bc": (("fert", n), ("filtered_bc", n))}
+        if i > 0:
+            comparisons["fert_step_from_previous_fleet"] = (("fert", n), ("fert", fleet_sizes[i - 1]))
+        level = {name: _seed_difference(rows, a, b, settings) for name, (a, b) in comparisons.items()}
+        level = {name: d for name, d in level.items() if d is not None}
+        if level:
+            out[str(n)] = {"seed_level": level}
+    return out
+
+
+def _seed_difference(rows: list[RunRow], a: tuple[str, int], b: tuple[str, int], settings: Settings) -> dict | None:
+    """``a`` − ``b`` over the seeds that ran both cells, in points (None when no seed ran both)."""
+    def by_seed(method: str, fleet: int) -> dict[int, Score]:
+        return {r.seed: r.score for r in rows if r.method == method and r.fleet == fleet}
+
+    sa, sb = by_seed(*a), by_seed(*b)
+    seeds = sorted(set(sa) & set(sb))
+    if not seeds:
+        return None
+    ev = settings.evaluation
+    gap = paired_seed_interval([sa[s].rate for s in seeds], [sb[s].rate for s in seeds], ev.confidence)
+    low, high = hierarchical_bootstrap([_outcomes(sa[s]) for s in seeds], [_outcomes(sb[s]) for s in seeds],
+                                       ev.bootstrap_resamples, settings.seed, ev.confidence)
+    return {
+        "a": f"{a[0]}@{a[1]}", "b": f"{b[0]}@{b[1]}", "unit": "points", "seeds": seeds,
+        "per_seed": [100 * d for d in gap.differences], "mean": 100 * gap.mean, "sd": 100 * gap.sd,
+        "ci95": None if gap.seeds < 2 else [100 * gap.low, 100 * gap.high],
+        "bootstrap_ci95": [100 * low, 100 * high],
+        "seeds_needed": seeds_needed(gap.sd, gap.mean, ev.confidence, ev.power) if gap.seeds > 1 else None,
+        "confidence": ev.confidence, "power": ev.power,
+    }
+
+
+def _outcomes(score: Score) -> SeedRobotOutcomes:
+    return SeedRobotOutcomes(tuple(score.successes_by_robot[r] for r in sorted(score.successes_by_robot)),
+                             score.trials_per_robot)
 
 
 def interval_targets(table: dict, fleet_sizes, confidence: float) -> dict:
@@ -472,13 +597,13 @@ def plot(result: dict, path: Path) -> None:
         ax.set_xscale("log")
         ax.set_xticks(fleets, [str(n) for n in fleets])
         ax.set_xlabel("robots collecting (fixed time per robot)")
-        ax.set_title(f"held-out success, {mode} jaw")
+        ax.set_title(f"test-robot success, {mode} jaw")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("success % (Wilson 95% CI; dots = seeds)")
     axes[0].legend(fontsize=8, loc="lower left")
     plan = result["plan"]
     fig.suptitle(f"{plan['sim']}: {plan['rounds']} CEL rounds, {plan['seeds']} seeds, "
-                 f"{plan['heldout_robots']} held-out robots x {plan['trials_per_robot']} trials per seed")
+                 f"{plan['heldout_robots']} test robots (fresh per seed) x {plan['trials_per_robot']} trials per seed")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -495,7 +620,7 @@ def main() -> None:
     parser.add_argument("--steps-per-robot", type=int)
     parser.add_argument("--finetune-steps", type=int)
     parser.add_argument("--max-epochs", type=int, help="cap on passes over a round's training set (0 = none)")
-    parser.add_argument("--heldout-robots", type=int)
+    parser.add_argument("--heldout-robots", type=int, help="test robots per seed (drawn fresh per seed)")
     parser.add_argument("--validation-robots", type=int, help="robots for per-round selection (0 = keep every round)")
     parser.add_argument("--validation-trials", type=int, help="trials per validation robot")
     parser.add_argument("--init-rounds", type=int, help="demos-only rounds (with validation selection) after the bootstrap")
@@ -507,6 +632,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="seeds run at once, one process each (same figures; default: one per core)")
     parser.add_argument("--out", help="results file stem (default fleet_scaling_<sim>[_quick])")
+    parser.add_argument("--no-log-models", action="store_true",
+                        help=f"do not log each cell's final policy to MLflow (experiment {EXPERIMENT})")
     parser.add_argument("--replot", action="store_true", help="redraw the PNG and docs section from the saved JSON")
     args = parser.parse_args()
     if args.replot:
@@ -540,7 +667,7 @@ def main() -> None:
     plan = Plan(**{**asdict(plan), **updates})
     out = args.out or f"fleet_scaling_{args.sim}" + ("_quick" if args.quick else "")
     log(f"plan: {plan}")
-    result = run(plan, out, workers=args.workers)
+    result = run(plan, out, workers=args.workers, log_models=not args.no_log_models)
     log(f"targets: {json.dumps(result['targets'])}")
     if not args.quick and not args.out:
         write_docs(result)
@@ -631,10 +758,36 @@ def render_section(result: dict) -> str:
             steps = "; ".join(f"{k.replace('->', ' → ')}: {_ci(v)}" for k, v in targets["fert_growth_steps_ci_points"].items())
             lines += [
                 "",
-                f"Differences with 95% intervals (Newcombe, pooled trials): FERT − filtered BC at {fleets[-1]} robots "
+                f"Differences with 95% intervals (secondary: Newcombe, pooled trials as if independent): FERT − filtered BC at {fleets[-1]} robots "
                 f"{_ci(gap)}; FERT from one fleet size to the next (robots): {steps}.",
             ]
+    lines += _seed_level_lines(result)
     return "\n".join(lines) + "\n"
+
+
+def _seed_level_lines(result: dict) -> list[str]:
+    """The primary intervals (seeds as the unit); results from before they existed have none."""
+    by_fleet = result.get("by_fleet") or {}
+    if not by_fleet:
+        return []
+
+    def one(d: dict) -> str:
+        ci = "n/a (one seed)" if d["ci95"] is None else f"[{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]"
+        boot = d["bootstrap_ci95"]
+        need = "n/a" if d["ci95"] is None else d["seeds_needed"] if d["seeds_needed"] is not None else "none at this gap"
+        return (f"{d['mean']:+.1f} pts {ci} paired over {len(d['seeds'])} seeds, bootstrap "
+                f"[{boot[0]:+.1f}, {boot[1]:+.1f}], seeds needed {need}")
+
+    rows = []
+    for n, cell in by_fleet.items():
+        level = cell["seed_level"]
+        parts = [f"FERT − filtered BC {one(level['fert_minus_filtered_bc'])}"] if "fert_minus_filtered_bc" in level else []
+        if "fert_step_from_previous_fleet" in level:
+            parts.append(f"FERT step from the previous size {one(level['fert_step_from_previous_fleet'])}")
+        rows.append(f"- {n} robots: " + "; ".join(parts))
+    seeds = result.get("test_population_seeds", [])
+    return ["", f"Seed-level differences (the primary intervals; test robots fresh per seed, populations {seeds}):",
+            "", *rows]
 
 
 def update_results_md(path: Path, sim: str, body: str) -> None:

@@ -278,6 +278,25 @@ def stage(name: Annotated[str, typer.Argument(help="collect | ingest | train | e
     run_stage(name, _settings())
 
 
+@app.command()
+def evaluate(
+    model_uri: Annotated[str, typer.Option(help="Model to evaluate, e.g. models:/fleetloop-policy/3 or models:/fleetloop-policy@champion.")],
+    population_seed: Annotated[int, typer.Option(help="Sim population the test robots are drawn from (a fresh one: robots nobody has seen).", min=0)],
+    robots: Annotated[int, typer.Option(help="Test robots (test-0000, ...).", min=1)] = 16,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate any registered model on a fresh population of test robots (never tuned, selected or gated on)."""
+    from cli.reports import evaluation_report, evaluation_summary
+    from components.registry.model_registry import RegistryError
+
+    try:
+        report = evaluation_report(_settings(), model_uri, robots, population_seed)
+    except RegistryError as exc:
+        raise CliError(str(exc), "list versions and aliases with `fleetloop status`; a URI reads models:/NAME/VERSION "
+                                 "or models:/NAME@ALIAS") from exc
+    emit(console, report, as_json, evaluation_summary(report))
+
+
 # -- inspect -------------------------------------------------------------------------------------
 @app.command()
 def status(as_json: JsonOpt = False, runs: Annotated[int, typer.Option(help="How many recent runs to list.", min=0)] = 5) -> None:

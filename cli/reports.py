@@ -84,3 +84,21 @@ def lineage_report(settings: Settings, version: str) -> dict[str, Any]:
         "frames": lin.frames,
         "episodes_per_robot": lin.episodes_per_robot,
     }
+
+
+def evaluation_report(settings: Settings, model_uri: str, robots: int, population_seed: int) -> dict[str, Any]:
+    """`fleetloop evaluate`: a registered model on ``robots`` test robots of ``population_seed``."""
+    from components.pipeline.evaluate import evaluate_on_test_robots
+
+    policy = Workspace(settings).registry.load_uri(model_uri)
+    report = evaluate_on_test_robots(settings, policy, model_uri, robots, population_seed)
+    result = report.to_dict()
+    result.pop("policy_version")
+    return {"model_uri": model_uri, "population_seed": population_seed, "robots": report.robots,
+            "jaw": "sampled" if settings.evaluation.sample_gripper else "thresholded", **result}
+
+
+def evaluation_summary(report: dict[str, Any]) -> str:
+    return (f"{report['model_uri']} on {len(report['robots'])} test robots of population {report['population_seed']}: "
+            f"{100 * report['success_rate']:.1f}% [{100 * report['ci_low']:.1f}, {100 * report['ci_high']:.1f}] "
+            f"over {report['trials']} trials ({report['jaw']} jaw)")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -67,6 +67,9 @@ class SimConfig(Section):
     placement_spread: float = Field(default=0.10, ge=0)  # object/goal region offset in +- spread
     grasp_miss_max: float = Field(default=0.06, ge=0, le=1)  # chance a well-aimed grasp misses
     slip_rate_max: float = Field(default=0.01, ge=0, le=1)  # per-step slip chance at full speed
+    # which draw of quirks a robot id gets: a profile comes from (population_seed, robot id);
+    # 0 = the original population (profiles hashed from the id alone, bit for bit as before)
+    population_seed: int = Field(default=0, ge=0)
     # exploration of the executed policy (fleet collection only)
     gripper_flip_prob: float = Field(default=0.03, ge=0, le=1)
     gripper_sample_gain: float = Field(default=4.0, gt=0)  # p(close) = sigmoid(gain * command)
@@ -79,12 +82,29 @@ class FleetConfig(Section):
 
     num_robots: int = 8
     robot_prefix: str = "robot"
-    heldout_prefix: str = "heldout"
+    # robot roles (docs: DESIGN.md "Evaluation protocol"); a role is the id's prefix, so roles never overlap
+    heldout_prefix: str = "heldout"  # the product gate's robots (the study settings were tuned on them)
+    tuning_prefix: str = "tuning"  # the only robots any setting may be chosen on
     validation_prefix: str = "validation"  # robots for selection during training: never collect, never reported
+    test_prefix: str = "test"  # reported only, never used for a decision; drawn fresh per study seed
     num_heldout_robots: int = 16
     steps_per_robot: int = 1200
     extra_robots: tuple[str, ...] = ()
     sample_gripper: bool = True  # explore while collecting: jaw sampled + sim.motion_noise_std
+    # test robots of study seed s come from sim population seed test_population_base + s
+    test_population_base: int = Field(default=1000, ge=1)
+
+    @model_validator(mode="after")
+    def _roles_are_disjoint(self) -> FleetConfig:
+        prefixes = self.role_prefixes()
+        if len(set(prefixes.values())) != len(prefixes):
+            raise ValueError(f"fleet role prefixes must differ (robots of two roles would coincide): {prefixes}")
+        return self
+
+    def role_prefixes(self) -> dict[str, str]:
+        """Role -> id prefix: collection robots, the gate's held-out robots, tuning, validation, test."""
+        return {"fleet": self.robot_prefix, "heldout": self.heldout_prefix, "tuning": self.tuning_prefix,
+                "validation": self.validation_prefix, "test": self.test_prefix}
 
     def robot_ids(self, count: int | None = None) -> list[str]:
         n = self.num_robots if count is None else count
@@ -94,8 +114,18 @@ class FleetConfig(Section):
         n = self.num_heldout_robots if count is None else count
         return [f"{self.heldout_prefix}-{i:04d}" for i in range(n)]
 
+    def tuning_ids(self, count: int) -> list[str]:
+        return [f"{self.tuning_prefix}-{i:04d}" for i in range(count)]
+
     def validation_ids(self, count: int) -> list[str]:
         return [f"{self.validation_prefix}-{i:04d}" for i in range(count)]
+
+    def test_ids(self, count: int) -> list[str]:
+        return [f"{self.test_prefix}-{i:04d}" for i in range(count)]
+
+    def test_population_seed(self, study_seed: int) -> int:
+        """The sim population the test robots of ``study_seed`` come from: fresh per seed."""
+        return self.test_population_base + study_seed
 
 
 class EpisodesConfig(Section):
@@ -233,6 +263,9 @@ class EvaluationConfig(Section):
     trials_per_robot: int = Field(default=8, ge=1)  # ...spread over the held-out robots (max of both)
     confidence: float = Field(default=0.95, gt=0, lt=1)
     sample_gripper: bool = False  # False: thresholded jaw (the deployed policy); True: sampled
+    # seed-level comparisons (components/evaluation/intervals.py)
+    bootstrap_resamples: int = Field(default=2000, ge=100)  # hierarchical bootstrap: seeds, then robots
+    power: float = Field(default=0.8, gt=0, lt=1)  # seeds_needed: chance the paired interval excludes 0
 
     def trials_for(self, num_robots: int) -> int:
         """Trials per robot so that every task gets at least ``trials_per_task``."""

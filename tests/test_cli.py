@@ -166,3 +166,48 @@ def test_lerobot_import_and_export_for_people_scripts_and_errors(scratch_root, c
     assert main(["export-lerobot", str(out_dir)]) == 1  # never overwrites: one line + fix
     lines = capsys.readouterr().err.strip().splitlines()
     assert "export folder is not empty" in lines[0] and lines[1].startswith("fix: choose a new folder")
+
+
+def test_evaluate_any_registered_model_on_fresh_test_robots(scratch_root, capsys, monkeypatch):
+    """A tiny root through the product's own steps (demos -> ingest -> train -> register -> gate), then
+    `fleetloop evaluate` on a fresh population: the model it loads by URI is the one registered."""
+    from components.config import load_settings
+    from components.pipeline import steps
+    from components.pipeline.collect import collect_expert_demos
+    from components.pipeline.evaluate import evaluate_on_test_robots, evaluate_policy
+    from components.pipeline.ingest import ingest_files
+    from components.pipeline.promote import gate_candidate, register_candidate
+    from tests.conftest import small_settings
+
+    for key, value in {"EVALUATION__TRIALS_PER_TASK": "6", "EVALUATION__TRIALS_PER_ROBOT": "2", "SEED": "0"}.items():
+        monkeypatch.setenv(f"FLEETLOOP_{key}", value)
+    settings = small_settings(scratch_root)
+    ingest_files(settings, collect_expert_demos(settings, settings.paths.incoming / "expert").files, snapshot=False)
+    outcome = steps.train_policy(settings)
+    version = register_candidate(settings, outcome, evaluate_policy(settings, outcome.result.policy, "candidate"), "tiny")
+    assert gate_candidate(settings, version, None).decision.promote
+
+    args = ["--robots", "3", "--population-seed", "1004", "--json"]
+    assert main(["evaluate", "--model-uri", f"models:/fleetloop-policy/{version.version}", *args]) == 0
+    by_version = json.loads(capsys.readouterr().out)
+    cli_settings = load_settings()  # what the command ran with: params.yaml + the env above
+    direct = evaluate_on_test_robots(cli_settings, outcome.result.policy, "in-memory", 3, 1004)
+    assert by_version["robots"] == ["test-0000", "test-0001", "test-0002"] and by_version["population_seed"] == 1004
+    assert by_version["trials"] == 3 * cli_settings.evaluation.trials_for(3) == direct.overall.trials
+    assert by_version["successes"] == direct.overall.successes
+    assert by_version["by_robot"] == {r: {"successes": p.successes, "trials": p.trials} for r, p in direct.by_robot.items()}
+    assert by_version["failures_by_stage"] == direct.failures_by_stage
+
+    assert main(["evaluate", "--model-uri", "models:/fleetloop-policy@champion", *args]) == 0  # an alias: the same model
+    assert {k: v for k, v in json.loads(capsys.readouterr().out).items() if k != "model_uri"} == {
+        k: v for k, v in by_version.items() if k != "model_uri"}
+
+    assert main(["evaluate", "--model-uri", "models:/fleetloop-policy@champion", "--robots", "2", "--population-seed", "7"]) == 0
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary.startswith("models:/fleetloop-policy@champion on 2 test robots of population 7: ") and "thresholded" in summary
+
+    assert main(["evaluate", "--model-uri", "models:/fleetloop-policy/99", *args]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "cannot load model 'models:/fleetloop-policy/99'" in lines[0] and lines[1].startswith("fix: list versions")
+    assert main(["evaluate", "--model-uri", "models:/fleetloop-policy/1", "--robots", "2"]) == 2  # the population is explicit
+    assert "--population-seed" in capsys.readouterr().err

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
 from benchmarks import fleet_scaling as fs
 from components.config import load_settings
+from components.sim.profile import RobotProfile
 
 
 def test_finetune_budget_is_about_the_steps_but_at_most_max_epochs_passes():
@@ -20,10 +22,12 @@ def test_finetune_budget_is_about_the_steps_but_at_most_max_epochs_passes():
     assert fs.finetune_config(settings, 10, 600).epochs == 600  # fewer frames than a batch: one step a pass
 
 
-def _small() -> "fs.Settings":
-    """params.yaml with a short bootstrap: few demos, few epochs (the study's grid is what is tested)."""
+def _small(root=None) -> "fs.Settings":
+    """params.yaml with a short bootstrap: few demos, few epochs (the study's grid is what is tested);
+    ``root`` holds the MLflow store the cells' final policies go to."""
     s = load_settings()
     return s.model_copy(update={
+        **({"root": root} if root is not None else {}),
         "demo": s.demo.model_copy(update={"expert_robots": 2, "expert_episodes_per_robot": 6}),
         "train": s.train.model_copy(update={"epochs": 3, "batch_size": 64, "steps_per_iteration": 10}),
         "fert": s.fert.model_copy(update={"calibration_episodes": 20}),
@@ -36,7 +40,7 @@ def test_tiny_study_writes_consistent_results(tmp_path, monkeypatch):
     plan = replace(fs.QUICK["pickplace"], rounds=1, fleet_sizes=(1, 2), steps_per_robot=60, finetune_steps=20,
                    heldout_robots=2, trials_per_robot=2, validation_robots=2, validation_trials=2, init_rounds=1)
     try:
-        result = fs.run(plan, "tiny", settings=_small())
+        result = fs.run(plan, "tiny", settings=_small(tmp_path))
     finally:
         torch.set_num_threads(threads)  # run() pins torch to 1 thread, as the benchmark does
     saved = json.loads((tmp_path / "tiny.json").read_text())
@@ -54,6 +58,33 @@ def test_tiny_study_writes_consistent_results(tmp_path, monkeypatch):
     gap, low, high = result["targets"]["fert_minus_filtered_bc_ci_points"]
     assert gap == pytest.approx(result["targets"]["fert_minus_filtered_bc_points"]) and low <= gap <= high
     assert list(result["targets"]["fert_growth_steps_ci_points"]) == ["1->2"]
+    # seed level: per fleet size, FERT − filtered BC (one seed: no t-interval, the bootstrap over robots still runs)
+    gap = result["by_fleet"]["2"]["seed_level"]["fert_minus_filtered_bc"]
+    assert set(gap) >= {"mean", "ci95", "bootstrap_ci95", "seeds_needed"} and gap["ci95"] is None
+    assert gap["bootstrap_ci95"][0] <= gap["bootstrap_ci95"][1]
+    assert gap["mean"] == pytest.approx(100 * (result["results"]["fert"]["2"]["thresholded"]["rate"]
+                                               - result["results"]["filtered_bc"]["2"]["thresholded"]["rate"]))
+    assert "fert_step_from_previous_fleet" in result["by_fleet"]["2"]["seed_level"]
+    assert result["test_population_seeds"] == [_small().fleet.test_population_seed(0)]
+    for run in result["runs"]:  # per-robot outcomes, on test robots only
+        assert sorted(run["successes_by_robot"]) == ["test-0000", "test-0001"]
+        assert sum(run["successes_by_robot"].values()) == round(run["rate"] * run["trials"])
+    # every cell's final policy is in MLflow, tagged, and loads back by the URI its JSON row names
+    from mlflow import MlflowClient
+
+    from components.registry.model_registry import PolicyRegistry
+
+    registry = PolicyRegistry(tmp_path / "mlruns", load_settings().registry.model_copy(
+        update={"experiment": fs.EXPERIMENT, "model_name": fs.MODEL_NAME}))
+    logged = MlflowClient().search_runs([registry.experiment_id])
+    cells = {(r["method"], r["fleet"]) for r in result["runs"] if r["method"] != "bc"} | {("bc", 1)}
+    assert {(r.data.tags["method"], int(r.data.tags["fleet_size"])) for r in logged} == cells and len(logged) == len(cells)
+    tags = logged[0].data.tags
+    assert tags["seed"] == "0" and tags["task"] == "pick-place" and tags["commit"]
+    assert tags["population_seed"] == "0" and tags["test_population_seed"] == str(result["test_population_seeds"][0])
+    fert_row = next(r for r in result["runs"] if r["method"] == "fert" and r["fleet"] == 2)
+    assert fert_row["model_uri"].startswith(f"models:/{fs.MODEL_NAME}/")
+    assert registry.load_uri(fert_row["model_uri"]).obs_dim == 11
     fert_rounds = [r["rounds"] for r in result["runs"] if r["method"] == "fert"]
     assert all(len(rounds) == plan.rounds for rounds in fert_rounds)
     for run in result["runs"]:  # validation selection: the kept policy's score never goes down
@@ -67,8 +98,8 @@ def test_seeds_run_in_worker_processes_give_the_same_study(tmp_path, monkeypatch
     plan = replace(fs.QUICK["pickplace"], seeds=2, rounds=1, fleet_sizes=(2,), steps_per_robot=60, finetune_steps=10,
                    heldout_robots=2, trials_per_robot=2, validation_robots=2, validation_trials=2, methods=("fert",))
     try:
-        alone = fs.run(plan, "alone", settings=_small())
-        pooled = fs.run(plan, "pooled", workers=2, settings=_small())
+        alone = fs.run(plan, "alone", settings=_small(tmp_path), log_models=False)
+        pooled = fs.run(plan, "pooled", workers=2, settings=_small(tmp_path), log_models=False)
     finally:
         torch.set_num_threads(threads)
 
@@ -81,6 +112,20 @@ def test_seeds_run_in_worker_processes_give_the_same_study(tmp_path, monkeypatch
     assert [r["seed"] for r in pooled["runs"]] == [0, 0, 1, 1]  # seed order kept: bc, fert per seed
     assert figures(pooled) == figures(alone)
 
+    # test robots: fresh per seed (a new population each), never the validation or tuning robots
+    settings = _small()
+    populations = alone["test_population_seeds"]
+    assert len(set(populations)) == 2 and [r["test_population_seed"] for r in alone["runs"]] == [
+        populations[0], populations[0], populations[1], populations[1]]
+    profiles = [RobotProfile.from_id("test-0000", settings.sim.model_copy(update={"population_seed": p}))
+                for p in populations]
+    assert not np.array_equal(profiles[0].action_gain, profiles[1].action_gain)
+    tested = {r for run in alone["runs"] for r in run["successes_by_robot"]}
+    cell = fs.cell_settings(settings, plan, "fert", tmp_path / "cell", seed=0)
+    decided = set(cell.fleet.heldout_ids()) | set(settings.fleet.tuning_ids(plan.heldout_robots)) | set(
+        settings.fleet.robot_ids(max(plan.fleet_sizes)))
+    assert tested and not tested & decided
+
 
 def test_cells_drive_the_product_and_gate_on_validation_robots(tmp_path):
     """A cell is a product root: the gate evaluates on validation robots (not the reported held-out
@@ -91,7 +136,7 @@ def test_cells_drive_the_product_and_gate_on_validation_robots(tmp_path):
     assert cell.root == tmp_path / "cell" and cell.seed == 4
     assert cell.train.method == "fert" and cell.fert.encoder == "learned"
     assert cell.fleet.heldout_ids() == ["validation-0000", "validation-0001", "validation-0002"]
-    assert not set(cell.fleet.heldout_ids()) & set(settings.fleet.heldout_ids(plan.heldout_robots))
+    assert not set(cell.fleet.heldout_ids()) & set(settings.fleet.test_ids(plan.heldout_robots))
     assert cell.evaluation.trials_for(3) == 2
     from components.registry.gate import two_proportion_gate
 

@@ -129,6 +129,27 @@ def test_profiles_are_persistent_and_differ_across_robots():
     assert np.allclose(wide.action_gain - 1, 2 * (p.action_gain - 1))
 
 
+def test_population_seed_zero_is_the_original_fleet_and_others_draw_new_robots():
+    # population 0 is the id alone: the original profiles, bit for bit (every committed figure stands)
+    original = RobotProfile.from_id("heldout-0000", CFG)
+    rng = np.random.default_rng([0x5EED_0F11, stable_robot_hash("heldout-0000")])
+    unit = rng.uniform(-1.0, 1.0, size=8)
+    assert np.array_equal(original.action_gain, 1.0 + CFG.gain_spread * unit[0:2])
+    assert np.array_equal(original.object_center, np.asarray(OBJECT_CENTER) + CFG.placement_spread * unit[4:6])
+    explicit = RobotProfile.from_id("heldout-0000", SimConfig(population_seed=0))
+    assert np.array_equal(explicit.action_bias, original.action_bias) and explicit.slip_rate == original.slip_rate
+    # another population: the same id is another robot, reproducibly, and populations differ from each other
+    one, again, two = (RobotProfile.from_id("heldout-0000", SimConfig(population_seed=p)) for p in (1, 1, 2))
+    assert np.array_equal(one.action_gain, again.action_gain) and one.grasp_miss == again.grasp_miss
+    assert not np.array_equal(one.action_gain, original.action_gain)
+    assert not np.array_equal(one.object_center, two.object_center)
+    # the env picks the population up from its SimConfig
+    env = make_env(SimConfig(population_seed=1), ["heldout-0000"], seed=0)
+    assert np.array_equal(env.profiles[0].action_gain, one.action_gain)
+    with pytest.raises(ValueError, match="population_seed"):
+        SimConfig(population_seed=-1)
+
+
 def test_robot_quirks_show_in_the_env_and_do_not_depend_on_the_batch():
     ids = [f"robot-{i:04d}" for i in range(8)]
     env = make_env(CFG, ids, seed=0)

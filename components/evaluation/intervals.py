@@ -1,9 +1,20 @@
-"""Confidence intervals for success rates."""
+"""Confidence intervals for success rates and for differences between methods.
+
+Trial level (one cell, pooled trials): ``wilson_interval``, ``difference_interval`` (Newcombe).
+Seed level (method comparisons, seeds as the unit of replication): ``paired_seed_interval``,
+``hierarchical_bootstrap`` (seeds, then robots), and ``seeds_needed`` (sample size at the
+observed variance).
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+
+import numpy as np
+from scipy.stats import t as student_t
 
 
 @dataclass(frozen=True)
@@ -62,3 +73,96 @@ def difference_interval(a: Proportion, b: Proportion) -> Difference:
     low = d - ((a.rate - a.low) ** 2 + (b.high - b.rate) ** 2) ** 0.5
     high = d + ((a.high - a.rate) ** 2 + (b.rate - b.low) ** 2) ** 0.5
     return Difference(a, b, max(-1.0, low), min(1.0, high))
+
+
+# ------------------------------------------------------------------------------- seed level
+# Seeds are the unit of replication of a method comparison (DESIGN.md, evaluation protocol): each
+# seed redraws demos, fleet luck, training noise and the test robots, so trials of one seed are not
+# independent of each other and pooling them overstates the evidence.
+@dataclass(frozen=True)
+class SeedDifference:
+    """Mean over seeds of the per-seed difference ``a − b``, with a paired t-interval."""
+
+    differences: tuple[float, ...]  # per seed
+    mean: float
+    sd: float  # sample standard deviation of the per-seed differences (0 with one seed)
+    low: float
+    high: float
+    confidence: float
+
+    @property
+    def seeds(self) -> int:
+        return len(self.differences)
+
+    def __str__(self) -> str:
+        return f"{100 * self.mean:+.1f} pts [{100 * self.low:+.1f}, {100 * self.high:+.1f}] ({self.seeds} seeds, paired)"
+
+
+def paired_seed_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> SeedDifference:
+    """Student-t interval of the mean per-seed difference ``a[i] − b[i]`` (seed ``i`` of both
+    methods shares demos, bootstrap and test robots: paired). One seed has no spread: (-inf, inf)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired seeds need the same, non-zero number of seeds for both methods ({len(a)} vs {len(b)})")
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    mean = float(d.mean())
+    if len(d) < 2:
+        return SeedDifference(tuple(d.tolist()), mean, 0.0, -math.inf, math.inf, confidence)
+    sd = float(d.std(ddof=1))
+    half = float(student_t.ppf(0.5 + confidence / 2, len(d) - 1)) * sd / math.sqrt(len(d))
+    return SeedDifference(tuple(d.tolist()), mean, sd, mean - half, mean + half, confidence)
+
+
+@dataclass(frozen=True)
+class SeedRobotOutcomes:
+    """One seed of one method: successes per test robot, the same robots and trials for every method."""
+
+    successes: tuple[int, ...]  # per robot, in a fixed robot order
+    trials_per_robot: int
+
+
+def hierarchical_bootstrap(
+    a: Sequence[SeedRobotOutcomes],
+    b: Sequence[SeedRobotOutcomes],
+    resamples: int,
+    seed: int,
+    confidence: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile interval of the mean difference ``a − b`` resampling seeds, then robots within
+    each drawn seed (both methods keep the same draw: paired). Deterministic for a ``seed``.
+
+    The two levels are the two sources of variance a new study would redraw: which seeds (training
+    luck, demos, test population) and which robots of a seed's test population."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired seeds need the same, non-zero number of seeds for both methods ({len(a)} vs {len(b)})")
+    for x, y in zip(a, b, strict=True):
+        if len(x.successes) != len(y.successes) or x.trials_per_robot != y.trials_per_robot:
+            raise ValueError("both methods of a seed must be evaluated on the same robots with the same trials")
+    rng = np.random.default_rng(seed)
+    stats = np.empty(resamples)
+    for k in range(resamples):
+        seeds = rng.integers(0, len(a), size=len(a))
+        gaps = []
+        for s in seeds:
+            robots = rng.integers(0, len(a[s].successes), size=len(a[s].successes))
+            pa = np.asarray(a[s].successes)[robots].sum() / (len(robots) * a[s].trials_per_robot)
+            pb = np.asarray(b[s].successes)[robots].sum() / (len(robots) * b[s].trials_per_robot)
+            gaps.append(pa - pb)
+        stats[k] = np.mean(gaps)
+    tail = (1 - confidence) / 2
+    return float(np.quantile(stats, tail)), float(np.quantile(stats, 1 - tail))
+
+
+def seeds_needed(sd: float, effect: float, confidence: float = 0.95, power: float = 0.8, max_seeds: int = 10_000) -> int | None:
+    """Seeds for a paired t-interval to exclude 0 with probability ``power`` when the true mean
+    difference is ``effect`` and the per-seed differences have standard deviation ``sd``:
+    the smallest n with ``(t_{1-α/2, n-1} + t_{power, n-1}) · sd / √n ≤ effect``.
+    None when no number of seeds will do (``effect`` ≤ 0) or more than ``max_seeds`` are needed."""
+    if effect <= 0:
+        return None
+    if sd <= 0:
+        return 2  # no spread: the smallest design with an interval at all
+    for n in range(2, max_seeds + 1):
+        df = n - 1
+        if (student_t.ppf(0.5 + confidence / 2, df) + student_t.ppf(power, df)) * sd / math.sqrt(n) <= effect:
+            return n
+    return None

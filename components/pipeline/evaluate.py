@@ -9,6 +9,7 @@ from __future__ import annotations
 from components.config import Settings
 from components.episodes.record import Episode
 from components.evaluation.heldout import EvaluationReport, summarize
+from components.evaluation.populations import check_decision_robots, evaluate_test
 from components.pipeline.collect import fleet_actor
 from components.policy.normalizer import NormalizedPolicy
 from components.sim.collect import run_episodes
@@ -22,7 +23,9 @@ def trials_per_robot(settings: Settings) -> int:
 
 
 def robot_groups(settings: Settings) -> list[list[str]]:
+    """The gate's robots (``fleet.heldout_ids()``) in groups; never test robots (a decision)."""
     robots = settings.fleet.heldout_ids()
+    check_decision_robots(robots, settings.fleet)
     size = max(1, settings.ops.eval_robots_per_task)
     return [robots[i : i + size] for i in range(0, len(robots), size)]
 
@@ -43,3 +46,16 @@ def evaluate_policy(settings: Settings, policy: NormalizedPolicy, version: str) 
     """All held-out robots in one process."""
     episodes = [ep for group in robot_groups(settings) for ep in rollouts(settings, policy, group, version)]
     return report(settings, episodes, version)
+
+
+def evaluate_on_test_robots(
+    settings: Settings, policy: NormalizedPolicy, version: str, robots: int, population_seed: int
+) -> EvaluationReport:
+    """A reported figure: ``robots`` test robots of sim population ``population_seed`` (fresh robots
+    nobody tuned, selected or gated on), the policy executed as deployed (``evaluation.sample_gripper``),
+    at least ``evaluation.trials_per_task`` trials. The same (settings, population) gives the same trials."""
+    actor = fleet_actor(settings, policy, seed=settings.seed, explore=settings.evaluation.sample_gripper, motion=False)
+    return evaluate_test(
+        actor, settings.fleet.test_ids(robots), population_seed, settings.sim, settings.fleet, settings.evaluation,
+        settings.evaluation.trials_for(robots), settings.seed + EVAL_SEED_OFFSET, version,
+    )

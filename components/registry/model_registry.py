@@ -166,6 +166,19 @@ class PolicyRegistry:
         ref = f"@{alias_or_version}" if isinstance(alias_or_version, str) and not alias_or_version.isdigit() else f"/{alias_or_version}"
         return mlflow.pytorch.load_model(f"models:/{self.cfg.model_name}{ref}", map_location="cpu")
 
+    def load_uri(self, uri: str) -> NormalizedPolicy:
+        """Any MLflow model URI this tracking store resolves: ``models:/<name>/<version>``,
+        ``models:/<name>@<alias>``, ``runs:/<run id>/model``."""
+        import mlflow.pytorch
+
+        try:
+            return mlflow.pytorch.load_model(uri, map_location="cpu")
+        except Exception as exc:  # noqa: BLE001 - MlflowException / OSError: one message with the fix
+            raise RegistryError(
+                f"cannot load model {uri!r} from the tracking store {self._mlflow.get_tracking_uri()}: "
+                f"{str(exc).splitlines()[0]}"
+            ) from exc
+
     # -- promotion ---------------------------------------------------------------------------
     def promote_if_better(
         self,

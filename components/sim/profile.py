@@ -1,9 +1,12 @@
-"""Per-robot persistent heterogeneity: every robot id always maps to the same quirks.
+"""Per-robot persistent heterogeneity: every (population seed, robot id) always maps to the same quirks.
 
 A robot's profile is drawn from a generator seeded by a stable hash of its id (blake2b, never
-Python's salted ``hash``), so ``RobotProfile.from_id("robot-0003", cfg)`` is identical in every
-process, on every machine, in every run. Unit draws are scaled by the config spreads afterwards,
-so widening a spread stretches each robot's quirk without reshuffling which robot has which.
+Python's salted ``hash``) and ``cfg.population_seed``, so ``RobotProfile.from_id("robot-0003", cfg)``
+is identical in every process, on every machine, in every run. Population seed 0 seeds the
+generator with the id alone, exactly as before populations existed (every committed figure and
+test stays bit for bit); any other seed adds itself to the seed sequence and draws a new population
+under the same ids. Unit draws are scaled by the config spreads afterwards, so widening a spread
+stretches each robot's quirk without reshuffling which robot has which.
 """
 
 from __future__ import annotations
@@ -29,6 +32,14 @@ def stable_robot_hash(robot_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(robot_id.encode("utf-8"), digest_size=8).digest(), "little")
 
 
+def profile_seed(robot_id: str, population_seed: int = 0) -> list[int]:
+    """The seed sequence of a robot's profile; population 0 is the id alone (the original robots)."""
+    if population_seed < 0:
+        raise ValueError(f"population_seed={population_seed} must be >= 0 (sim.population_seed)")
+    words = [PROFILE_STREAM, stable_robot_hash(robot_id)]
+    return words if population_seed == 0 else [*words, population_seed]
+
+
 @dataclass(frozen=True)
 class RobotProfile:
     """One robot's quirks: how it executes commands, how it senses, where its objects lie."""
@@ -44,7 +55,7 @@ class RobotProfile:
 
     @classmethod
     def from_id(cls, robot_id: str, cfg: SimConfig) -> RobotProfile:
-        rng = np.random.default_rng([PROFILE_STREAM, stable_robot_hash(robot_id)])
+        rng = np.random.default_rng(profile_seed(robot_id, cfg.population_seed))
         unit = rng.uniform(-1.0, 1.0, size=8)
         frac = rng.uniform(0.0, 1.0, size=3)
         return cls(

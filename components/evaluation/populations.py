@@ -1,0 +1,78 @@
+"""Who may be reported on: the three disjoint robot populations of a study (DESIGN.md, evaluation protocol).
+
+    robot ids --role by id prefix (fleet config)--> refused unless *test* --> test report
+
+*Tuning* robots are the only ones a setting may be chosen on, *validation* robots select rounds
+and gate promotions, *test* robots are reported only: a figure measured on a robot that took part
+in any decision is not a figure about new robots. A robot's role is its id's prefix
+(``fleet.*_prefix``, checked distinct in the config); its quirks come from (``sim.population_seed``,
+id), so a test population is fresh when its population seed is (``fleet.test_population_seed``).
+Collection robots (trained on) and the product gate's held-out robots (the study settings were
+tuned on them) are refused as well.
+"""
+
+from __future__ import annotations
+
+from components.config import EvaluationConfig, FleetConfig, SimConfig
+from components.evaluation.heldout import EvaluationReport, summarize
+from components.sim.collect import Policy, run_episodes
+
+REPORTABLE_ROLE = "test"
+
+
+class UsedRobotError(ValueError):
+    """A report was asked for on a robot that took part in a decision (or has no role)."""
+
+
+def robot_role(robot_id: str, fleet: FleetConfig) -> str | None:
+    """The role whose prefix the id carries (``<prefix>-NNNN``); None for ids of no role."""
+    for role, prefix in fleet.role_prefixes().items():
+        if robot_id.startswith(f"{prefix}-"):
+            return role
+    return None
+
+
+def check_reportable(robot_ids: list[str], fleet: FleetConfig) -> None:
+    """Refuse any robot that is not a test robot, naming the robot, its role and the fix."""
+    if not robot_ids:
+        raise ValueError("no robots to report on: pass test robots, e.g. settings.fleet.test_ids(16)")
+    for robot in robot_ids:
+        role = robot_role(robot, fleet)
+        if role != REPORTABLE_ROLE:
+            used = f"a {role} robot" if role else "a robot of no role"
+            raise UsedRobotError(
+                f"refusing to report on {robot!r}: it is {used} (prefix {robot.split('-')[0]!r}), and only "
+                f"{REPORTABLE_ROLE} robots, never used for tuning, validation or collection, may be reported; "
+                f"fix: evaluate on fleet.test_ids(n) ({fleet.test_prefix}-NNNN) with a fresh population seed "
+                f"(fleet.test_population_seed(study seed))"
+            )
+
+
+def check_decision_robots(robot_ids: list[str], fleet: FleetConfig) -> None:
+    """The other side of the protocol: a decision (gate, selection) never looks at a test robot."""
+    for robot in robot_ids:
+        if robot_role(robot, fleet) == REPORTABLE_ROLE:
+            raise UsedRobotError(
+                f"refusing to decide on {robot!r}: it is a {REPORTABLE_ROLE} robot, reported only; "
+                f"fix: gate and select on validation robots (fleet.heldout_prefix / fleet.validation_ids)"
+            )
+
+
+def evaluate_test(
+    policy: Policy,
+    robot_ids: list[str],
+    population_seed: int,
+    sim_cfg: SimConfig,
+    fleet_cfg: FleetConfig,
+    eval_cfg: EvaluationConfig,
+    trials_per_robot: int,
+    seed: int,
+    policy_version: str,
+) -> EvaluationReport:
+    """The reported figure: seeded trials on test robots of population ``population_seed``.
+
+    Raises ``UsedRobotError`` before any rollout if a robot is not a test robot."""
+    check_reportable(robot_ids, fleet_cfg)
+    population = sim_cfg.model_copy(update={"population_seed": population_seed})
+    episodes = run_episodes(policy, robot_ids, population, trials_per_robot, seed, policy_version)
+    return summarize(episodes, population, eval_cfg.confidence, policy_version)
