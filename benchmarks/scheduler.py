@@ -170,6 +170,27 @@ def train_workflow_section(settings: Any, quick: bool, iterations: int) -> dict[
     }
 
 
+def plot_train_workflow(section: dict[str, Any], path: Path) -> None:
+    """Per plan: steady-state ms per iteration (left) and one whole train task in s (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(section["median_ms"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    left.barh(names, [section["median_ms"][n] for n in names], color="tab:blue")
+    left.set_xlabel("median ms per iteration (interleaved rounds)")
+    task = section["end_to_end_task_s"]
+    right.barh(names, [task["per_plan"][n] for n in names], color="tab:orange")
+    right.set_xlabel(f"one train task, s ({task['iterations']} iterations, start-up + validation)")
+    fig.suptitle(f"train task's FERT workflow: {section['workload']['frames']} frames; "
+                 f"auto chose {section['auto']['chosen']}; bit-identical: {section['bit_identical']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def paired_ratio(meas: dict[str, dict[str, Any]], a: str, b: str) -> float:
     """Median over rounds of a's time / b's time in the same round (robust to drift between rounds)."""
     ra, rb = meas[a]["round_medians"], meas[b]["round_medians"]
@@ -206,6 +227,7 @@ def main() -> None:
                 "config": {"python": platform.python_version(), "cores": os.cpu_count(), "quick": args.quick}}
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / f"{name}.json").write_text(json.dumps(body, indent=2, default=str))
+        plot_train_workflow(section, out_dir / f"{name}.png")
         log(json.dumps(section, indent=2, default=str))
         return
     cfg = s.scheduler
