@@ -17,6 +17,11 @@ os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.pop("PREFECT_API_URL", None)
 
+# `import dvc` runs dvc.logger.setup(), which binds DVC's log handlers to the sys.stdout/stderr of
+# that moment. Imported first inside a test using capsys, they would write to that test's capture
+# stream, closed at its teardown, and every later in-process DVC call would raise LoggingException.
+import dvc  # noqa: E402, F401
+
 from components.config import (  # noqa: E402
     DemoConfig,
     EvaluationConfig,

@@ -57,8 +57,8 @@ def test_a_revoked_robot_is_restarted_with_capped_exponential_backoff_not_a_stor
     settings = with_free_ports(small_settings(tmp_path), restart_backoff_s=0.05, restart_backoff_max_s=0.2, heartbeat_s=0.05)
     layout = RuntimeLayout.of(settings).ensure()
     issue_tokens(layout.token_file, settings.fleet.robot_ids())
-    revoke_robot(layout.token_file, "robot-0000")  # its process now exits at once: no token
     coordinator = Coordinator(settings)
+    revoke_robot(layout.token_file, "robot-0000")  # revoked while the fleet runs: its process now exits at once
     robot = coordinator.members["robot-0000"]
     wanted = 5
     try:
