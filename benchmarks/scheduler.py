@@ -322,7 +322,8 @@ def main() -> None:
                  and all(len(digests[p.name]) == 1 for p in checked))
     best_seq = min((p for p in checked if p.name.startswith("sequential")), key=lambda p: med[p.name])
     # the baseline a user would pick: the fastest row that is not Rose's, bit-identical or not
-    best_base = min((p for p in plans if p is not rose_plan), key=lambda p: med[p.name])
+    rose_rows = {rose_plan.name, *(p.name for p in steps_kept)}  # Rose's plan and its ablation steps
+    best_base = min((p for p in plans if p.name not in rose_rows), key=lambda p: med[p.name])
     errors = {k: abs(v - med[k]) / med[k] for k, v in predicted.items()}
     bound = work_bound(med[seq.name], statistics.fmean(meas[seq.name]["process_cores"]), rt.devices,
                        {p.name: med[p.name] for p in plans if p.name.startswith("sequential")})
