@@ -35,7 +35,6 @@ import numpy as np
 from components.config import SimConfig
 from components.sim.pickplace import (
     GRASP_REACH,
-    MIN_SEPARATION,
     OBJECT_WIDTH,
     OBS_LIMIT,
     PLACE_HIGH,
@@ -46,6 +45,7 @@ from components.sim.pickplace import (
     WORKSPACE_HIGH,
     WORKSPACE_LOW,
     PickPlaceVecEnv,
+    kept_apart,
 )
 
 TASK = "pack"  # sim.task with sim.name: pack; the episodes' task label
@@ -103,11 +103,7 @@ class PackVecEnv(PickPlaceVecEnv):
             distance = p.push_distance_min + (p.push_distance_max - p.push_distance_min) * u[6]
             angle = GOAL_DIRECTION + p.push_angle_spread * (2.0 * u[7] - 1.0)
             self.goal[i] = distance * np.array([np.cos(angle), np.sin(angle)])  # offset for now
-        # a container too close to the object is pushed away along the object->container line
-        gap = self.container[mask] - self.object[mask]
-        norm = np.maximum(np.linalg.norm(gap, axis=1, keepdims=True), 1e-9)
-        pushed = self.object[mask] + gap / norm * MIN_SEPARATION
-        self.container[mask] = np.where(norm < MIN_SEPARATION, pushed, self.container[mask])
+        self.container[mask] = kept_apart(self.object[mask], self.container[mask])
         np.clip(self.object, PLACE_LOW, PLACE_HIGH, out=self.object)
         np.clip(self.container, CONTAINER_LOW, CONTAINER_HIGH, out=self.container)
         # the goal offset, mirrored on any axis where it would leave the container's region (an

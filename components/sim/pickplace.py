@@ -73,6 +73,14 @@ _STEP_BLOCK = 256  # steps drawn at once per robot (amortizes the per-robot gene
 _RESET_STREAM, _STEP_STREAM = 1, 2
 
 
+
+def kept_apart(anchor: np.ndarray, points: np.ndarray, min_distance: float = MIN_SEPARATION) -> np.ndarray:
+    """(N, 2) ``points``, each closer than ``min_distance`` to its ``anchor`` pushed away along the
+    anchor->point line to exactly that distance (a goal or container never starts on the object)."""
+    gap = points - anchor
+    norm = np.maximum(np.linalg.norm(gap, axis=1, keepdims=True), 1e-9)
+    return np.where(norm < min_distance, anchor + gap / norm * min_distance, points)
+
 class PickPlaceVecEnv(VectorEnv):
     """One pick-and-place env per robot id, stepped together with numpy."""
 
@@ -139,11 +147,7 @@ class PickPlaceVecEnv(VectorEnv):
             self.gripper[i] = START_LOW + (START_HIGH - START_LOW) * u[0:2]
             self.object[i] = self._obj_center[i] + PLACEMENT_HALF_WIDTH * (2.0 * u[2:4] - 1.0)
             self.goal[i] = self._goal_center[i] + PLACEMENT_HALF_WIDTH * (2.0 * u[4:6] - 1.0)
-        # a goal too close to the object is pushed away along the object->goal line
-        gap = self.goal[mask] - self.object[mask]
-        norm = np.maximum(np.linalg.norm(gap, axis=1, keepdims=True), 1e-9)
-        pushed = self.object[mask] + gap / norm * MIN_SEPARATION
-        self.goal[mask] = np.where(norm < MIN_SEPARATION, pushed, self.goal[mask])
+        self.goal[mask] = kept_apart(self.object[mask], self.goal[mask])
         np.clip(self.object, PLACE_LOW, PLACE_HIGH, out=self.object)
         np.clip(self.goal, PLACE_LOW, PLACE_HIGH, out=self.goal)
         self.opening[mask] = 1.0
