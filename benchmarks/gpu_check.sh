@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check for the embedded scheduler (issue #5). Budget: <= 8 minutes on a machine with an
+# GPU check for the embedded scheduler (issues #5, #19). Budget: <= 5 minutes on a machine with an
 # NVIDIA GPU. Without one it says so and exits 0 (nothing to check).
 #
 #   bash benchmarks/gpu_check.sh               # from anywhere; runs from the repository root
@@ -9,7 +9,8 @@
 # 1. NVML + Hopper GPM telemetry probe (utilization, SM activity/occupancy samples);
 # 2. MPS: starts a private control daemon if none runs, so CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in a
 #    process worker's launch environment caps its SMs (stopped again at the end);
-# 3. the scheduler benchmark with the PPO models on CUDA, one CUDA stream per worker, NVML
+# 3. the scheduler benchmark's table (sequential rows, coarse pipelining on threads and in processes,
+#    planner, Rose's steps, Rose) with the PPO models on CUDA, one CUDA stream per worker, NVML
 #    sampling in the activity trace, and the evaluator as an MPS client with a 30% SM quota.
 # Results: benchmarks/results/scheduler_gpu.json (+ .png); --cpu-smoke writes to $GPU_CHECK_OUT
 # (default: a temporary folder) so it never overwrites measured results.
@@ -80,7 +81,7 @@ trap cleanup EXIT
 
 # 3. the benchmark
 if [ "$MODE" = gpu ]; then
-  timeout 420 "$PY" -m benchmarks.scheduler --quick --device cuda --mps-eval 30 --name scheduler_gpu
+  timeout 240 "$PY" -m benchmarks.scheduler --quick --no-fert --device cuda --mps-eval 30 --name scheduler_gpu
   echo "gpu_check: done (benchmarks/results/scheduler_gpu.json)"
 else
   OUT=${GPU_CHECK_OUT:-$(mktemp -d -t fleetloop-gpu-check-XXXXXX)}

@@ -49,7 +49,12 @@ from typing import Any
 from components.config import PolicyConfig, load_settings
 from components.scheduler.gantt import plot_timelines
 from components.scheduler.plan import Plan, WorkerSpec
-from components.scheduler.profiler import GpuTelemetry, OpTimer, autogroup_scheduling
+from components.scheduler.profiler import (
+    GpuTelemetry,
+    OpTimer,
+    autogroup_scheduling,
+    effective_cores,
+)
 from components.scheduler.sm_model import LABEL as SM_LABEL
 from components.scheduler.sm_model import study
 from components.training.workloads.ppo import PPOSpec, ppo_runtime
@@ -59,6 +64,9 @@ NAME = "scheduler"
 EVAL_STEPS_PER_ROLLOUT_STEP = 5  # held-out evaluation: this many env steps per training rollout step
 BRUTE_FORCE = {True: 4, False: 6}  # candidates measured against the planner's choice (quick, full)
 HOST_PROBE_LOOPS = 200_000  # ~20 ms of pure Python on this machine when its host is quiet
+QUALIFY_CORE_FRACTION = 0.9  # a round counts when the capacity probe saw >= this share of the cores, before and after
+MIN_QUALIFIED_ROUNDS = 3  # fewer qualified rounds than this: figures come from every round, flagged unqualified
+PROCESS_SPLITS_KEPT = 2  # process-based coarse splits (fastest in the calibration run) that join the rounds
 
 
 def log(msg: str) -> None:
@@ -85,12 +93,14 @@ def host_speed_probe(loops: int = HOST_PROBE_LOOPS) -> float:
 
 def interleaved(rt: Any, plans: list[Plan], iterations: int, rounds: int,
                 max_rounds: dict[str, int] | None = None,
-                before_round: Callable[[int], None] | None = None) -> dict[str, dict[str, Any]]:
+                before_round: Callable[[int], None] | None = None,
+                after_round: Callable[[int], None] | None = None) -> dict[str, dict[str, Any]]:
     """Run every plan ``rounds`` times in turn (A B C, B C A, ...); iteration 0 of each run is warm-up.
     ``max_rounds`` caps slow reference rows (they join the first rounds only); ``before_round(r)``
-    runs first in each round (the benchmark re-profiles there)."""
+    runs first in each round (the benchmark re-profiles there), ``after_round(r)`` last."""
     out: dict[str, dict[str, Any]] = {p.name: {"samples": [], "digests": set(), "process_cores": [],
-                                               "machine_cores": [], "round_medians": {}} for p in plans}
+                                               "machine_cores": [], "round_medians": {}, "round_samples": {}}
+                                      for p in plans}
     for r in range(rounds):
         if before_round is not None:
             before_round(r)
@@ -101,6 +111,7 @@ def interleaved(rt: Any, plans: list[Plan], iterations: int, rounds: int,
             res = rt.run(p, iterations + 1)
             o = out[p.name]
             o["samples"] += res.iteration_s[1:]
+            o["round_samples"][r] = list(res.iteration_s[1:])
             o["round_medians"][r] = statistics.median(res.iteration_s[1:])
             o["digests"].add(tuple(v["digest"] if isinstance(v, dict) and "digest" in v else repr(v.get("loss"))
                                    for k, v in sorted(res.records.items()) if k.state == "stats"))
@@ -109,8 +120,51 @@ def interleaved(rt: Any, plans: list[Plan], iterations: int, rounds: int,
             o["last"] = res
             log(f"  round {r + 1}/{rounds} {p.name:<48} median {o['round_medians'][r] * 1e3:8.1f} ms"
                 f"  (load {os.getloadavg()[0]:.2f})")
+        if after_round is not None:
+            after_round(r)
     for o in out.values():
         o["median_s"] = statistics.median(o["samples"])
+    return out
+
+
+def qualify(meas: dict[str, dict[str, Any]], capacity: list[tuple[float, float]], devices: int) -> dict[str, Any]:
+    """Which rounds ran with the cores the plans need (capacity probe >= QUALIFY_CORE_FRACTION of
+    ``devices`` before *and* after the round), and every plan's median over those rounds only
+    (``median_s`` is replaced; the all-round median stays as ``median_all_s``). With fewer than
+    MIN_QUALIFIED_ROUNDS qualified rounds the figures come from every round and say so."""
+    need = QUALIFY_CORE_FRACTION * devices
+    good = [r for r, (before, after) in enumerate(capacity) if min(before, after) >= need]
+    used = good if len(good) >= MIN_QUALIFIED_ROUNDS else list(range(len(capacity)))
+    for o in meas.values():
+        o["median_all_s"] = o["median_s"]
+        kept = [x for r in used for x in o["round_samples"].get(r, [])]
+        o["median_s"] = statistics.median(kept) if kept else o["median_s"]
+    return {"cores_needed": need, "rounds": len(capacity), "qualified": good, "qualified_count": len(good),
+            "figures_from": "qualified rounds" if used is good else "every round (too few qualified: not a quotable run)",
+            "quotable": used is good, "capacity_per_round": [{"before": b, "after": a} for b, a in capacity]}
+
+
+def ratio_per_round(meas: dict[str, dict[str, Any]], a: str, b: str, rounds: list[int]) -> dict[str, Any]:
+    """a's median / b's median within each round (both ran minutes apart at most), and their spread."""
+    ra, rb = meas[a]["round_medians"], meas[b]["round_medians"]
+    xs = {r: ra[r] / rb[r] for r in rounds if r in ra and r in rb}
+    vals = sorted(xs.values())
+    if not vals:
+        return {"per_round": {}, "median": None}
+    q = statistics.quantiles(vals, n=4) if len(vals) >= 2 else [vals[0]] * 3
+    return {"per_round": xs, "median": statistics.median(vals), "min": vals[0], "max": vals[-1],
+            "iqr": [q[0], q[2]]}
+
+
+def calibrate_splits(rt: Any, splits: list[Plan], iterations: int) -> dict[str, float]:
+    """One run of every process-based coarse split (the measured iterations' median, ms): the
+    baseline's best split is picked by measurement, in its favour (the fastest of noisy runs)."""
+    out = {}
+    for p in splits:
+        t = time.perf_counter()
+        res = rt.run(p, iterations + 1)
+        out[p.name] = statistics.median(res.iteration_s[1:]) * 1e3
+        log(f"  calibration {p.name:<48} {out[p.name]:8.1f} ms/iteration  ({time.perf_counter() - t:.1f} s with start-up)")
     return out
 
 
@@ -138,13 +192,13 @@ def train_workflow_section(settings: Any, quick: bool, iterations: int) -> dict[
         trainer = make_trainer(cell.model_copy(update={"scheduler": settings.scheduler}), built.data, boot, log)
         rt = trainer.runtime
         seq, seq_default, coarse = rt.sequential(), rt.sequential(tuned=False), rt.coarse()
-        coarse_proc = rt.coarse_processes()
+        process_rows = list({p.name: p for p in (rt.coarse_processes(), rt.coarse_processes(colocate_rollout=True))}.values())
         t = time.perf_counter()
         auto = trainer.choose("auto")  # profile -> planner -> Rose -> validated against sequential; cached after
         auto_s = time.perf_counter() - t
         planner_plan = rt.plan().best.plan
         rose_plan = rt.optimize(planner_plan).plan
-        plans = [seq, seq_default, coarse, coarse_proc, planner_plan, rose_plan]
+        plans = [seq, seq_default, coarse, *process_rows, planner_plan, rose_plan]
         meas = interleaved(rt, plans, iterations, 2 if quick else 3)
         task_s, digests = {}, {}
         for p in plans:  # one whole train task per plan: worker start-up, every iteration, validation
@@ -154,9 +208,21 @@ def train_workflow_section(settings: Any, quick: bool, iterations: int) -> dict[
     med = {p.name: meas[p.name]["median_s"] for p in plans}
     shares = _op_shares(meas[seq.name]["last"])
     best_other = min((p for p in plans if p is not rose_plan), key=lambda p: med[p.name])
+    coarse_proc = min(process_rows, key=lambda p: med[p.name])
+    bound = work_bound(med[seq.name], statistics.fmean(meas[seq.name]["process_cores"]), rt.devices,
+                       {p.name: med[p.name] for p in plans if p.name.startswith("sequential")})
     return {
         "end_to_end_task_s": {"iterations": trainer.spec.iterations, "per_plan": task_s,
-                              "auto_choice_s (first task on a machine; later tasks read the cache)": auto_s},
+                              "auto_choice_s (first task on a machine; later tasks read the cache)": auto_s,
+                              "first_task_on_a_machine_s (auto's choice + the chosen plan's task)":
+                                  auto_s + task_s.get(auto.plan.name, task_s[seq.name])},
+        "best_baseline": {"name": best_other.name, "ms": med[best_other.name] * 1e3,
+                          "bit_identical": len({digests[best_other.name], digests[seq.name]}) == 1},
+        "rose": {"ms": med[rose_plan.name] * 1e3},
+        "speedup_vs_best_baseline": med[best_other.name] / med[rose_plan.name],
+        "speedup_vs_coarse_processes": med[coarse_proc.name] / med[rose_plan.name],
+        "coarse_processes": {"best_split": coarse_proc.name, "ms": med[coarse_proc.name] * 1e3},
+        "work_bound": bound,
         "workload": {"frames": len(built.data.states), "method": built.report.method, "retrieved_segments": built.report.matches,
                      "batch_size": trainer.spec.batch_size, "steps_per_iteration": trainer.spec.steps_per_iteration,
                      "validation_robots": len(trainer.spec.validation.robot_ids) if trainer.spec.validation else 0,
@@ -262,7 +328,16 @@ def main() -> None:
                                          pinned_threads={"learner": _torch_default_threads()})
     seq_t2 = rt.sequential(threads=2) if rt.devices >= 2 else None
     coarse = rt.coarse()
-    coarse_proc = rt.coarse_processes()  # RLinf's natural form: one worker process per component
+    # RLinf's natural form, one worker process per component, at its best split: every layout and
+    # thread count run once, the fastest PROCESS_SPLITS_KEPT join the rounds (--tiny: the default split)
+    if tiny:
+        split_calibration: dict[str, float] = {}
+        process_rows = [rt.coarse_processes()]
+    else:
+        log("process-based coarse pipelining: calibrating its splits (one run each) ...")
+        splits = rt.coarse_process_splits((1,) if quick else None)  # quick: 1 thread per op only
+        split_calibration = calibrate_splits(rt, splits, iterations)
+        process_rows = sorted(splits, key=lambda p: split_calibration[p.name])[:PROCESS_SPLITS_KEPT]
     log("profiling (sequential schedule at each stage count, thread-contention probe) ...")
     planned = rt.plan()
     log(planned.table())
@@ -291,16 +366,18 @@ def main() -> None:
     slow = () if tiny else (seq_default_free, seq_t2)  # 2 threads/op: slow on a loaded 2-core machine
     steps_kept = rose_steps(rt, planner_plan, opt) if opt else []  # attribution rows, measured like the rest
     steps_kept = [p for p in steps_kept if p.name != rose_plan.name]
-    plans = [p for p in (seq_default, *slow, seq, coarse, coarse_proc, planner_plan, *steps_kept, rose_plan)
+    plans = [p for p in (seq_default, *slow, seq, coarse, *process_rows, planner_plan, *steps_kept, rose_plan)
              if p is not None]
     predictable = [p for p in plans if p not in (seq_default, seq_default_free, seq_t2)
                    and not p.gpu_percent]  # an MPS client's SM share is not in the CPU model
     round_predictions: list[dict[str, float]] = []
     probes: list[float] = []
+    capacity: list[tuple[float, float]] = []  # effective cores measured before and after each round
 
     def reprofile(r: int) -> None:
         probes.append(host_speed_probe())
         prof = rt.profile(refresh=True)
+        capacity.append((prof.capacity, prof.capacity))
         round_predictions.append({p.name: rt.predict(p) for p in predictable})
         log(f"round {r + 1}: re-profiled (kappa {prof.thread_slowdown:.2f}, effective cores {prof.capacity:.2f}, "
             f"host probe {probes[-1] * 1e3:.1f} ms); predicted ms: "
@@ -311,7 +388,14 @@ def main() -> None:
     load_measure_start = load()
     # 2 threads/op oversubscribe a loaded machine: these rows join the first half of the rounds only
     slow_rows = {p.name: max(1, rounds // 2) for p in slow if p is not None}
-    meas = interleaved(rt, plans, iterations, rounds, slow_rows, before_round=reprofile)
+    def probe_after(r: int) -> None:
+        capacity[r] = (capacity[r][0], effective_cores(rt.devices))
+        log(f"round {r + 1}: capacity probe {capacity[r][0]:.2f} -> {capacity[r][1]:.2f} cores")
+
+    meas = interleaved(rt, plans, iterations, rounds, slow_rows, before_round=reprofile, after_round=probe_after)
+    qualified = qualify(meas, capacity, rt.devices)
+    log(f"{qualified['qualified_count']}/{rounds} rounds had >= {qualified['cores_needed']:.1f} cores before and after; "
+        f"figures from {qualified['figures_from']}")
     prof = rt.profile()
     predicted = {p.name: statistics.median(rp[p.name] for rp in round_predictions) for p in predictable}
     load_measure_end = load()
@@ -324,6 +408,8 @@ def main() -> None:
     # the baseline a user would pick: the fastest row that is not Rose's, bit-identical or not
     rose_rows = {rose_plan.name, *(p.name for p in steps_kept)}  # Rose's plan and its ablation steps
     best_base = min((p for p in plans if p.name not in rose_rows), key=lambda p: med[p.name])
+    coarse_proc = min(process_rows, key=lambda p: med[p.name])  # the process-based baseline at its best split
+    rounds_used = qualified["qualified"] if qualified["quotable"] else list(range(rounds))
     errors = {k: abs(v - med[k]) / med[k] for k, v in predicted.items()}
     bound = work_bound(med[seq.name], statistics.fmean(meas[seq.name]["process_cores"]), rt.devices,
                        {p.name: med[p.name] for p in plans if p.name.startswith("sequential")})
@@ -368,6 +454,7 @@ def main() -> None:
     wall = load_end["time"] - load_measure_start["time"]
     summary = {
         "iteration_ms": {k: v * 1e3 for k, v in med.items()},
+        "iteration_ms_every_round": {k: meas[k]["median_all_s"] * 1e3 for k in med},
         "env_steps_per_s": {k: env_steps / v for k, v in med.items()},
         "reference": seq.name,
         "best_sequential": best_seq.name,
@@ -376,9 +463,16 @@ def main() -> None:
         "speedup_vs_sequential_default": ratio(seq_default, rose_plan),
         "speedup_vs_coarse_pipelining": ratio(coarse, rose_plan),
         "speedup_vs_coarse_processes": ratio(coarse_proc, rose_plan),
+        "coarse_processes": {"best_split": coarse_proc.name, "ms": med[coarse_proc.name] * 1e3,
+                             "calibration_ms (one run per split; the fastest joined the rounds)": split_calibration,
+                             "measured_in_rounds": [p.name for p in process_rows]},
         "best_baseline": {"name": best_base.name, "ms": med[best_base.name] * 1e3,
                           "bit_identical": best_base is not seq_default_free},
         "speedup_vs_best_baseline": ratio(best_base, rose_plan),
+        "rounds": {**qualified, "speedup_per_round": {
+            "vs_best_baseline": ratio_per_round(meas, best_base.name, rose_plan.name, rounds_used),
+            "vs_coarse_processes": ratio_per_round(meas, coarse_proc.name, rose_plan.name, rounds_used),
+            "vs_sequential": ratio_per_round(meas, seq.name, rose_plan.name, rounds_used)}},
         "end_to_end_task_s": fert.get("end_to_end_task_s") if isinstance(fert, dict) else None,
         "attribution": {
             "thread quotas (sequential default -> sequential 1 thread/op)": ratio(seq_default, seq),
@@ -445,6 +539,9 @@ def main() -> None:
             ">=1.15x over the best baseline (fastest non-Rose row)": ratio(best_base, rose_plan) >= 1.15,
             ">=1.1x over coarse pipelining in processes": ratio(coarse_proc, rose_plan) >= 1.1,
             "planner prediction error <= 15%": errors[planner_plan.name] <= 0.15,
+            "prediction error <= 15% for every plan the scheduler runs (planner, Rose's steps, Rose)":
+                all(errors.get(p.name, 1.0) <= 0.15 for p in (planner_plan, *steps_kept, rose_plan)),
+            "quotable: enough rounds had the cores the plans need": qualified["quotable"],
         },
         "config": {"envs": envs, "steps": steps, "iterations_per_run": iterations, "rounds": rounds, "quick": quick,
                    "tiny": tiny, "device": args.device, "mps_eval_percent": args.mps_eval,
@@ -457,6 +554,7 @@ def main() -> None:
     last = iterations  # plot the last iteration of each run
     plot_timelines([(f"{seq.name} {med[seq.name] * 1e3:.0f} ms", meas[seq.name]["last"].timeline),
                     (f"coarse pipelining {med[coarse.name] * 1e3:.0f} ms", meas[coarse.name]["last"].timeline),
+                    (f"{coarse_proc.name} {med[coarse_proc.name] * 1e3:.0f} ms", meas[coarse_proc.name]["last"].timeline),
                     (f"planner + Rose {med[rose_plan.name] * 1e3:.0f} ms", meas[rose_plan.name]["last"].timeline)],
                    out_dir / f"{name}.png", capacity=float(rt.devices), iterations=(last, last))
     if sm is not None:

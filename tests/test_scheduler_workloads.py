@@ -40,7 +40,9 @@ def test_ppo_plans_are_bit_identical(ppo_reference):
                                       WorkerSpec("actor", ("learner",)), WorkerSpec("side", ("evaluator",))),
                      groups=4, threads={"sim": 1, "policy": 1, "learner": 2, "evaluator": 1}, blas_threads=1,
                      placement={"policy": ("cpu1",), "learner": ("cpu0", "cpu1")}, hoist=frozenset({"reset", "draw"}))
-    for plan in (rt.coarse(), rt.coarse_processes(), rt.sequential(tuned=False), pipelined):
+    collocated = rt.coarse_processes(groups=1, colocate_rollout=True)  # RLinf collocated mode: env + inference in one process
+    assert [w.components for w in collocated.workers][0] == ("sim", "policy")
+    for plan in (rt.coarse(), rt.coarse_processes(), collocated, rt.sequential(tuned=False), pipelined):
         got = run_ppo(spec, CFG, iterations=3, plan=plan)
         assert _same(got.weights, ppo_reference.weights), plan.name
         assert [m.weights_digest for m in got.metrics] == [m.weights_digest for m in ppo_reference.metrics]
@@ -145,3 +147,15 @@ def test_training_workflow_overlaps_without_changing_results():
     assert {w.kind for w in coarse.workers} == {"process"} and len(coarse.workers) == 3
     got = trainer.run(PlanChoice(coarse, "coarse-processes", "fixed"))
     assert _same(got.policy.state_dict(), ref.policy.state_dict()) and got.losses == ref.losses
+
+
+def test_process_coarse_splits_cover_layouts_and_thread_counts():
+    """The process baseline's split search: every env-group count and the collocated rollout, at 1
+    thread per op and at every core; all processes, named apart."""
+    rt = ppo_runtime(_spec(), CFG)
+    splits = rt.coarse_process_splits()
+    names = [p.name for p in splits]
+    assert len(set(names)) == len(names) == (len(CFG.pipeline_stages) + 1) * len({1, rt.devices})
+    assert all(w.kind == "process" for p in splits for w in p.workers)
+    assert {p.groups for p in splits} == set(CFG.pipeline_stages)
+    assert any(("sim", "policy") in [w.components for w in p.workers] for p in splits)

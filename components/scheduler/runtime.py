@@ -2,6 +2,7 @@
 
     SchedulerRuntime(workflow_at, roles, cfg, payload, inputs)
         .sequential(tuned) / .coarse()        baselines
+        .coarse_processes() / .coarse_process_splits()   RLinf-style, one process per component
         .profile() -> .plan()                 M2Flow planner (cost curves, cut search)
         .optimize(plan)                       Rose rewrites, then slack-aware quotas
         .run(plan, iterations) -> RunResult   one execution under any plan
@@ -146,20 +147,41 @@ class SchedulerRuntime:
         return self._pin(Plan("coarse-pipeline(m=2)", workers, groups=2, placement=placement, threads=threads,
                               blas_threads=1))
 
-    def coarse_processes(self, threads: int | None = None) -> Plan:
+    def coarse_processes(self, threads: int | None = None, groups: int | None = None,
+                         colocate_rollout: bool = False) -> Plan:
         """RLinf's natural form: every component in a worker process of its own (env, inference,
-        learner, evaluator, ...), env groups pipelined in 2 stages between env and inference where
-        the workflow has them; each op at ``threads`` (default: the per-op quota of every plan).
-        Components that cannot leave the parent process (``process_ok`` false) stay on a thread."""
+        learner, evaluator, ...), env groups pipelined in ``groups`` stages between env and inference
+        (default 2 where the workflow has groups); each op at ``threads`` (default: the per-op quota
+        of every plan). ``colocate_rollout`` puts env and inference in one rollout process (RLinf's
+        collocated mode: no per-step exchange between processes). Components that cannot leave the
+        parent process (``process_ok`` false) stay on a thread."""
         grouped = GROUP_LOOP in self.workflow_at(1).loops
-        wf = self.workflow_at(2 if grouped else 1)
+        m = (groups or 2) if grouped else 1
+        wf = self.workflow_at(m)
         t = threads or self.op_threads
-        workers = tuple(WorkerSpec(c.name, (c.name,), kind="process" if c.process_ok else "thread")
-                        for c in wf.components)
+        sim, policy = self.roles.chain[0], self.roles.chain[1]
+        joined = (sim, policy) if colocate_rollout and {sim, policy} <= {c.name for c in wf.components} else ()
+        kind = {c.name: "process" if c.process_ok else "thread" for c in wf.components}
+        workers = ((WorkerSpec("rollout", joined, kind="process"),) if joined and all(kind[c] == "process" for c in joined)
+                   else tuple(WorkerSpec(c, (c,), kind=kind[c]) for c in joined))
+        workers += tuple(WorkerSpec(c.name, (c.name,), kind=kind[c.name]) for c in wf.components if c.name not in joined)
         placement = {c.name: tuple(f"cpu{k}" for k in range(self.devices)) for c in wf.components if c.exclusive}
-        name = "coarse-processes" + (f"(t={t})" if threads else "")
-        return self._pin(Plan(name, workers, groups=2 if grouped else None, placement=placement,
+        tags = [f"m={m}"] if grouped and groups else []
+        tags += ["env+inference"] if joined else []
+        tags += [f"t={t}"] if threads else []
+        name = "coarse-processes" + (f"({', '.join(tags)})" if tags else "")
+        return self._pin(Plan(name, workers, groups=m if grouped else None, placement=placement,
                               threads={c.name: min(t, self.devices) for c in wf.components}, blas_threads=1))
+
+    def coarse_process_splits(self, thread_counts: tuple[int, ...] | None = None) -> list[Plan]:
+        """The process-based coarse layouts a user tuning RLinf-style pipelining would try: env and
+        inference in separate processes at each candidate env-group count (``pipeline_stages``), or collocated in one rollout
+        process; each at 1 thread per op and at every core per op (or ``thread_counts``). The
+        fastest, measured, is the baseline's best split."""
+        grouped = GROUP_LOOP in self.workflow_at(1).loops
+        layouts = [{"groups": m} for m in (self.cfg.pipeline_stages if grouped else (1,))] + [{"groups": 1, "colocate_rollout": True}]
+        thread_counts = thread_counts or tuple(sorted({1, self.devices}))
+        return [self.coarse_processes(threads=t, **layout) for layout in layouts for t in thread_counts]
 
     # ------------------------------------------------------------------ planner
     def profile(self, refresh: bool = False) -> Profile:
