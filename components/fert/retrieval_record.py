@@ -18,6 +18,7 @@ import numpy as np
 
 from components.fert.methods import MethodTrainingSet
 
+ARTIFACT = "fert/retrieval.json"  # where the record lives on the model's MLflow run
 RECORD_VERSION = 1  # bump when the JSON layout changes (from_dict refuses other versions)
 MATCH_FIELDS = ("failure", "query_start", "episode_id", "robot_id", "start", "end", "distance")
 
