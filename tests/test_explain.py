@@ -21,7 +21,7 @@ from components.pipeline.workspace import Workspace
 from components.sim.pickplace import STAGES
 from tests.conftest import small_settings
 
-TRAIN = dict(epochs=2, batch_size=64, steps_per_iteration=10, validation_robots=0)
+TRAIN = {"epochs": 2, "batch_size": 64, "steps_per_iteration": 10, "validation_robots": 0}
 
 
 def _digests(folder: Path) -> dict[str, str]:
