@@ -85,6 +85,7 @@ from components.pipeline import steps
 from components.pipeline.collect import ROUND_DIR, collect_expert_demos, collect_fleet
 from components.pipeline.evaluate import evaluate_policy
 from components.pipeline.ingest import ingest_files
+from components.pipeline.explain import explain_version
 from components.pipeline.promote import gate_candidate, register_candidate
 from components.pipeline.workspace import Workspace
 from components.policy.actor import PolicyActor
@@ -126,6 +127,9 @@ class Plan:
     fert_overrides: dict = field(default_factory=dict)
     methods: tuple[str, ...] = FLEET_METHODS
     max_epochs: int = 0  # cap on passes over a round's training set (0 = none): few frames, few steps
+    # non-empty: every fert round of every cell writes the failure explorer (components/fert/explorer.py)
+    # under <explain_dir>/<cell>/<round>; off by default (a few seconds of matplotlib per round)
+    explain_dir: str = ""
     # each round's fine-tuned policy replaces the current one only if it succeeds at least as often on
     # validation robots (rollout-based selection); 0 robots = every round's policy is kept
     validation_robots: int = 16
@@ -262,6 +266,8 @@ def product_round(cell: Settings, plan: Plan, label: str, files: list[Path], bud
             cell, ws.registry.load(champion.version), f"v{champion.version}")
     version = register_candidate(cell, outcome, report, label)
     validated[version.version] = report
+    if plan.explain_dir and outcome.retrieval is not None:  # the cell's root is deleted after its last round
+        explain_version(cell, version.version, Path(plan.explain_dir) / cell.root.name / label)
     promotion = gate_candidate(cell, version, champion_eval)
     info = {"seconds": time.perf_counter() - started, "ingest_seconds": ingest_seconds,
             "train_steps": outcome.result.steps, "train_seconds": outcome.result.seconds,
@@ -634,6 +640,8 @@ def main() -> None:
     parser.add_argument("--out", help="results file stem (default fleet_scaling_<sim>[_quick])")
     parser.add_argument("--no-log-models", action="store_true",
                         help=f"do not log each cell's final policy to MLflow (experiment {EXPERIMENT})")
+    parser.add_argument("--explain", metavar="DIR", help="write the failure explorer of every fert round under "
+                        "DIR/<cell>/<round> (off by default: a few seconds of plotting per round)")
     parser.add_argument("--replot", action="store_true", help="redraw the PNG and docs section from the saved JSON")
     args = parser.parse_args()
     if args.replot:
@@ -664,6 +672,8 @@ def main() -> None:
         updates["methods"] = tuple(args.methods)
     if args.no_ablation:
         updates["ablation"] = False
+    if args.explain:
+        updates["explain_dir"] = str(Path(args.explain).resolve())
     plan = Plan(**{**asdict(plan), **updates})
     out = args.out or f"fleet_scaling_{args.sim}" + ("_quick" if args.quick else "")
     log(f"plan: {plan}")

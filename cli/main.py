@@ -319,6 +319,28 @@ def lineage(version: Annotated[str, typer.Argument(help="Model version number, o
     emit(console, report, as_json, lineage_summary(report))
 
 
+@app.command()
+def explain(
+    version: Annotated[str, typer.Argument(help="Model version number, or an alias such as champion.")],
+    out: Annotated[Optional[Path], typer.Option("--out", help="Folder to write into (default: <root>/artifacts/explain/v<N>).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A FERT version's failures beside the success windows they retrieved (a page per robot and per
+    stage) and failures by stage before/after its round: the retrain flow's explain/ artifact, re-drawn."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stderr stays for errors
+    from cli.reports import explain_report, explain_summary
+    from components.pipeline.explain import NothingToExplain
+    from components.registry.model_registry import RegistryError
+
+    try:
+        report = explain_report(_settings(), version, out)
+    except NothingToExplain as exc:
+        raise CliError(str(exc), exc.fix) from exc
+    except RegistryError as exc:
+        raise CliError(str(exc), "list versions with `fleetloop status`") from exc
+    emit(console, report, as_json, explain_summary(report), people={k: v for k, v in report.items() if k != "files"})
+
+
 # -- operate -------------------------------------------------------------------------------------
 @app.command()
 def serve() -> None:

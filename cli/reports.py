@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from components.config import Settings
@@ -102,3 +103,29 @@ def evaluation_summary(report: dict[str, Any]) -> str:
     return (f"{report['model_uri']} on {len(report['robots'])} test robots of population {report['population_seed']}: "
             f"{100 * report['success_rate']:.1f}% [{100 * report['ci_low']:.1f}, {100 * report['ci_high']:.1f}] "
             f"over {report['trials']} trials ({report['jaw']} jaw)")
+
+
+def explain_report(settings: Settings, version: str, out_dir: Path | None) -> dict[str, Any]:
+    """`fleetloop explain`: the failure explorer's pictures for a version, and its stage table."""
+    from components.pipeline.explain import explain_version
+
+    number = Workspace(settings).registry.resolve(version).version
+    explained = explain_version(settings, number, out_dir)
+    root = Path(explained.out_dir).resolve()
+    return {
+        "version": number, "method": explained.method, "out_dir": str(root),
+        "failures": explained.failures, "matches": explained.matches,
+        "pages": [{"group": p.group, "key": p.key, "path": str(root / p.path), "failures_shown": len(p.failures_shown),
+                   "failures_total": p.failures_total} for p in explained.pages],
+        "stage_table": explained.stage_table.to_dict(),
+        "files": [str(root / f) for f in explained.files],
+        "robots_left_out": explained.robots_left_out,
+    }
+
+
+def explain_summary(report: dict[str, Any]) -> str:
+    table = report["stage_table"]
+    after = "not evaluated" if table["after_trials"] is None else f"{table['after_trials']} evaluation trials"
+    return (f"explain v{report['version']} ({report['method']}): {report['failures']} failures, {report['matches']} retrieved "
+            f"windows, {len(report['pages'])} pages in {report['out_dir']}; stage table over {table['before_episodes']} "
+            f"fleet episodes before, {after} after")

@@ -256,6 +256,17 @@ class FertConfig(Section):
     revisit_radius: float = Field(default=0.75, ge=0)
 
 
+class ExplainConfig(Section):
+    """The failure explorer (components/fert/explorer.py): each failure context of a FERT round beside
+    the success windows it retrieved, one page per robot and per stage, and the stage-failure table."""
+
+    enabled: bool = True  # the retrain flow explains every fert round (`fleetloop explain` always can)
+    failures_per_page: int = Field(default=6, ge=1)  # rows of a page, one failure each; more are left out (said on the page)
+    windows_shown: int = Field(default=3, ge=1)  # nearest distinct retrieved windows beside each failure
+    max_robot_pages: int = Field(default=12, ge=1)  # robots with the most failures first; the rest are listed
+    dpi: int = Field(default=72, ge=30)
+
+
 class EvaluationConfig(Section):
     """Held-out evaluation: robots never used for collection, seeded trials."""
 
@@ -494,6 +505,7 @@ class Settings(BaseSettings):
     train: TrainConfig = TrainConfig()
     shuffle: ShuffleConfig = ShuffleConfig()
     fert: FertConfig = FertConfig()
+    explain: ExplainConfig = ExplainConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     registry: RegistryConfig = RegistryConfig()
     demo: DemoConfig = DemoConfig()

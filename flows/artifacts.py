@@ -8,6 +8,7 @@ import io
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
 
 from components.evaluation.heldout import EvaluationReport
+from components.fert.explorer import Explanation
 from components.pipeline.ingest import IngestResult
 from components.pipeline.promote import PromotionOutcome
 from components.pipeline.steps import TrainingSummary
@@ -120,3 +121,28 @@ def failure_tables(report: EvaluationReport) -> None:
         key="failures-by-stage",
         description="held-out failures by the stage where they ended",
     )
+
+
+def explanation(explained: Explanation, mlflow_run_url: str) -> None:
+    """The failure explorer's stage table, with where its pictures are (the run's explain/ folder)."""
+    table = explained.stage_table
+
+    def pct(rate: float | None) -> str:
+        return "-" if rate is None else f"{100 * rate:.1f}%"
+
+    lines = [
+        "# fleetloop failure explorer", "",
+        f"{explained.failures} failure contexts of this round, {explained.matches} retrieved success windows kept "
+        f"(`{explained.method}`). Pictures: {len(explained.pages)} pages under `explain/` of the "
+        f"[MLflow run]({mlflow_run_url}), and in `{explained.out_dir}` (`fleetloop explain VERSION` writes the same).", "",
+        f"| stage | failed before ({table.before_episodes} fleet episodes) | of which queried | "
+        f"failed after ({table.after_trials if table.after_trials is not None else '-'} evaluation trials) |",
+        "|---|---|---|---|",
+    ]
+    for row in table.rows:
+        after = "-" if row.after_failures is None else f"{row.after_failures} ({pct(row.after_rate)})"
+        lines.append(f"| {row.stage} | {row.before_failures} ({pct(row.before_rate)}) | {row.queried_failures} | {after} |")
+    if explained.robots_left_out:
+        lines += ["", f"Robots without a page (explain.max_robot_pages): {', '.join(explained.robots_left_out)}"]
+    create_markdown_artifact("\n".join(lines), key="failure-explorer",
+                             description="failures by stage before/after the round; where the pictures are")

@@ -1,4 +1,5 @@
-"""`retrain`: ingest → train → evaluate on held-out robots → promote, each a subflow; artifacts for the UI."""
+"""`retrain`: ingest → train → evaluate on held-out robots → promote, each a subflow; then the failure
+explorer (fert rounds); artifacts for the UI."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from components.pipeline.promote import PromotionOutcome
 from components.pipeline.workspace import Workspace
 from flows import artifacts
 from flows.evaluate import evaluate
+from flows.explain import explain_task
 from flows.ingest import ingest
 from flows.promote import promote
-from flows.runtime import flow_options, prepare_environment, task_runner
+from flows.runtime import flow_options, io_options, prepare_environment, task_runner
 from flows.train import train
 
 
@@ -30,6 +32,9 @@ def retrain(files: list[Path] | None = None, run_name: str = "retrain", settings
     run_url = f"http://127.0.0.1:{settings.ops.mlflow_port}/#/experiments/{registry.experiment_id}/runs/{promotion.candidate.run_id}"
     artifacts.retrain_summary(ingested, report, promotion, run_url, outcome.result.losses, outcome.summary)
     artifacts.failure_tables(report)
+    explained = explain_task.with_options(**io_options(settings))(settings, promotion.candidate.version)
+    if explained is not None:
+        artifacts.explanation(explained, run_url)
     if outcome.summary is None:
         return promotion
     return dataclasses.replace(promotion, training=outcome.summary)

@@ -35,6 +35,8 @@ ELSEWHERE = {
     ".venv/bin/prefect worker start --pool fleetloop-process": "a long-running worker: tests/test_ops.py runs a flow on a process pool",
     ".venv/bin/fleetloop lineage champion": "test_lineage_and_rollback_commands_verbatim below",
     ".venv/bin/fleetloop rollback": "test_lineage_and_rollback_commands_verbatim below",
+    ".venv/bin/fleetloop explain champion --out explain-champion": "tests/test_explain.py (a fert version through the "
+    "retrain flow, then `fleetloop explain VERSION --out DIR`; a bc version's one-line error)",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections.abc import Callable
@@ -73,6 +74,24 @@ def test_episode_table_round_trip_keeps_values_and_extras(rng):
     np.testing.assert_array_equal(back.states, ep.states)
     np.testing.assert_array_equal(back.actions, ep.actions)
     np.testing.assert_array_equal(back.extras["next.reward"], ep.extras["next.reward"])
+
+
+def test_stored_episodes_keep_the_stage_they_reached(ds, tmp_path):
+    """A simulated episode read back from the dataset reports the stage it reached (the max of its
+    per-frame stage column); one without that column reports unknown (-1)."""
+    from components.config import SimConfig
+    from components.sim.collect import run_episodes
+    from components.sim.expert import ScriptedExpert
+
+    episodes = run_episodes(ScriptedExpert(), ["robot-0000", "robot-0001"], SimConfig(max_steps=6), 3, 0, "p")
+    reached = {ep.episode_id: ep.stage_reached for ep in episodes}
+    assert len(set(reached.values())) > 1  # the check can tell stages apart
+    files = [write_episode_file(ep, tmp_path / f"{ep.episode_id}.parquet") for ep in episodes]
+    plain = dataclasses.replace(episodes[0], episode_id=new_episode_id(np.random.default_rng(3)), extras={})
+    files.append(write_episode_file(plain, tmp_path / "plain.parquet"))
+    ds.ingest(files, KNOWN, tmp_path / "quarantine")
+    back = {ep.episode_id: ep.stage_reached for ep in ds.episodes()}
+    assert back == {**reached, plain.episode_id: -1}
 
 
 def test_ipc_bytes_round_trip(rng):

@@ -120,6 +120,8 @@ def test_retrieval_never_returns_failed_episodes(world):
     assert not failed_ids & set(retrieved.episode_ids.tolist())
     assert set(retrieved.episode_ids.tolist()) <= success_ids
     assert len(set(retrieved.robot_ids.tolist())) > 1  # matches come from other robots too
+    starts = {c.episode_id: set(c.starts.tolist()) for c in contexts}  # each match names its query window
+    assert all(s in starts[f] for f, s in zip(retrieved.query_episode_ids, retrieved.query_starts, strict=True))
     kept = retrieve(store, contexts, cfg.model_copy(update={"max_distance_percentile": 50.0}), task="t", seed=0)
     assert kept.dropped > 0 and kept.distances.max() <= kept.cutoff
 
@@ -129,7 +131,7 @@ def test_priority_weights_follow_the_formula():
     table = FrameTable.from_episodes(episodes, DEMO_VERSION)
     # two queries hit frames 2..5 of episode 0 (d=1 and d=2); one hits frames 0..3 of episode 1 (d=0)
     retrieved = Retrieved(
-        query=np.array([0, 1, 1]), query_episode_ids=np.array(["f", "f", "f"], dtype=object),
+        query=np.array([0, 1, 1]), query_episode_ids=np.array(["f", "f", "f"], dtype=object), query_starts=np.array([0, 4, 4]),
         episode_ids=np.array(["ep-0000", "ep-0000", "ep-0001"], dtype=object),
         robot_ids=np.array(["a", "a", "b"], dtype=object), starts=np.array([2, 2, 0]), ends=np.array([6, 6, 4]),
         distances=np.array([1.0, 4.0, 0.0]), metric="l2", num_queries=2, cutoff=4.0, dropped=0, store_version=1,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from dataclasses import replace
 
 import numpy as np
@@ -38,13 +39,16 @@ def test_tiny_study_writes_consistent_results(tmp_path, monkeypatch):
     monkeypatch.setattr(fs, "RESULTS", tmp_path)
     threads = torch.get_num_threads()
     plan = replace(fs.QUICK["pickplace"], rounds=1, fleet_sizes=(1, 2), steps_per_robot=60, finetune_steps=20,
-                   heldout_robots=2, trials_per_robot=2, validation_robots=2, validation_trials=2, init_rounds=1)
+                   heldout_robots=2, trials_per_robot=2, validation_robots=2, validation_trials=2, init_rounds=1,
+                   explain_dir=str(tmp_path / "explain"))
     try:
         result = fs.run(plan, "tiny", settings=_small(tmp_path))
     finally:
         torch.set_num_threads(threads)  # run() pins torch to 1 thread, as the benchmark does
     saved = json.loads((tmp_path / "tiny.json").read_text())
     assert saved["plan"]["fleet_sizes"] == [1, 2] and (tmp_path / "tiny.png").exists()
+    explained = sorted(p.relative_to(tmp_path / "explain").parent for p in (tmp_path / "explain").glob("*/*/index.json"))
+    assert explained == [Path("cell-0-fert-1/round-1"), Path("cell-0-fert-2/round-1")]  # the fert cells' rounds only
     assert saved["settings"]["sim"]["motion_noise_std"] == pytest.approx(load_settings().sim.motion_noise_std)
     assert set(result["results"]) == {"bc", "filtered_bc", "fert"}
     for method, by_fleet in result["results"].items():

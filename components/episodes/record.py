@@ -12,6 +12,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+# The simulator's per-frame stage (the stage each frame's action led to), an extra column. The
+# stage an episode reached is its running maximum, so ``stage_reached`` = this column's max.
+STAGE_COLUMN = "stage"
+
+
+def reached_stage(stages: np.ndarray | None) -> int:
+    """The furthest stage of a per-frame stage column; -1 (unknown) without one. A dataset that
+    also holds episodes without the column reads it back as nulls (NaN) for those."""
+    if stages is None:
+        return -1
+    known = np.asarray(stages, dtype=np.float64)
+    known = known[np.isfinite(known)]
+    return int(known.max()) if len(known) else -1
+
+
 @dataclass(frozen=True, eq=False)
 class Episode:
     episode_id: str
@@ -23,7 +38,8 @@ class Episode:
     success: bool  # the operator's binary label
     interrupted: bool = False
     policy_version: str = "expert"
-    # Diagnostics from the simulator (not part of the stored contract): the last stage reached.
+    # Diagnostics from the simulator (not part of the stored contract): the furthest stage reached
+    # (-1: unknown). Stored as the per-frame ``STAGE_COLUMN`` extra; read back, it is that column's max.
     stage_reached: int = -1
     extras: dict[str, np.ndarray] = field(default_factory=dict)
 

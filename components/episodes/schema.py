@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from components.episodes.record import Episode
+from components.episodes.record import STAGE_COLUMN, Episode, reached_stage
 
 EPISODE_ID = "episode_id"
 ROBOT_ID = "robot_id"
@@ -164,6 +164,7 @@ def table_to_episode(table: pa.Table) -> Episode:
         success=bool(first[SUCCESS]),
         interrupted=bool(first[INTERRUPTED]),
         policy_version=str(first[POLICY_VERSION]),
+        stage_reached=reached_stage(extras.get(STAGE_COLUMN)),
         extras=extras,
     )
 

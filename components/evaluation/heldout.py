@@ -21,7 +21,7 @@ from components.sim.collect import Policy, run_episodes
 from components.sim.factory import stages as sim_stages
 from components.sim.pickplace import STAGES
 
-UNKNOWN_STAGE = "unknown"  # episodes read back from disk carry no stage diagnostics
+UNKNOWN_STAGE = "unknown"  # episodes without stage diagnostics (no per-frame stage column: real robots, imports)
 
 
 @dataclass(frozen=True)

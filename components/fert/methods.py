@@ -24,7 +24,7 @@ import numpy as np
 
 from components.config import FertConfig
 from components.episodes.record import Episode
-from components.fert.divergence import DivergenceThreshold, calibrate_threshold, failure_contexts
+from components.fert.divergence import DivergenceThreshold, FailureContext, calibrate_threshold, failure_contexts
 from components.fert.mixing import PoolShares, mix_pools
 from components.fert.priority import FrameTable, PriorityWeights, priority_weights
 from components.fert.retrieval import Retrieved, empty_retrieved, retrieve
@@ -81,6 +81,7 @@ class MethodTrainingSet:
     priority: PriorityWeights | None = None
     retrieved: Retrieved | None = None
     table: FrameTable | None = None
+    contexts: tuple[FailureContext, ...] = ()  # fert methods: the failure contexts that queried
 
 
 def build_training_set(
@@ -148,7 +149,7 @@ def build_training_set(
         seconds=time.perf_counter() - start,
         divergence_steps=[c.divergence_step for c in contexts],
     )
-    return MethodTrainingSet(data, report, priority, retrieved, table)
+    return MethodTrainingSet(data, report, priority, retrieved, table, tuple(contexts))
 
 
 def _plain_report(method: str, table: FrameTable, start: float) -> FertReport:
@@ -167,6 +168,7 @@ def _concat(parts: list[Retrieved], store: SegmentStore) -> Retrieved:
     return Retrieved(
         query=np.concatenate([p.query + o for p, o in zip(parts, offsets, strict=True)]),
         query_episode_ids=np.concatenate([p.query_episode_ids for p in parts]),
+        query_starts=np.concatenate([p.query_starts for p in parts]),
         episode_ids=np.concatenate([p.episode_ids for p in parts]),
         robot_ids=np.concatenate([p.robot_ids for p in parts]),
         starts=np.concatenate([p.starts for p in parts]),

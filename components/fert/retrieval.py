@@ -3,7 +3,8 @@
     queries (failure-context windows, capped at fert.max_queries by a seeded subsample)
       --store.search(k=top_k, success=True, task=task)--> k nearest success segments each
       --drop matches beyond the max_distance_percentile-th percentile of retrieved distances-->
-      Retrieved: one row per kept match (query, episode, robot, frames [start, end), distance)
+      Retrieved: one row per kept match (query window: failed episode + first frame; matched
+      episode, robot, frames [start, end), distance)
 
 Matches come from any robot of the fleet (not only the failing one). The store filters on
 ``success`` before ranking, and every row is checked again here: a failed episode's window is
@@ -30,6 +31,7 @@ class Retrieved:
 
     query: np.ndarray  # (M,) index of the query window that found the match
     query_episode_ids: np.ndarray  # (M,) the failed episode the query came from
+    query_starts: np.ndarray  # (M,) first frame of that query window in its episode
     episode_ids: np.ndarray  # (M,) the successful episode matched
     robot_ids: np.ndarray  # (M,)
     starts: np.ndarray  # (M,) first frame of the matched segment
@@ -51,23 +53,25 @@ class Retrieved:
 
 def query_windows(
     contexts: Sequence[FailureContext], max_queries: int, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """All context windows as queries ``(Q, D)`` with their episode ids, subsampled to ``max_queries``."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All context windows as queries ``(Q, D)`` with their episode ids and first frames,
+    subsampled to ``max_queries``."""
     if not contexts:
-        return np.zeros((0, 0), dtype=np.float32), np.zeros(0, dtype=object)
+        return np.zeros((0, 0), dtype=np.float32), np.zeros(0, dtype=object), np.zeros(0, dtype=np.int64)
     vectors = np.concatenate([c.vectors for c in contexts]).astype(np.float32)
     owners = np.concatenate([np.full(len(c.vectors), c.episode_id, dtype=object) for c in contexts])
+    starts = np.concatenate([np.asarray(c.starts, dtype=np.int64) for c in contexts])
     if len(vectors) > max_queries:
         keep = np.sort(np.random.default_rng([seed, QUERY_SAMPLE_STREAM]).choice(len(vectors), max_queries, replace=False))
-        vectors, owners = vectors[keep], owners[keep]
-    return vectors, owners
+        vectors, owners, starts = vectors[keep], owners[keep], starts[keep]
+    return vectors, owners, starts
 
 
 def retrieve(
     store: SegmentStore, contexts: Sequence[FailureContext], cfg: FertConfig, task: str, seed: int
 ) -> Retrieved:
     """Top-k success segments per failure-context window, beyond-threshold matches dropped."""
-    queries, owners = query_windows(contexts, cfg.max_queries, seed)
+    queries, owners, query_starts = query_windows(contexts, cfg.max_queries, seed)
     if len(queries) == 0:
         return empty_retrieved(store, cutoff=float("nan"))
     hits = store.search(queries, k=cfg.top_k, success=True, task=task)
@@ -84,6 +88,7 @@ def retrieve(
     return Retrieved(
         query=rows.astype(np.int64),
         query_episode_ids=owners[rows],
+        query_starts=query_starts[rows],
         episode_ids=hits.episode_ids[rows, cols],
         robot_ids=hits.robot_ids[rows, cols],
         starts=hits.starts[rows, cols],
@@ -101,5 +106,5 @@ def empty_retrieved(store: SegmentStore, cutoff: float, num_queries: int = 0) ->
     none = np.zeros(0, dtype=object)
     ints = np.zeros(0, dtype=np.int64)
     return Retrieved(
-        ints, none, none, none, ints, ints, np.zeros(0), store.cfg.metric, num_queries, cutoff, 0, store.version
+        ints, none, ints, none, none, ints, ints, np.zeros(0), store.cfg.metric, num_queries, cutoff, 0, store.version
     )

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from components.config import Settings
-from components.pipeline.steps import TrainingSummary, TrainOutcome, current_lineage, training_set
+from components.pipeline.steps import TrainingSummary, TrainOutcome, current_lineage, retrieval_record, training_set
 from components.pipeline.workspace import Workspace
 from components.policy.factory import make_policy
 from components.training.expert_parallel import launch_expert_parallel
@@ -77,4 +77,5 @@ def train_expert_parallel(settings: Settings) -> TrainOutcome:
         iteration_s=[], median_iteration_s=median, predicted_iteration_s=None, sequential_iteration_s=None,
         speedup_vs_sequential=None, stage_seconds={"learn": seconds}, validation=[],
     )
-    return TrainOutcome(result, current_lineage(settings, ws, len(data.states)), len(data.states), summary)
+    return TrainOutcome(result, current_lineage(settings, ws, len(data.states)), len(data.states), summary,
+                        retrieval_record(settings, built))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from components.config import Settings
 from components.evaluation.heldout import EvaluationReport
+from components.fert.retrieval_record import ARTIFACT as RETRIEVAL_ARTIFACT
 from components.pipeline.steps import TrainingSummary, TrainOutcome
 from components.pipeline.workspace import Workspace
 from components.registry.gate import GateDecision
@@ -48,9 +49,18 @@ def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: Ev
             run_name=run_name,
             tags={**(summary.tags() if summary else {}), **(tags or {})} or None,
             artifacts=images,
-            dicts={"training.json": {**summary.__dict__, "retrieved_segments": summary.retrieved_segments}}
-            if summary else None,
+            dicts=_run_dicts(outcome),
         )
+
+
+def _run_dicts(outcome: TrainOutcome) -> dict[str, dict]:
+    """JSON files on the run: how it was trained, and (fert) what its retrieval used."""
+    dicts = {}
+    if outcome.summary is not None:
+        dicts["training.json"] = {**outcome.summary.__dict__, "retrieved_segments": outcome.summary.retrieved_segments}
+    if outcome.retrieval is not None:
+        dicts[RETRIEVAL_ARTIFACT] = outcome.retrieval.to_dict()
+    return dicts
 
 
 def gate_candidate(settings: Settings, candidate: PolicyVersion, champion_eval: EvaluationReport | None) -> PromotionOutcome:

@@ -19,6 +19,7 @@ from typing import Any
 from components.config import Settings
 from components.episodes.snapshot import read_snapshot
 from components.fert.methods import MethodTrainingSet, build_training_set
+from components.fert.retrieval_record import RetrievalRecord
 from components.pipeline.workspace import Workspace
 from components.registry.lineage import Lineage, git_commit, params_hash
 from components.policy.normalizer import NormalizedPolicy
@@ -111,6 +112,9 @@ class TrainOutcome:
     lineage: Lineage
     frames: int
     summary: TrainingSummary | None = None
+    # fert methods: what the training set's retrieval used (logged as fert/retrieval.json; the
+    # failure explorer renders from it, never retrieving again)
+    retrieval: RetrievalRecord | None = None
 
 
 def current_lineage(settings: Settings, ws: Workspace, frames: int) -> Lineage:
@@ -178,7 +182,12 @@ def train_policy(settings: Settings, progress: ProgressFn | None = None,
     result = TrainResult(policy=run.policy, losses=run.losses, steps=len(run.losses), seconds=run.seconds, device="cpu")
     frames = len(built.data.states)
     summary = summarize(built, run, settings.paths.artifacts / "schedules")
-    return TrainOutcome(result, current_lineage(settings, ws, frames), frames, summary)
+    return TrainOutcome(result, current_lineage(settings, ws, frames), frames, summary, retrieval_record(settings, built))
+
+
+def retrieval_record(settings: Settings, built: MethodTrainingSet) -> RetrievalRecord | None:
+    """The record of what ``built``'s retrieval used (None for methods without retrieval)."""
+    return RetrievalRecord.from_training_set(built, settings.seed, settings.store.window)
 
 
 def in_caller_context(progress: ProgressFn) -> ProgressFn:

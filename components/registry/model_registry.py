@@ -142,6 +142,28 @@ class PolicyRegistry:
             tags=tags,
         )
 
+    def resolve(self, version_or_alias: str | int) -> PolicyVersion:
+        """A version by number or alias; ``RegistryError`` naming what exists when there is none."""
+        text = str(version_or_alias)
+        number = int(text) if text.isdigit() else self.aliases().get(text)
+        if number is None:
+            raise RegistryError(f"no model version or alias {text!r} in {self.cfg.model_name}")
+        try:
+            return self.get_version(number)
+        except Exception as exc:  # noqa: BLE001 - MlflowException: RESOURCE_DOES_NOT_EXIST
+            raise RegistryError(f"model version {number} of {self.cfg.model_name} does not exist") from exc
+
+    def run_dict(self, run_id: str, path: str) -> dict | None:
+        """A JSON artifact of a run (``log_candidate``'s ``dicts``), or None when the run has none."""
+        folder = path.rpartition("/")[0] or None
+        if path not in {a.path for a in self.client.list_artifacts(run_id, folder)}:
+            return None
+        return self._mlflow.artifacts.load_dict(f"runs:/{run_id}/{path}")
+
+    def log_run_folder(self, run_id: str, folder: Path, artifact_path: str) -> None:
+        """Every file under ``folder`` onto a finished run, under ``artifact_path``."""
+        self.client.log_artifacts(run_id, str(folder), artifact_path)
+
     def aliases(self) -> dict[str, int]:
         try:
             model = self.client.get_registered_model(self.cfg.model_name)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from components.config import SimConfig
-from components.episodes.record import Episode, new_episode_id
+from components.episodes.record import STAGE_COLUMN, Episode, new_episode_id
 from components.sim.factory import action_dim, make_env, observation_dim
 
 Policy = Callable[[np.ndarray], np.ndarray]
@@ -76,7 +76,7 @@ class _EpisodeRecorder:
             success=bool(success),
             policy_version=self.policy_version,
             stage_reached=int(stage_reached),
-            extras={"stage": self.stages[env_index, :n].copy()},
+            extras={STAGE_COLUMN: self.stages[env_index, :n].copy()},
         )
 
 

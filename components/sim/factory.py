@@ -11,6 +11,7 @@ built-in 2D task), ``pack`` (the built-in multi-stage task, components/sim/pack.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from gymnasium.vector import VectorEnv
@@ -61,6 +62,34 @@ def action_dim(cfg: SimConfig) -> int:
 def stages(cfg: SimConfig) -> tuple[str, ...]:
     """The simulator's stage names: ``Episode.stage_reached`` indexes them."""
     return pack.STAGES if cfg.name == "pack" else pickplace.STAGES  # Meta-World reports pick-place's
+
+
+@dataclass(frozen=True)
+class WorkspaceView:
+    """Where the bodies are in an observation, for top-down (x, y) pictures of an episode (the failure
+    explorer). ``paths``: bodies drawn as trajectories, the end effector first; ``targets``: bodies
+    drawn as markers where they are at the first frame; columns are indices into ``observation.state``."""
+
+    paths: tuple[tuple[str, int, int], ...]
+    targets: tuple[tuple[str, int, int], ...]
+    bounds: tuple[float, float] | None  # the workspace's x and y limits; None = fit the data
+
+
+def workspace_view(cfg: SimConfig) -> WorkspaceView:
+    """The simulator's ``WorkspaceView`` (observation layouts: pickplace.OBS_FIELDS, pack.OBS_FIELDS,
+    Meta-World's hand / object / goal)."""
+    if cfg.name == "pickplace":
+        col = pickplace.OBS_FIELDS.index
+        return WorkspaceView((("gripper", col("gripper_x"), col("gripper_y")), ("object", col("object_x"), col("object_y"))),
+                             (("goal", col("goal_x"), col("goal_y")),), (pickplace.WORKSPACE_LOW, pickplace.WORKSPACE_HIGH))
+    if cfg.name == "pack":
+        col = pack.OBS_FIELDS.index
+        return WorkspaceView((("gripper", col("gripper_x"), col("gripper_y")), ("object", col("object_x"), col("object_y")),
+                              ("container", col("container_x"), col("container_y"))),
+                             (("goal", col("goal_x"), col("goal_y")),), (pickplace.WORKSPACE_LOW, pickplace.WORKSPACE_HIGH))
+    if cfg.name == "metaworld":
+        return WorkspaceView((("hand", 0, 1), ("object", 4, 5)), (("goal", 36, 37),), None)
+    raise NotImplementedError(f"sim.name={cfg.name!r} has no workspace view yet")
 
 
 def make_expert(cfg: SimConfig) -> Policy:
