@@ -35,7 +35,8 @@ def test_fleet_under_every_fault_kind_stores_every_episode_exactly_once(tmp_path
     # every killed process came back
     assert all(report.restarts.get(f.target, 0) >= 1 for f in report.faults if f.kind in KILLS), report.restarts
     # every robot connection went through the fault proxies, and they really cut some
-    assert all(p["connections"] >= 1 for p in report.proxy.values()) and sum(p["dropped"] + p["reset"] for p in report.proxy.values()) >= 1
+    assert all(p["connections"] >= 1 for p in report.proxy.values())
+    assert sum(p["dropped"] for p in report.proxy.values()) >= 1 and sum(p["reset"] for p in report.proxy.values()) >= 1
     # a robot revoked while running is restarted with doubling delays, never reset meanwhile (no storm)
     cfg = benchmark_settings(tmp_path / "root", SIZE).runtime
     for revoked in report.revocations:

@@ -11,13 +11,14 @@
                             operator's `fleet up` does: stops any member that outlived it, starts
                             a new coordinator (one set per root, so nothing is stored twice)
               drop | delay  both proxies close / slow every connection for ``window_s``
-              reset         both proxies abort every open connection with an RST
+              reset         both proxies abort every open connection with an RST (waits until
+                            there is one: during a fleet restart or a drop there is none)
               disk_full     a filler file takes the dataset's filesystem below runtime.min_free_bytes
                             for ``window_s`` (ingest: 507 + degraded /healthz)
               disk_quota    the ingest process's RLIMIT_FSIZE drops to 0 for ``window_s``: its
                             writes really fail (EFBIG), as on a full disk or quota
-              revoke        a running robot's token is revoked, then re-issued after ``window_s``
-                            (`fleet tokens --readmit`)
+              revoke        a running robot's token is revoked, then re-issued ``window_s`` after
+                            its lease lapsed (lease_s + window_s: `fleet tokens --readmit`)
     drain   every fault healed; `fleet down`, then `fleet up` with robots that run no new
             episode (``robot_episodes`` = 1) and exit once their spool is uploaded
     audit   from disk only, every robot's ledger against the dataset:
@@ -489,6 +490,8 @@ class ChaosRun:
 
     def _network(self, kind: str) -> bool:
         if kind == "reset":
+            if not any(p.open_connections for p in self.proxies.values()):
+                return False  # nothing to reset (the fleet is restarting, or a drop is on): later
             for proxy in self.proxies.values():
                 proxy.reset()
             self._record(kind, "inference+ingest proxies")
@@ -553,12 +556,14 @@ class ChaosRun:
             restarts = self._restarts(status).get(robot, 0) - before
             self.report.revocations.append(Revocation(robot, at, round(self._t() - at, 2), restarts, failures, delays))
 
-        self._later("revoke", readmit)
-        self._record("revoke", robot, detail=f"re-issued after {self.plan.window_s:.0f}s")
+        # the coordinator notices only when the robot's lease lapses: revoked for the window after that
+        window = self.settings.runtime.lease_s + self.plan.window_s
+        self._later("revoke", readmit, window)
+        self._record("revoke", robot, detail=f"re-issued after {window:.0f}s")
         return True
 
-    def _later(self, kind: str, undo: Callable[[], None]) -> None:
-        self.heals.append((self._t() + self.plan.window_s, kind, undo))
+    def _later(self, kind: str, undo: Callable[[], None], window_s: float | None = None) -> None:
+        self.heals.append((self._t() + (self.plan.window_s if window_s is None else window_s), kind, undo))
 
     def _heal(self, every: bool = False) -> None:
         t = self._t()

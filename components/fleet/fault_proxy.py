@@ -79,6 +79,10 @@ class FaultProxy:
     def url(self) -> str:
         return f"http://{self.listen_host}:{self.port}"
 
+    @property
+    def open_connections(self) -> int:
+        return len(self._links)
+
     def start(self) -> FaultProxy:
         self._thread.start()
         if not self._ready.wait(START_TIMEOUT_S) or not self.port:
