@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-BENCHMARKS = ("ingest", "shuffle", "scheduler", "fleet_load", "fleet_scaling", "pack_difficulty")
+BENCHMARKS = ("ingest", "shuffle", "scheduler", "fleet_load", "fleet_scaling", "pack_difficulty", "fleet_chaos")
 
 
 def main() -> int:

@@ -299,13 +299,14 @@ def canary(version: Annotated[int, typer.Argument(help="Registered model version
 @fleet_app.command()
 def chaos(
     robots: Annotated[int, typer.Option(help="Robots in the fleet.")] = 4,
-    episodes: Annotated[int, typer.Option(help="Episodes per robot.")] = 10,
-    seed: Annotated[int, typer.Option(help="Seed of the kill schedule.")] = 0,
+    seconds: Annotated[float, typer.Option(help="Length of the fault phase (at least one round of every fault kind).")] = 40.0,
+    seed: Annotated[int, typer.Option(help="Seed of the fault schedule.")] = 0,
     max_steps: Annotated[int, typer.Option(help="Steps per episode (short keeps the run small).")] = 30,
     root: Annotated[Optional[Path], typer.Option(help="Root to run in (default: a scratch folder).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """SIGKILL robots, inference, ingest, the trainer and the coordinator mid-run; audit what was stored."""
+    """SIGKILL every kind of member (the coordinator too), drop/delay/reset connections, fill the
+    disk, revoke a token; drain; audit what was stored against every robot's ledger."""
     from components.config import Settings
     from components.fleet.chaos import ChaosPlan, chaos_settings, run_chaos
 
@@ -313,15 +314,15 @@ def chaos(
     scratch = root or Path(tempfile.mkdtemp(prefix="fleetloop-chaos-"))
     settings = Settings(**{**base.model_dump(exclude={"runtime": {"tokens"}}), "root": scratch})
     settings = settings.model_copy(update={"sim": settings.sim.model_copy(update={"max_steps": max_steps})})
-    plan = ChaosPlan(robots=robots, episodes_per_robot=episodes, seed=seed)
-    report = run_chaos(chaos_settings(settings, plan), plan)
+    plan = ChaosPlan(robots=robots, duration_s=seconds, seed=seed)
+    report = run_chaos(chaos_settings(settings, plan), plan, progress=None if as_json else console.print)
     if as_json:
         console.print_json(report.to_json())
         return
     console.print(
-        f"robots {robots} x {episodes} episodes in {report.seconds}s ({scratch}): finished {report.finished}, "
+        f"robots {robots}, {seconds:.0f}s of faults, {report.seconds}s in all ({scratch}): finished {report.finished}, "
         f"stored {report.stored}, duplicated {report.duplicated}, lost {report.lost}, corrupted {report.corrupted}; "
-        f"faults {len(report.faults)} ({', '.join(f.target for f in report.faults)}); "
+        f"faults {len(report.faults)} ({', '.join(f'{k} {n}' for k, n in sorted(report.faults_by_kind.items()))}); "
         f"trainer resumed at {report.trainer_resumes}, {report.trainer_steps} steps"
     )
     if report.lost or report.duplicated or report.corrupted or not report.completed or report.leaked_pids or report.outlived_coordinator:

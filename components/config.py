@@ -361,6 +361,10 @@ class FleetRuntimeConfig(Section):
     inference_port: int = Field(default=8710, ge=0, le=65535)
     ingest_port: int = Field(default=8711, ge=0, le=65535)
     coordinator_port: int = Field(default=8712, ge=0, le=65535)
+    # where robot agents reach the services ("" = http://host:port above); set it when robots go
+    # through a load balancer or proxy (the chaos run puts a fault proxy here)
+    robot_inference_url: str = ""
+    robot_ingest_url: str = ""
     # inference: dynamic batching + hot swap
     batch_window_ms: float = Field(default=2.0, ge=0)  # wait this long for more requests after the first
     max_batch: int = Field(default=64, ge=1)

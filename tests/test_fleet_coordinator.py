@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
+import uvicorn
 from fastapi import HTTPException
 
-from components.fleet.auth import ROBOT, SERVICE, SERVICE_NAME, Principal, issue_tokens, revoke_robot
-from components.fleet.coordinator import Coordinator, restart_delay
+from components.fleet.auth import ROBOT, SERVICE, SERVICE_NAME, Principal, TokenBook, issue_tokens, revoke_robot
+from components.fleet.coordinator import Coordinator, create_coordinator_app, restart_delay
 from components.fleet.layout import RuntimeLayout
 from components.fleet.inference_service import ModelCache, ModelSlots
 from components.fleet.local import with_free_ports
@@ -76,3 +80,59 @@ def test_a_revoked_robot_is_restarted_with_capped_exponential_backoff_not_a_stor
     assert robot.delays[:wanted] == [0.05, 0.1, 0.2, 0.2, 0.2]  # doubling, then capped
     assert robot.last_exit not in (None, 0) and robot.failures >= wanted
     assert robot.restarts == len(robot.delays) - (robot.restart_at is not None)  # each restart waited its delay
+
+
+@contextmanager
+def coordinator_http(coordinator: Coordinator, book: TokenBook) -> Iterator[None]:
+    """The coordinator's own HTTP app on loopback, without its lifespan (which would start the
+    whole fleet): heartbeats reach the real auth + lease code, members start only when told."""
+    cfg = coordinator.cfg
+    app = create_coordinator_app(coordinator, book)
+    server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.coordinator_port, lifespan="off", log_config=None))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30.0
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        yield
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10.0)
+
+
+def test_a_robot_revoked_while_running_loses_its_lease_then_backs_off_never_a_storm(tmp_path):
+    """Issue 20: revoking a *running* robot gave 13 restarts in 20 s. Its heartbeats now get 403, so
+    its lease lapses (one kill), and every later start exits at once with doubling delays: the
+    failure streak is never reset while it stays revoked."""
+    settings = with_free_ports(
+        small_settings(tmp_path), restart_backoff_s=0.05, restart_backoff_max_s=0.2, heartbeat_s=0.1, lease_s=1.0
+    )
+    layout = RuntimeLayout.of(settings).ensure()
+    issue_tokens(layout.token_file, settings.fleet.robot_ids())
+    coordinator = Coordinator(settings)
+    robot = coordinator.members["robot-0000"]
+    wanted = 4
+
+    def tick_until(done, bound_s: float = 120.0) -> None:  # bound only (each start imports a fresh interpreter)
+        deadline = time.monotonic() + bound_s
+        while not done() and time.monotonic() < deadline:
+            with coordinator.lock:
+                coordinator.check(robot, time.monotonic())
+            time.sleep(0.02)
+
+    with coordinator_http(coordinator, TokenBook(layout.token_file)):
+        try:
+            with coordinator.lock:
+                coordinator._start(robot, "test")
+            tick_until(lambda: robot.last_beat is not None)  # running, and renewing its lease
+            assert robot.last_beat is not None and robot.failures == 0
+            revoke_robot(layout.token_file, "robot-0000")
+            tick_until(lambda: len(robot.delays) >= wanted)
+        finally:
+            if robot.proc is not None and robot.proc.poll() is None:
+                robot.proc.kill()
+                robot.proc.wait()
+    assert any("lease expired" in e for e in robot.events), robot.events  # the running agent was killed once
+    assert robot.delays[:wanted] == [0.05, 0.1, 0.2, 0.2]  # doubling, then capped: no heartbeat reset the streak
+    assert robot.failures >= wanted and robot.last_exit not in (None, 0)

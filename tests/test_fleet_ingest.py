@@ -5,11 +5,11 @@ rate limit, disk full -> 507 + unhealthy, no unauthenticated API docs."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
+import resource
 import stat
-import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -307,54 +307,50 @@ def test_disk_full_answers_507_with_a_reason_and_healthz_turns_unhealthy(tmp_pat
     assert _dataset(settings).num_episodes == 0 and not list(Path(settings.paths.quarantine).glob("*"))
 
 
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """``tmp_path/datasets`` on a 4 MiB tmpfs (needs root and mount; skipped elsewhere)."""
-    folder = tmp_path / "datasets"
-    folder.mkdir()
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("a real full disk needs root to mount a small tmpfs")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(folder)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode()[:200]}")
+def _files(folder: Path) -> dict[str, int]:
+    """Every file under ``folder`` with its size (what a failed store must leave unchanged)."""
+    return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()} if folder.exists() else {}
+
+
+@contextmanager
+def write_limit(pid: int, max_bytes: int) -> Iterator[None]:
+    """A real "no room" in process ``pid``, without root: RLIMIT_FSIZE makes every write past
+    ``max_bytes`` fail with EFBIG (Python ignores SIGXFSZ), as a full disk or quota fails it."""
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (max_bytes, hard))
     try:
-        yield tmp_path
+        yield
     finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (soft, hard))
 
 
-def _fill(folder: Path) -> Path:
-    """Write until the disk says no more (ENOSPC); returns the filler file."""
-    filler = folder / "filler"
-    with open(filler, "wb") as handle:
-        try:
-            while True:
-                handle.write(b"\0" * 65536)
-                handle.flush()
-        except OSError:
-            pass
-    return filler
-
-
-def test_a_really_full_disk_answers_507_keeps_no_0_byte_files_and_recovers(tiny_disk):
-    settings = with_free_ports(small_settings(tiny_disk), min_free_bytes=0)  # no reserve: hit ENOSPC itself
+def test_a_store_that_runs_out_of_room_answers_507_keeps_nothing_half_written_and_recovers(tmp_path):
+    """Issue 20: disk full gave plain 500 while /healthz stayed 200, and 0-byte quarantine files
+    with no reason. The service's writes really fail here (EFBIG from its file-size limit)."""
+    settings = with_free_ports(small_settings(tmp_path), min_free_bytes=0)  # no reserve: the write itself fails
     layout = RuntimeLayout.of(settings).ensure()
     tokens = issue_tokens(layout.token_file, [ROBOT])
-    with running_service(settings, "ingest"):
-        client = IngestClient(service_url(settings, "ingest"), tokens.robots[ROBOT], 30.0)
+    url = service_url(settings, "ingest")
+    with running_service(settings, "ingest") as proc:
+        client = IngestClient(url, tokens.robots[ROBOT], 30.0)
         assert client.upload(episode_to_ipc(synthetic_episode(ROBOT, seed=20))).http_status == 201
-        filler = _fill(tiny_disk / "datasets")
+        stored_before = _files(settings.paths.episodes)
         episode = synthetic_episode(ROBOT, seed=21)
-        full = client.upload(episode_to_ipc(episode))
+        with write_limit(proc.pid, 0):
+            full = client.upload(episode_to_ipc(episode))
+            health = httpx.get(f"{url}/healthz", timeout=10.0)
+            garbage = client.upload(b"G" * 5000)  # its quarantine write fails too: nothing half-written
         assert (full.status, full.http_status) == ("retry", 507), full.detail
-        assert full.detail["field"] == "disk" and full.retry_after_s >= 1
-        garbage = client.upload(b"G" * 5000)  # its quarantine write fails too: nothing half-written
+        assert full.detail["field"] == "disk" and "File too large" in full.detail["reason"] and full.retry_after_s >= 1
+        assert health.status_code == 503 and health.json()["restart"] is False and "room" in health.json()["reason"]
         assert garbage.http_status == 400 and garbage.detail["quarantined_as"] is None
-        quarantine = Path(settings.paths.quarantine)
-        leftovers = list(quarantine.iterdir()) if quarantine.exists() else []
-        assert not [p for p in leftovers if p.stat().st_size == 0 or not p.name.endswith(".reason.json") and not Path(str(p) + ".reason.json").exists()]
-        filler.unlink()
-        again = client.upload(episode_to_ipc(episode))  # what the robot's retry does
+        assert _files(settings.paths.episodes) == stored_before  # no partial, temp or 0-byte file left
+        leftovers = _files(settings.paths.quarantine)
+        assert not [n for n, size in leftovers.items() if size == 0 or not n.endswith(".reason.json") and n + ".reason.json" not in leftovers]
+        again = client.upload(episode_to_ipc(episode))  # room is back: what the robot's retry does
+        healthy = httpx.get(f"{url}/healthz", timeout=10.0)
         client.close()
     assert (again.status, again.http_status) == ("added", 201)
-    assert _dataset(settings).num_episodes == 2
+    assert healthy.status_code == 200
+    dataset = _dataset(settings)
+    assert dataset.num_episodes == 2 and {e.episode_id for e in dataset.episodes()} >= {episode.episode_id}

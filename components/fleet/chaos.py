@@ -1,84 +1,178 @@
-"""Chaos run: a whole fleet on loopback while a seeded scheduler SIGKILLs its processes.
+"""Chaos run: a whole fleet on loopback under a seeded, logged fault schedule, then an audit.
 
-    fleet up (coordinator + ingest + inference + trainer + R robots, N episodes each)
-    -> after the first episodes are stored, kill targets at random gaps (seeded): robots, the
-       inference service, the ingest service, the trainer (once it has a checkpoint), the
-       coordinator (its members must stop by themselves; the runner then does what an operator's
-       `fleet up` or a service manager does: stops any member that outlived it, starts a new one)
-    -> wait until every robot finished and uploaded, and the trainer resumed and went on
-    -> fleet down; then audit, from disk only:
-         finished   = every episode any robot spooled (ledger + pending + rejected)
-         stored     = the episode dataset; duplicated = ids stored more than once
-         lost       = finished but not stored; corrupted = stored content hash != finished hash,
-                      or a stored episode that no longer validates
-         trainer    = resumes (from which checkpoint step), the loss curve around each resume
+    setup   tokens, a champion, two fault proxies (robots reach inference and ingest through
+            them: runtime.robot_*_url), the disk reserve set just under today's free space,
+            then the coordinator, as `fleet up` starts it (every member its own process;
+            robots run episodes until stopped)
+    faults  for ``duration_s`` (at least one full round): a seeded schedule of rounds, each a
+            permutation of every kind, at random gaps:
+              robot | inference | ingest | trainer   SIGKILL that member (the coordinator restarts it)
+              coordinator   SIGKILL; its members stop by themselves; the runner then does what an
+                            operator's `fleet up` does: stops any member that outlived it, starts
+                            a new coordinator (one set per root, so nothing is stored twice)
+              drop | delay  both proxies close / slow every connection for ``window_s``
+              reset         both proxies abort every open connection with an RST (waits until
+                            there is one: during a fleet restart or a drop there is none)
+              disk_full     a filler file takes the dataset's filesystem below runtime.min_free_bytes
+                            for ``window_s`` (ingest: 507 + degraded /healthz)
+              disk_quota    the ingest process's RLIMIT_FSIZE drops to 0 for ``window_s``: its
+                            writes really fail (EFBIG), as on a full disk or quota
+              revoke        a running robot's token is revoked, then re-issued ``window_s`` after
+                            its lease lapsed (lease_s + window_s: `fleet tokens --readmit`)
+    drain   every fault healed; `fleet down`, then `fleet up` with robots that run no new
+            episode (``robot_episodes`` = 1) and exit once their spool is uploaded
+    audit   from disk only, every robot's ledger against the dataset:
+              finished   = every episode any robot spooled (ledger + pending + rejected)
+              stored     = finished episodes found in the dataset; duplicated = ids stored more than once
+              lost       = finished but not stored; corrupted = stored content hash != finished
+                           hash, or a stored episode that no longer validates
+              latency    = spooled -> acknowledged as stored, per ledger line
+              trainer    = resumes (from which checkpoint step), the loss curve around each
 
-Everything is bounded: a fixed number of kills, a wall-clock timeout, and every process started
-is stopped (and checked gone) before the report is returned.
+Everything is bounded (a fixed schedule, ``timeout_s`` on every wait) and every process started
+is stopped, and checked gone, before the report is returned.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import resource
+import shutil
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import httpx
 import numpy as np
 
 from components.config import FleetConfig, Settings
-from components.fleet.auth import SERVICE, issue_tokens, token_for
+from components.fleet.auth import (
+    SERVICE,
+    issue_tokens,
+    read_token_file,
+    revoke_robot,
+    token_for,
+)
 from components.fleet.clients import CoordinatorClient
+from components.fleet.fault_proxy import DELAY, DROP, PASS, FaultProxy
+from components.fleet.identity import (
+    ProcessIdentity,
+    fleet_processes,
+    stop_verified,
+    wait_gone,
+)
 from components.fleet.layout import RuntimeLayout
 from components.fleet.local import register_policy, service_url, with_free_ports
-from components.fleet.identity import fleet_processes, stop_verified, wait_gone
-from components.fleet.processes import ProcessSpec, kill_pid, start_process, stop_process, wait_healthy, write_settings
+from components.fleet.processes import (
+    ProcessSpec,
+    kill_pid,
+    start_process,
+    stop_process,
+    wait_healthy,
+    write_settings,
+)
 from components.fleet.spool import Spool
 from components.fleet.trainer import STATUS_NAME
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("robot", "inference", "ingest", "trainer", "coordinator")
+KILLS = ("robot", "inference", "ingest", "trainer", "coordinator")
+NETWORK = ("drop", "delay", "reset")
+DISK = ("disk_full", "disk_quota")
+FAULT_KINDS = (*KILLS, *NETWORK, *DISK, "revoke")
 POLL_S = 0.25
+DEFER_S = 1.0  # a fault that cannot happen yet (no checkpoint, no running robot) is retried this much later
 LOSS_WINDOW = 5  # steps averaged before/after a resume in the report
+RATE_WINDOW_S = 60.0  # restart rates are counted per minute
+DRAIN_EPISODES = 1  # robots finish at most their first episode, upload their spool, exit 0
+FILLER_NAME = ".chaos-disk-filler"
 
 
 @dataclass(frozen=True)
 class ChaosPlan:
     robots: int = 4
-    episodes_per_robot: int = 30  # enough that data still arrives after the last kill on a quiet machine
-    kills: tuple[str, ...] = ("robot", "inference", "robot", "coordinator", "ingest", "trainer")  # robots finish first
+    duration_s: float = 60.0  # the fault phase (at least one full round of every kind)
+    kinds: tuple[str, ...] = FAULT_KINDS  # each round is a seeded permutation of these
+    extra_robot_kills: int = 1  # per round, on top of the one in ``kinds``
     min_gap_s: float = 1.0
     max_gap_s: float = 2.5
+    window_s: float = 5.0  # how long drop / delay / disk_full / disk_quota / revoke last
+    net_delay_s: float = 0.4  # per forwarded chunk while ``delay`` lasts
+    disk_headroom_bytes: int = 2 * 1024**3  # min_free_bytes = free space at start minus this
+    sample_s: float = 2.0  # timeline resolution
     seed: int = 0
-    timeout_s: float = 150.0
+    timeout_s: float = 300.0  # bound on every wait (start, drain, restarts)
+
+
+@dataclass(frozen=True)
+class ScheduledFault:
+    at_s: float  # seconds after the fleet came up
+    kind: str
 
 
 @dataclass(frozen=True)
 class Fault:
-    at_s: float  # seconds after the fleet came up
-    target: str  # member name
-    pid: int
+    at_s: float  # when it was injected
+    kind: str
+    target: str  # member name, proxy, the ingest, a robot
+    pid: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Revocation:
+    robot: str
+    at_s: float
+    seconds: float  # revoked this long
+    restarts: int  # the coordinator restarted it this often meanwhile
+    failures: int | None = None  # its failures in a row when re-admitted (None: no longer a member)
+    delays: list[float] = field(default_factory=list)  # the restart delays of those failures
+
+
+@dataclass(frozen=True)
+class TimelinePoint:
+    t_s: float
+    finished: int  # robots' own counts (heartbeats)
+    stored: int  # finished minus still pending, per robot
+    champion: int | None
+    restarts: int  # all members, carried over coordinator restarts
 
 
 @dataclass
 class ChaosReport:
     robots: int
-    episodes_per_robot: int
+    duration_s: float
+    seed: int = 0
     finished: int = 0
-    stored: int = 0
+    stored: int = 0  # of those finished
+    stored_before: int = 0  # in the dataset, finished by no robot of this run (the root's earlier data)
     duplicated: int = 0
     lost: int = 0
     corrupted: int = 0
     interrupted: int = 0
+    schedule: list[ScheduledFault] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
+    faults_by_kind: dict[str, int] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # scheduled kinds that never became possible
+    revocations: list[Revocation] = field(default_factory=list)
     restarts: dict[str, int] = field(default_factory=dict)
+    restarts_total: int = 0
+    max_member_restarts_per_min: int = 0  # the worst member, in any 60-s window
+    max_fleet_restarts_per_min: int = 0  # all members together, in any 60-s window
+    latency_s: dict[str, float] = field(default_factory=dict)  # spooled -> stored: p50, p99, max
+    champion_versions: list[int] = field(default_factory=list)  # in the order they served
+    promotions: int = 0  # champion changes during the run
+    timeline: list[TimelinePoint] = field(default_factory=list)
+    proxy: dict[str, dict] = field(default_factory=dict)
     trainer_steps: int = 0
     trainer_resumes: list[int] = field(default_factory=list)
     loss_around_resumes: list[dict] = field(default_factory=list)
     loss_steps_contiguous: bool = False
-    completed: bool = False  # every robot finished before the timeout
+    completed: bool = False  # the drain finished: every robot uploaded everything
     leaked_pids: list[int] = field(default_factory=list)
     outlived_coordinator: int = 0  # members still running stop_grace_s * 2 after a coordinator SIGKILL
     seconds: float = 0.0
@@ -90,7 +184,7 @@ class ChaosReport:
 def chaos_settings(base: Settings, plan: ChaosPlan, **runtime: object) -> Settings:
     """A small, fast fleet on free loopback ports (short episodes, frequent checkpoints)."""
     defaults = dict(
-        robot_episodes=plan.episodes_per_robot, checkpoint_every=10, steps_per_episode=4, trainer_batch_size=32,
+        robot_episodes=0, checkpoint_every=10, steps_per_episode=4, trainer_batch_size=32,
         trainer_success_only=False, heartbeat_s=0.25, lease_s=4.0, startup_grace_s=90.0, alias_poll_s=0.5,
         inference_timeout_s=1.0, retry_initial_s=0.05, retry_max_s=0.5, stop_grace_s=3.0, canary_share=0.0,
     )
@@ -98,6 +192,21 @@ def chaos_settings(base: Settings, plan: ChaosPlan, **runtime: object) -> Settin
     settings = with_free_ports(base, **defaults)
     fleet = FleetConfig(**{**base.fleet.model_dump(), "num_robots": plan.robots})
     return settings.model_copy(update={"fleet": fleet})
+
+
+def fault_schedule(plan: ChaosPlan) -> list[ScheduledFault]:
+    """Seeded rounds (each every kind once, plus extra robot kills, shuffled) at random gaps: the
+    first round always completes; later ones only while within ``duration_s``."""
+    rng = np.random.default_rng(plan.seed)
+    faults: list[ScheduledFault] = []
+    at = 0.0
+    while True:
+        kinds = [*plan.kinds, *(["robot"] * plan.extra_robot_kills)]
+        for kind in (kinds[i] for i in rng.permutation(len(kinds))):
+            at += float(rng.uniform(plan.min_gap_s, plan.max_gap_s))
+            if at > plan.duration_s and len(faults) >= len(kinds):
+                return faults
+            faults.append(ScheduledFault(round(at, 2), str(kind)))
 
 
 def ensure_champion(settings: Settings) -> int:
@@ -127,17 +236,29 @@ def _trainer_status(layout: RuntimeLayout) -> dict:
         return {}
 
 
+def max_in_window(series: list[tuple[float, int]], window_s: float) -> int:
+    """The largest increase of a non-decreasing counter ``[(t, count), ...]`` within any ``window_s``."""
+    best, start = 0, 0
+    for t, count in series:
+        while series[start][0] < t - window_s:
+            start += 1
+        best = max(best, count - series[start][1])
+    return best
+
+
 def audit(settings: Settings, report: ChaosReport) -> ChaosReport:
-    """Count finished / stored / duplicated / lost / corrupted from what is on disk."""
+    """Count finished / stored / duplicated / lost / corrupted (and latency) from what is on disk."""
     from components.episodes.dataset import EpisodeDataset
     from components.episodes.schema import episode_to_table
     from components.episodes.validation import validate_episode_table
-    from components.training.checkpoint import load_latest
 
     layout = RuntimeLayout.of(settings)
     finished: dict[str, str] = {}
+    latencies: list[float] = []
     for robot in settings.fleet.robot_ids():
-        finished.update(Spool(layout.spool(robot)).finished())
+        spool = Spool(layout.spool(robot))
+        finished.update(spool.finished())
+        latencies += [e.acked_at - e.finished_at for e in spool.ledger() if e.acked_at is not None and e.finished_at is not None]
     dataset = EpisodeDataset(settings.paths.episodes, settings.episodes)
     meta = dataset.episodes_meta()
     ids = meta.column("episode_id").to_pylist() if meta is not None else []
@@ -150,139 +271,411 @@ def audit(settings: Settings, report: ChaosReport) -> ChaosReport:
         except ValueError:
             corrupted.add(episode.episode_id)
     report.finished = len(finished)
-    report.stored = len(set(ids))
+    report.stored = len(set(finished) & set(ids))
+    report.stored_before = len(set(ids) - set(finished))
     report.duplicated = len(ids) - len(set(ids))
     report.lost = len(set(finished) - set(stored))
     report.corrupted = len(corrupted)
     report.interrupted = int(np.sum(meta.column("interrupted").to_numpy(zero_copy_only=False))) if meta is not None else 0
-
-    ckpt = load_latest(layout.checkpoints)
-    if ckpt is not None:
-        losses = [(int(s), float(v)) for s, v in ckpt.extra.get("losses", [])]
-        steps = [s for s, _ in losses]
-        report.trainer_steps = ckpt.step
-        report.trainer_resumes = [int(r) for r in ckpt.extra.get("resumes", [])]
-        report.loss_steps_contiguous = steps == list(range(1, len(steps) + 1))
-        by_step = dict(losses)
-        for resume in report.trainer_resumes:
-            before = [by_step[s] for s in range(max(1, resume - LOSS_WINDOW + 1), resume + 1) if s in by_step]
-            after = [by_step[s] for s in range(resume + 1, resume + LOSS_WINDOW + 1) if s in by_step]
-            first = [by_step[s] for s in range(1, LOSS_WINDOW + 1) if s in by_step]
-            report.loss_around_resumes.append(
-                {
-                    "resume_step": resume,
-                    "first_steps_mean": float(np.mean(first)) if first else None,
-                    "before_mean": float(np.mean(before)) if before else None,
-                    "after_mean": float(np.mean(after)) if after else None,
-                }
-            )
+    if latencies:
+        report.latency_s = {q: round(float(np.percentile(latencies, p)), 3) for q, p in (("p50", 50), ("p99", 99), ("max", 100))}
+    _audit_trainer(layout, report)
     return report
 
 
-def run_chaos(settings: Settings, plan: ChaosPlan) -> ChaosReport:
-    """Run the fleet under the kill schedule, stop everything, audit; never leaves a process behind."""
-    layout = RuntimeLayout.of(settings).ensure()
-    issue_tokens(layout.token_file, settings.fleet.robot_ids())
-    ensure_champion(settings)
-    settings_file = write_settings(settings)
-    rng = np.random.default_rng(plan.seed)
-    report = ChaosReport(plan.robots, plan.episodes_per_robot)
-    service_token = token_for(SERVICE, layout.token_file, settings.runtime.tokens)
-    grace = settings.runtime.stop_grace_s
-    url = service_url(settings, "coordinator")
+def _audit_trainer(layout: RuntimeLayout, report: ChaosReport) -> None:
+    """Resumes and the loss curve around each, from the newest checkpoint."""
+    from components.training.checkpoint import load_latest
 
-    def start_coordinator():
-        proc = start_process(ProcessSpec("coordinator", "coordinator"), settings_file, layout.logs)
-        if not wait_healthy(url, plan.timeout_s, proc):
-            stop_process(proc, grace)
-            raise RuntimeError(f"coordinator did not start; see {layout.logs / 'coordinator.log'}")
-        return proc
+    ckpt = load_latest(layout.checkpoints)
+    if ckpt is None:
+        return
+    losses = [(int(s), float(v)) for s, v in ckpt.extra.get("losses", [])]
+    steps = [s for s, _ in losses]
+    report.trainer_steps = ckpt.step
+    report.trainer_resumes = [int(r) for r in ckpt.extra.get("resumes", [])]
+    report.loss_steps_contiguous = steps == list(range(1, len(steps) + 1))
+    by_step = dict(losses)
 
-    client = CoordinatorClient(url, service_token, 5.0)
-    start = time.monotonic()
-    deadline = start + plan.timeout_s
-    carried: dict[str, int] = {}  # restarts counted by coordinators since killed (+1: the next one started them)
-    coordinator_restarts = 0
-    coordinator = start_coordinator()
-    try:
-        def status() -> dict:
-            while True:  # bounded: a coordinator being replaced answers again within the deadline
-                try:
-                    return client.status()
-                except httpx.HTTPError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(POLL_S)
+    def mean(first: int, last: int) -> float | None:
+        values = [by_step[s] for s in range(max(1, first), last + 1) if s in by_step]
+        return float(np.mean(values)) if values else None
 
-        def restarts() -> dict[str, int]:
-            now = {n: m["restarts"] for n, m in status()["members"].items()}
-            total = {n: now.get(n, 0) + carried.get(n, 0) for n in {*now, *carried}}
-            return {n: c for n, c in total.items() if c} | ({"coordinator": coordinator_restarts} if coordinator_restarts else {})
+    for resume in report.trainer_resumes:
+        report.loss_around_resumes.append(
+            {
+                "resume_step": resume,
+                "first_steps_mean": mean(1, LOSS_WINDOW),
+                "before_mean": mean(resume - LOSS_WINDOW + 1, resume),
+                "after_mean": mean(resume + 1, resume + LOSS_WINDOW),
+            }
+        )
 
-        def stored_episodes() -> int:
-            robots = status()["members"]
-            return sum(int(m["info"].get("episodes", 0)) - int(m["info"].get("pending", 0)) for m in robots.values() if m["role"] == "robot")
 
-        while stored_episodes() < plan.robots and time.monotonic() < deadline:
+class ChaosRun:
+    """One chaos run: ``run()`` = setup, fault phase, heal, drain, stop, audit."""
+
+    def __init__(self, settings: Settings, plan: ChaosPlan, progress: Callable[[str], None] | None = None) -> None:
+        self.plan = plan
+        self.settings = settings
+        self.layout = RuntimeLayout.of(settings).ensure()
+        self.progress = progress or (lambda line: log.info("%s", line))
+        self.report = ChaosReport(plan.robots, plan.duration_s, plan.seed)
+        self.rng = np.random.default_rng([plan.seed, 1])  # which robot: apart from the schedule's stream
+        self.grace = settings.runtime.stop_grace_s
+        self.proxies: dict[str, FaultProxy] = {}
+        self.coordinator = None
+        self.client: CoordinatorClient | None = None
+        self.carried: dict[str, int] = {}  # restarts counted by coordinators since killed (+1: the next one started them)
+        self.coordinator_restarts = 0
+        self.heals: list[tuple[float, str, Callable[[], None]]] = []  # (when, kind, undo)
+        self.robot_counts: dict[str, tuple[int, int]] = {}  # robot -> (finished, stored), newest known
+        self.restart_series: dict[str, list[tuple[float, int]]] = {}
+        self.fleet_restarts: list[tuple[float, int]] = []
+        self.start = self.fleet_up = self.deadline = 0.0
+        self.headroom = plan.disk_headroom_bytes
+        self._next_sample = self._next_progress = 0.0
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> ChaosReport:
+        self.start = time.monotonic()
+        try:
+            self._setup()
+            self._fault_phase()
+            self._heal(every=True)
+            self._wait_recovered()
+            self._drain()
+        finally:
+            self._teardown()
+        self.report.seconds = round(time.monotonic() - self.start, 1)
+        self._summarize()
+        return audit(self.settings, self.report)
+
+    def _t(self) -> float:
+        return round(time.monotonic() - self.fleet_up, 2)
+
+    def _setup(self) -> None:
+        cfg = self.settings.runtime
+        issue_tokens(self.layout.token_file, self.settings.fleet.robot_ids())
+        ensure_champion(self.settings)
+        for role, port in (("inference", cfg.inference_port), ("ingest", cfg.ingest_port)):
+            self.proxies[role] = FaultProxy(cfg.host, port, cfg.host).start()
+        free = shutil.disk_usage(self._dataset_fs()).free
+        # the reserve sits ``headroom`` below today's free space, so a filler of ~1.5x headroom
+        # (never more than half the free space) takes the disk below it, whatever the disk's size
+        self.headroom = min(self.plan.disk_headroom_bytes, free // 4)
+        runtime = cfg.model_copy(update={
+            "robot_inference_url": self.proxies["inference"].url, "robot_ingest_url": self.proxies["ingest"].url,
+            "min_free_bytes": max(cfg.min_free_bytes, free - self.headroom),
+        })
+        self.settings = self.settings.model_copy(update={"runtime": runtime})
+        self.settings_file = write_settings(self.settings)
+        self.service_token = token_for(SERVICE, self.layout.token_file, cfg.tokens)
+        self.client = CoordinatorClient(service_url(self.settings, "coordinator"), self.service_token, 5.0)
+        self.deadline = time.monotonic() + self.plan.timeout_s
+        self._start_coordinator()
+        while self._stored() < self.plan.robots and time.monotonic() < self.deadline:
             time.sleep(POLL_S)  # the fleet is up and uploading before the first fault
-        fleet_up = time.monotonic()
-        for target in plan.kills:
-            time.sleep(float(rng.uniform(plan.min_gap_s, plan.max_gap_s)))
-            if target == "trainer":
-                while _trainer_status(layout).get("step", 0) < settings.runtime.checkpoint_every and time.monotonic() < deadline:
-                    time.sleep(POLL_S)  # "resumed from a checkpoint" needs one to exist
-            members = status()["members"]
-            if target == "coordinator":
-                for name, member in members.items():
-                    carried[name] = carried.get(name, 0) + member["restarts"] + 1
-                pid = coordinator.pid
-                kill_pid(pid)
-                coordinator.wait()
-                report.faults.append(Fault(round(time.monotonic() - fleet_up, 2), "coordinator", pid))
-                log.info("chaos: SIGKILL coordinator (pid %d)", pid)
-                outlived = wait_gone(fleet_processes(settings_file), grace * 2, POLL_S)
-                report.outlived_coordinator += len(outlived)
-                stop_verified(outlived, grace, POLL_S)  # what `fleet up` does with orphans
-                coordinator = start_coordinator()
-                coordinator_restarts += 1
-                continue
-            if target == "robot":
-                running = sorted(n for n, m in members.items() if m["role"] == "robot" and m["alive"] and not m["done"])
-                if not running:
-                    log.warning("no robot left running to kill; skipped")
-                    continue
-                name = str(rng.choice(running))
-            else:
-                name = target
-            pid = members[name]["pid"]
-            if pid and kill_pid(pid):
-                report.faults.append(Fault(round(time.monotonic() - fleet_up, 2), name, pid))
-                log.info("chaos: SIGKILL %s (pid %d)", name, pid)
+        self.fleet_up = time.monotonic()
+        self.progress(f"fleet up after {self.fleet_up - self.start:.0f}s: {self.plan.robots} robots; faults for {self.plan.duration_s:.0f}s")
+
+    def _dataset_fs(self) -> Path:
+        self.settings.paths.datasets.mkdir(parents=True, exist_ok=True)
+        return self.settings.paths.datasets
+
+    def _start_coordinator(self) -> None:
+        url = service_url(self.settings, "coordinator")
+        proc = start_process(ProcessSpec("coordinator", "coordinator"), self.settings_file, self.layout.logs)
+        if not wait_healthy(url, self.plan.timeout_s, proc):
+            stop_process(proc, self.grace)
+            raise RuntimeError(f"coordinator did not start; see {self.layout.logs / 'coordinator.log'}")
+        self.coordinator = proc
+
+    def _status(self) -> dict:
+        deadline = time.monotonic() + self.plan.timeout_s
+        while True:  # bounded: a coordinator being replaced answers again within the timeout
+            try:
+                return self.client.status()
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(POLL_S)
+
+    def _restarts(self, status: dict | None = None) -> dict[str, int]:
+        now = {n: m["restarts"] for n, m in (status or self._status())["members"].items()}
+        total = {n: now.get(n, 0) + self.carried.get(n, 0) for n in {*now, *self.carried}}
+        coordinator = {"coordinator": self.coordinator_restarts} if self.coordinator_restarts else {}
+        return {n: c for n, c in total.items() if c} | coordinator
+
+    def _stored(self) -> int:
+        members = self._status()["members"]
+        return sum(int(m["info"].get("episodes", 0)) - int(m["info"].get("pending", 0)) for m in members.values() if m["role"] == "robot")
+
+    # ------------------------------------------------------------------ faults
+    def _fault_phase(self) -> None:
+        schedule = deque(fault_schedule(self.plan))
+        self.report.schedule = list(schedule)
+        end = max(self.plan.duration_s, schedule[-1].at_s + self.plan.window_s)
+        while (t := self._t()) < end or schedule:
+            if t > end + self.plan.timeout_s:
+                self.report.skipped = [f.kind for f in schedule]
+                log.warning("chaos: never possible, skipped: %s", self.report.skipped)
+                break
+            while schedule and schedule[0].at_s <= t:
+                fault = schedule.popleft()
+                if not self._inject(fault.kind):  # later, without holding up the faults behind it
+                    later = ScheduledFault(round(t + DEFER_S, 2), fault.kind)
+                    schedule.insert(sum(f.at_s <= later.at_s for f in schedule), later)
+            self._heal()
+            self._sample()
+            time.sleep(POLL_S)
+
+    def _record(self, kind: str, target: str, pid: int = 0, detail: str = "") -> None:
+        fault = Fault(self._t(), kind, target, pid, detail)
+        self.report.faults.append(fault)
+        self.report.faults_by_kind[kind] = self.report.faults_by_kind.get(kind, 0) + 1
+        log.info("chaos fault at %.1fs: %s %s %s", fault.at_s, kind, target, detail)
+        self.progress(f"  fault {len(self.report.faults):>3} at {fault.at_s:6.1f}s: {kind} {target} {detail}".rstrip())
+
+    def _inject(self, kind: str) -> bool:
+        """Inject one fault now; False when it cannot happen yet (then it is retried later)."""
+        if kind == "coordinator":
+            self._kill_coordinator()
+            return True
+        if kind in KILLS:
+            return self._kill_member(kind)
+        if kind in NETWORK:
+            return self._network(kind)
+        if kind == "disk_full":
+            return self._fill_disk()
+        if kind == "disk_quota":
+            return self._limit_ingest_writes()
+        if kind == "revoke":
+            return self._revoke()
+        raise ValueError(f"unknown fault kind {kind!r}; use one of {FAULT_KINDS}")
+
+    def _running_robots(self, members: dict) -> list[str]:
+        revoked = set(read_token_file(self.layout.token_file).revoked_robots)
+        return sorted(n for n, m in members.items() if m["role"] == "robot" and m["alive"] and not m["done"] and n not in revoked)
+
+    def _kill_member(self, kind: str) -> bool:
+        members = self._status()["members"]
+        if kind == "trainer" and _trainer_status(self.layout).get("step", 0) < self.settings.runtime.checkpoint_every:
+            return False  # "resumed from a checkpoint" needs one to exist
+        if kind == "robot":
+            running = self._running_robots(members)
+            if not running:
+                return False
+            name = str(self.rng.choice(running))
+        else:
+            name = kind
+        pid = members[name]["pid"]
+        if not (members[name]["alive"] and pid and kill_pid(pid)):
+            return False  # between a death and its restart: try again shortly
+        self._record(kind, name, pid)
+        return True
+
+    def _kill_coordinator(self) -> None:
+        for name, member in self._status()["members"].items():
+            self.carried[name] = self.carried.get(name, 0) + member["restarts"] + 1
+        pid = self.coordinator.pid
+        kill_pid(pid)
+        self.coordinator.wait()
+        self._record("coordinator", "coordinator", pid)
+        outlived = wait_gone(fleet_processes(self.settings_file), self.grace * 2, POLL_S)
+        self.report.outlived_coordinator += len(outlived)
+        stop_verified(outlived, self.grace, POLL_S)  # what `fleet up` does with orphans
+        self._start_coordinator()
+        self.coordinator_restarts += 1
+
+    def _network(self, kind: str) -> bool:
+        if kind == "reset":
+            if not any(p.open_connections for p in self.proxies.values()):
+                return False  # nothing to reset (the fleet is restarting, or a drop is on): later
+            for proxy in self.proxies.values():
+                proxy.reset()
+            self._record(kind, "inference+ingest proxies")
+            return True
+        mode = DROP if kind == "drop" else DELAY
+        for proxy in self.proxies.values():
+            proxy.set_mode(mode, self.plan.net_delay_s)
+        self._later(kind, lambda: [p.set_mode(PASS) for p in self.proxies.values()])
+        detail = f"{self.plan.window_s:.0f}s" + (f", +{self.plan.net_delay_s}s per chunk" if mode == DELAY else "")
+        self._record(kind, "inference+ingest proxies", detail=detail)
+        return True
+
+    def _fill_disk(self) -> bool:
+        """Take the dataset's filesystem half the headroom below the reserve (a real, allocated file)."""
+        filler = self._dataset_fs() / FILLER_NAME
+        if filler.exists():
+            return False
+        size = shutil.disk_usage(self._dataset_fs()).free - self.settings.runtime.min_free_bytes + self.headroom // 2
+        if size <= 0:
+            return False
+        fd = os.open(filler, os.O_CREAT | os.O_WRONLY, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+        self._later("disk_full", lambda: filler.unlink(missing_ok=True))
+        self._record("disk_full", str(filler.parent), detail=f"{size / 2**30:.2f} GiB filler for {self.plan.window_s:.0f}s")
+        return True
+
+    def _limit_ingest_writes(self) -> bool:
+        ingest = self._status()["members"]["ingest"]
+        identity = ProcessIdentity.of(ingest["pid"]) if ingest["alive"] and ingest["pid"] else None
+        if identity is None:
+            return False
+        soft, hard = resource.prlimit(identity.pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(identity.pid, resource.RLIMIT_FSIZE, (0, hard))
+
+        def undo() -> None:
+            if ProcessIdentity.of(identity.pid) == identity:  # the same process, not a reused pid
+                resource.prlimit(identity.pid, resource.RLIMIT_FSIZE, (soft, hard))
+
+        self._later("disk_quota", undo)
+        self._record("disk_quota", "ingest", identity.pid, f"RLIMIT_FSIZE 0 for {self.plan.window_s:.0f}s")
+        return True
+
+    def _revoke(self) -> bool:
+        status = self._status()
+        running = self._running_robots(status["members"])
+        if not running:
+            return False
+        robot = str(self.rng.choice(running))
+        before = self._restarts(status).get(robot, 0)
+        at = self._t()
+        revoke_robot(self.layout.token_file, robot)
+
+        def readmit() -> None:
+            status = self._status()
+            member = status["members"].get(robot)
+            issue_tokens(self.layout.token_file, self.settings.fleet.robot_ids(), readmit=(robot,))
+            failures = member["failures"] if member is not None else None
+            delays = member["restart_delays"][-failures:] if member is not None and failures else []
+            restarts = self._restarts(status).get(robot, 0) - before
+            self.report.revocations.append(Revocation(robot, at, round(self._t() - at, 2), restarts, failures, delays))
+
+        # the coordinator notices only when the robot's lease lapses: revoked for the window after that
+        window = self.settings.runtime.lease_s + self.plan.window_s
+        self._later("revoke", readmit, window)
+        self._record("revoke", robot, detail=f"re-issued after {window:.0f}s")
+        return True
+
+    def _later(self, kind: str, undo: Callable[[], None], window_s: float | None = None) -> None:
+        self.heals.append((self._t() + (self.plan.window_s if window_s is None else window_s), kind, undo))
+
+    def _heal(self, every: bool = False) -> None:
+        t = self._t()
+        due = [h for h in self.heals if every or h[0] <= t]
+        self.heals = [h for h in self.heals if h not in due]
+        for _, kind, undo in due:
+            try:
+                undo()
+                log.info("chaos: %s healed at %.1fs", kind, t)
+            except Exception:  # noqa: BLE001 - one failed heal must not leave the others in place
+                log.exception("chaos: healing %s failed", kind)
+
+    # ------------------------------------------------------------------ timeline
+    def _sample(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if now < self._next_sample and not force:
+            return
+        self._next_sample = now + self.plan.sample_s
+        status = self._status()
+        for name, member in status["members"].items():
+            info = member["info"]
+            if member["role"] == "robot" and "episodes" in info:
+                self.robot_counts[name] = (int(info["episodes"]), int(info["episodes"]) - int(info.get("pending", 0)))
+        restarts = self._restarts(status)
+        t = self._t()
+        for name, count in restarts.items():
+            series = self.restart_series.setdefault(name, [(0.0, 0)])
+            if count != series[-1][1]:
+                series.append((t, count))
+        self.fleet_restarts.append((t, sum(restarts.values())))
+        champion = status.get("aliases", {}).get(self.settings.registry.champion_alias)
+        point = TimelinePoint(
+            t, sum(f for f, _ in self.robot_counts.values()), sum(s for _, s in self.robot_counts.values()),
+            int(champion) if champion is not None else None, sum(restarts.values()),
+        )
+        self.report.timeline.append(point)
+        if now >= self._next_progress:
+            self._next_progress = now + max(10.0, self.plan.sample_s)
+            self.progress(
+                f"t={t:6.0f}s/{self.plan.duration_s:.0f}s finished {point.finished} stored {point.stored} "
+                f"faults {len(self.report.faults)} restarts {point.restarts} champion v{point.champion}"
+            )
+
+    # ------------------------------------------------------------------ end
+    def _wait_recovered(self) -> None:
+        """Every killed member came back, and a killed trainer resumed and checkpointed past its
+        resume (the audit reads the resume log from the newest checkpoint)."""
+        killed = {f.target for f in self.report.faults if f.kind in KILLS}
+        deadline = time.monotonic() + self.plan.timeout_s
+        while time.monotonic() < deadline:  # a kill just before the end: give the restart time
+            restarts = self._restarts()
+            if all(restarts.get(t, 0) >= 1 for t in killed) and ("trainer" not in killed or self._trainer_went_on()):
+                return
+            time.sleep(POLL_S)
+        log.warning("chaos: not every killed member recovered within %.0fs", self.plan.timeout_s)
+
+    def _trainer_went_on(self) -> bool:
+        status = _trainer_status(self.layout)
+        resumes = status.get("resumes", [])
+        return bool(resumes) and status.get("step", 0) >= resumes[-1] + self.settings.runtime.checkpoint_every
+
+    def _drain(self) -> None:
+        """`fleet down`, then `fleet up` with robots that only upload what they spooled."""
+        self._sample(force=True)
+        for name, member in self._status()["members"].items():
+            self.carried[name] = self.carried.get(name, 0) + member["restarts"]
+        self.report.restarts = self._restarts()
+        self._stop_fleet()
+        self.progress(f"t={self._t():6.0f}s drain: every fault healed; robots upload their spools and stop")
+        runtime = self.settings.runtime.model_copy(update={"robot_episodes": DRAIN_EPISODES})
+        self.settings_file = write_settings(self.settings.model_copy(update={"runtime": runtime}))
+        self._start_coordinator()
+        deadline = time.monotonic() + self.plan.timeout_s
         while time.monotonic() < deadline:
-            body = status()
+            body = self._status()
             if body["robots_done"] == body["robots"]:
-                report.completed = True
+                self.report.completed = True
                 break
             time.sleep(POLL_S)
-        killed_trainer = any(f.target == "trainer" for f in report.faults)
-        while killed_trainer and time.monotonic() < deadline:
-            trainer = _trainer_status(layout)
-            resumes = trainer.get("resumes", [])
-            if resumes and trainer.get("step", 0) > resumes[-1] and trainer.get("owed", 1) == 0:
-                break  # resumed, continued, and caught up with the data
-            time.sleep(POLL_S)
-        killed = {f.target for f in report.faults}
-        while time.monotonic() < deadline:  # a kill just before the robots finished: give the restart time
-            if all(restarts().get(t, 0) >= 1 for t in killed):
-                break
-            time.sleep(POLL_S)
-        report.restarts = restarts()
-    finally:
-        client.close()
-        stop_process(coordinator, grace * 4)
-        # everything this root still runs is a leak (found by command line, stopped verified)
-        leaked = wait_gone(fleet_processes(settings_file), grace, POLL_S)
-        report.leaked_pids = sorted(p.pid for p in leaked)
-        stop_verified(leaked, grace, POLL_S)
-    report.seconds = round(time.monotonic() - start, 1)
-    return audit(settings, report)
+        self._sample(force=True)
+        self.progress(f"t={self._t():6.0f}s drained: {'complete' if self.report.completed else 'TIMED OUT'}")
+
+    def _stop_fleet(self) -> None:
+        """SIGTERM the coordinator (it stops its members); anything of this root left is a leak."""
+        if self.coordinator is not None:
+            stop_process(self.coordinator, self.grace * 4)
+        leaked = wait_gone(fleet_processes(self.settings_file), self.grace, POLL_S)
+        self.report.leaked_pids += sorted(p.pid for p in leaked)
+        stop_verified(leaked, self.grace, POLL_S)
+
+    def _teardown(self) -> None:
+        self._heal(every=True)
+        try:
+            self._stop_fleet()
+        finally:
+            if self.client is not None:
+                self.client.close()
+            for name, proxy in self.proxies.items():
+                proxy.stop()
+                self.report.proxy[name] = asdict(proxy.stats)
+            (self._dataset_fs() / FILLER_NAME).unlink(missing_ok=True)
+
+    def _summarize(self) -> None:
+        report = self.report
+        report.restarts_total = sum(report.restarts.values())
+        report.max_member_restarts_per_min = max((max_in_window(s, RATE_WINDOW_S) for s in self.restart_series.values()), default=0)
+        report.max_fleet_restarts_per_min = max_in_window(self.fleet_restarts, RATE_WINDOW_S) if self.fleet_restarts else 0
+        versions = [p.champion for p in report.timeline if p.champion is not None]
+        report.champion_versions = [v for i, v in enumerate(versions) if i == 0 or v != versions[i - 1]]
+        report.promotions = max(0, len(report.champion_versions) - 1)
+
+
+def run_chaos(settings: Settings, plan: ChaosPlan, progress: Callable[[str], None] | None = None) -> ChaosReport:
+    """Run the fleet under the fault schedule, drain, stop everything, audit; leaves no process behind."""
+    return ChaosRun(settings, plan, progress).run()

@@ -79,6 +79,7 @@ LEASED = ("robot", "trainer")
 MAX_HEARTBEAT_BYTES = 16 * 1024
 PROBE_TIMEOUT_S = 1.0
 EVENTS_KEPT = 32  # per member, in memory: the newest start/stop lines
+STATUS_DELAYS = 8  # restart delays per member in /v1/status
 
 
 @dataclass
@@ -112,6 +113,11 @@ class Member:
 def restart_delay(failures: int, initial_s: float, max_s: float) -> float:
     """Delay before the next restart of a member that failed ``failures`` times in a row."""
     return min(max_s, initial_s * 2**failures)
+
+
+def backoff_delays(failures: int, initial_s: float, max_s: float) -> list[float]:
+    """The delays a member that failed ``failures`` times in a row, never beating between, waited."""
+    return [restart_delay(n, initial_s, max_s) for n in range(failures)]
 
 
 class Coordinator:
@@ -340,6 +346,7 @@ class Coordinator:
                     "alive": m.alive(),
                     "failures": m.failures,
                     "restart_in_s": None if m.restart_at is None else round(max(0.0, m.restart_at - now), 3),
+                    "restart_delays": m.delays[-STATUS_DELAYS:],  # newest last: a storm shows as no doubling
                     "done": m.done,
                     "restarts": m.restarts,
                     "last_exit": m.last_exit,

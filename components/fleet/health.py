@@ -15,9 +15,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-# errno values that mean "no room": the disk (or a quota) is full
-NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-NO_SPACE_TEXT = os.strerror(errno.ENOSPC)  # "No space left on device"
+# errno values that mean "no room": the disk, a quota, or the process's file-size limit
+# (RLIMIT_FSIZE: EFBIG) is full. Each is fixed by freeing room, not by retrying at once.
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+NO_SPACE_TEXTS = tuple(os.strerror(e) for e in sorted(NO_SPACE_ERRNOS))  # "No space left on device", ...
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def is_no_space(exc: BaseException) -> bool:
         seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
             return True
-        if isinstance(exc, OSError) and NO_SPACE_TEXT in str(exc):  # pyarrow's IO errors carry no errno
+        if isinstance(exc, OSError) and any(t in str(exc) for t in NO_SPACE_TEXTS):  # pyarrow's IO errors carry no errno
             return True
         exc = exc.__cause__ or exc.__context__
     return False

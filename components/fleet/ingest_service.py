@@ -14,8 +14,9 @@ Delivery is at-least-once (robots retry until they get an answer); storage is ex
 because the dataset dedupes by episode_id + content hash and commits atomically. A bad upload
 goes to the bounded quarantine with its reason (``quarantined_as``; null when the cap is
 reached) and the reason is returned; an upload naming another robot is refused (403) and nothing
-of it is kept. ``/healthz`` is 503 while the disk is below ``min_free_bytes`` or the writer
-thread is dead.
+of it is kept. ``/healthz`` is 503 while the disk is below ``min_free_bytes``, after a store
+failed for lack of room (ENOSPC, EDQUOT, EFBIG) until a store succeeds again (``restart: false``
+for both: a restart frees no room), or when the writer thread is dead (``restart: true``).
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ class GroupCommitWriter:
         self.window_s = window_s
         self.max_items = max_items
         self.commits = 0
+        self.no_space: str | None = None  # why the last store failed for lack of room; cleared by the next store
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
         self._thread.start()
@@ -218,8 +220,17 @@ class GroupCommitWriter:
                         outcomes += self._store([pending])
                     except Exception as alone:  # noqa: BLE001 - this member, and only it, fails
                         outcomes.append(self._alone_failed(pending, alone))
+        self._note_space(outcomes)
         for pending, outcome in zip(batch, outcomes):
             pending.future.set_result(outcome)
+
+    def _note_space(self, outcomes: list[StoreOutcome]) -> None:
+        """A store refused for lack of room makes the service degraded until a store succeeds:
+        the free-space reserve alone misses a full quota or file-size limit."""
+        if any(o.status in ("added", "duplicate") for o in outcomes):
+            self.no_space = None
+        elif any(o.status == "no_space" for o in outcomes):
+            self.no_space = next(o.reason for o in outcomes if o.status == "no_space")
 
     def _store(self, batch: list[_Pending]) -> list[StoreOutcome]:
         """One atomic ingest call; raises if any member cannot be stored (nothing is then stored)."""
@@ -281,6 +292,8 @@ def create_ingest_app(settings: Settings, book: TokenBook) -> FastAPI:
         writer = state.get("writer")
         if writer is not None and not writer.alive():
             return HealthProblem("the group-commit writer thread is dead", restart=True)
+        if writer is not None and writer.no_space is not None:
+            return HealthProblem(f"the last store failed for lack of room: {writer.no_space}", restart=False)
         return disk_problem(paths.episodes, cfg.min_free_bytes)
 
     app = FastAPI(title="fleetloop ingest", lifespan=lifespan, **NO_API_DOCS)

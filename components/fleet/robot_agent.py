@@ -252,8 +252,8 @@ def run_robot(settings: Settings, robot_id: str, token: str, stop: threading.Eve
     layout = RuntimeLayout.of(settings)
     spool = Spool(layout.spool(robot_id))
     claim = spool.claim()  # one agent per spool, or SpoolBusy (exit 1: the coordinator backs off)
-    inference = InferenceClient(base_url(cfg.host, cfg.inference_port), token, cfg.inference_timeout_s)
-    ingest = IngestClient(base_url(cfg.host, cfg.ingest_port), token, cfg.upload_timeout_s)
+    inference = InferenceClient(cfg.robot_inference_url or base_url(cfg.host, cfg.inference_port), token, cfg.inference_timeout_s)
+    ingest = IngestClient(cfg.robot_ingest_url or base_url(cfg.host, cfg.ingest_port), token, cfg.upload_timeout_s)
     agent = RobotAgent(settings, robot_id, inference, spool)
     jitter_seed = stable_robot_hash(robot_id) % 2**31
     uploader = Uploader(spool, ingest, Backoff(cfg.retry_initial_s, cfg.retry_max_s, jitter_seed), agent.report).start()

@@ -1,7 +1,7 @@
 """A robot's write-ahead spool: every finished episode is on local disk before it is uploaded.
 
     finish episode k -> pending/<k>.<episode_id>.<content_hash>.arrow   (temp + fsync + rename)
-    upload answered "stored" -> ledger.jsonl line (fsync) -> pending file removed
+    upload answered "stored" -> ledger.jsonl line (fsync; when it was spooled and acked) -> pending file removed
     upload answered 4xx      -> rejected/<file> + <file>.reason.json (kept for the operator)
     pending file unreadable  -> unreadable/<file> + <file>.reason.json (kept; the uploader goes on)
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,12 @@ class LedgerEntry:
     episode_id: str
     content_hash: str
     outcome: str  # added | duplicate | rejected
+    finished_at: float | None = None  # wall clock: the episode was spooled (older ledgers: None)
+    acked_at: float | None = None  # wall clock: the service's answer was recorded
+
+
+def _time(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _parse(path: Path) -> SpooledEpisode | None:
@@ -131,9 +138,10 @@ class Spool:
         items = (_parse(p) for p in self.pending_dir.iterdir())
         return sorted((i for i in items if i is not None), key=lambda i: i.index)
 
-    def _append_ledger(self, item: SpooledEpisode, outcome: str) -> None:
+    def _append_ledger(self, item: SpooledEpisode, outcome: str, finished_at: float | None = None) -> None:
         line = json.dumps(
-            {"index": item.index, "episode_id": item.episode_id, "content_hash": item.content_hash, "outcome": outcome}
+            {"index": item.index, "episode_id": item.episode_id, "content_hash": item.content_hash, "outcome": outcome,
+             "finished_at": finished_at, "acked_at": time.time()}
         )
         with open(self.ledger_path, "a") as ledger:
             ledger.write(line + "\n")
@@ -141,8 +149,13 @@ class Spool:
             os.fsync(ledger.fileno())
 
     def ack(self, item: SpooledEpisode, outcome: str) -> None:
-        """The service stored it: record that, then drop the local copy."""
-        self._append_ledger(item, outcome)
+        """The service stored it: record that (with when it was spooled: the pending file's mtime,
+        which the rename into pending/ kept), then drop the local copy."""
+        try:
+            finished_at: float | None = item.path.stat().st_mtime
+        except OSError:
+            finished_at = None
+        self._append_ledger(item, outcome, finished_at)
         item.path.unlink(missing_ok=True)
         fsync_dir(self.pending_dir)
 
@@ -171,7 +184,10 @@ class Spool:
         for line in self.ledger_path.read_text().splitlines():
             try:
                 raw = json.loads(line)
-                entry = LedgerEntry(int(raw["index"]), str(raw["episode_id"]), str(raw["content_hash"]), str(raw["outcome"]))
+                entry = LedgerEntry(
+                    int(raw["index"]), str(raw["episode_id"]), str(raw["content_hash"]), str(raw["outcome"]),
+                    _time(raw.get("finished_at")), _time(raw.get("acked_at")),
+                )
             except (ValueError, KeyError, TypeError):
                 continue
             entries.setdefault(entry.episode_id, entry)
