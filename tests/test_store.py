@@ -467,3 +467,51 @@ def test_upkeep_compacts_prunes_and_keeps_tagged_versions(tmp_path: Path) -> Non
     assert store.upkeep().index_rebuilt
     store.untag("run-1")
     assert store.tags() == {}
+
+
+def _reference_nearest(vectors: np.ndarray, queries: np.ndarray, k: int, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """Brute force in float64: (Q, k) row positions (ties by row order) and distances."""
+    v, q = vectors.astype(np.float64), queries.astype(np.float64)
+    if metric == "cosine":
+        v, q = v / np.linalg.norm(v, axis=1, keepdims=True), q / np.linalg.norm(q, axis=1, keepdims=True)
+        d = 1.0 - q @ v.T
+    else:
+        d = ((q[:, None, :] - v[None, :, :]) ** 2).sum(-1)
+    order = np.argsort(d, axis=1, kind="stable")[:, :k]
+    return order, np.take_along_axis(d, order, axis=1)
+
+
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_many_queries_scan_the_table_once_exactly_whatever_the_batch_sizes(tmp_path: Path, metric: str) -> None:
+    """A large batch of queries (FERT's) is answered exactly by one streaming pass: the same
+    neighbours as float64 brute force on the filtered rows, and bit-identical across scan batch
+    sizes, query blocks, and the exact flag."""
+    episodes = make_fleet(count=60)
+    encoder = fit_encoder(episodes)
+    cfg = CFG.model_copy(update={"metric": metric, "scan_min_queries": 8, "index_min_rows": 100_000})
+    store = SegmentStore.open(tmp_path / "segments", cfg, encoder.dim)
+    store.upsert(episodes, encoder, snapshot="snap-a")
+    rows = store._table.search().select(["vector", "segment_id", "success", "task"]).limit(None).to_arrow()
+    keep = np.asarray(rows.column("success").to_pylist()) & (np.asarray(rows.column("task").to_pylist()) == "push")
+    vectors = np.stack(rows.column("vector").to_pylist()).astype(np.float32)[keep]
+    ids = np.asarray(rows.column("segment_id").to_pylist(), dtype=object)[keep]
+    queries = encoder.encode(np.concatenate([cut_windows(ep.states, 8, 4).windows for ep in episodes[:6]]))
+    queries += np.random.default_rng(3).normal(0, 0.05, queries.shape).astype(np.float32)  # not exact copies
+    assert len(queries) >= cfg.scan_min_queries
+
+    got = store.search(queries, k=7, success=True, task="push")
+    order, distances = _reference_nearest(vectors, queries, 7, metric)
+    assert (got.segment_ids == ids[order]).all() and got.counts.tolist() == [7] * len(queries)
+    np.testing.assert_allclose(got.distances, distances, rtol=1e-4, atol=1e-5)
+    assert got.success.all()
+
+    for update in ({"scan_rows": 5}, {"scan_query_block": 3}, {"scan_rows": 7, "scan_query_block": 1}):
+        other = SegmentStore.open(tmp_path / "segments", cfg.model_copy(update=update), encoder.dim)
+        again = other.search(queries, k=7, success=True, task="push")
+        assert (again.segment_ids == got.segment_ids).all(), update
+        np.testing.assert_array_equal(again.distances, got.distances)
+    one = store.search(queries[:1], k=7, success=True, task="push", exact=True)  # below the threshold, exact
+    assert (one.segment_ids[0] == got.segment_ids[0]).all()
+
+    few = store.search(queries, k=len(vectors) + 5, success=True, task="push")  # k beyond the filtered rows
+    assert few.counts.tolist() == [len(vectors)] * len(queries) and (few.starts[:, len(vectors):] == -1).all()

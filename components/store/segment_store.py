@@ -40,6 +40,7 @@ from components.config import StoreConfig
 from components.episodes.record import Episode
 from components.store.encoder import WindowEncoder, encoder_fingerprint, encoder_from_state_dict
 from components.store.index_plan import IVF_PQ_MIN_ROWS, IvfPqPlan, plan_ivf_pq
+from components.store.scan import scan_nearest
 from components.store.windows import cut_windows
 
 VECTOR = "vector"
@@ -652,9 +653,10 @@ class SegmentStore:
     ) -> SearchResult:
         """k nearest segments for each row of ``vectors`` (Q, D), filtered before ranking.
 
-        Queries go to LanceDB ``store.search_batch_queries`` at a time (memory stays bounded however
-        many there are; the result does not depend on the batch size). ``exact=True`` bypasses
-        the index (brute force).
+        ``exact=True``, or at least ``store.scan_min_queries`` queries: one exact streaming pass
+        over the table for all of them (``scan.py``; many queries amortise the read). Otherwise
+        LanceDB's index (once built), ``store.search_batch_queries`` queries per call (memory
+        stays bounded; the result does not depend on the batch size).
         """
         queries = np.asarray(vectors, dtype=np.float32)
         if queries.ndim == 1:
@@ -672,8 +674,10 @@ class SegmentStore:
         version = self.version
         if n_queries == 0 or self.count() == 0:
             return _empty_result(n_queries, k, self.cfg.metric, version)
-        batch = self.cfg.search_batch_queries
         filters = self._filters(success, task, robot_id, exclude_episode_ids)
+        if exact or n_queries >= self.cfg.scan_min_queries:
+            return self._scan(queries, k, filters, version)
+        batch = self.cfg.search_batch_queries
         parts = [self._search_batch(queries[i : i + batch], k, filters, exact, version)
                  for i in range(0, n_queries, batch)]
         return parts[0] if len(parts) == 1 else _concat_results(parts)
@@ -692,6 +696,29 @@ class SegmentStore:
         if excluded:
             filters.append(f"NOT ({_sql_in('episode_id', excluded)})")
         return filters
+
+    def _scan(self, queries: np.ndarray, k: int, filters: list[str], version: int) -> SearchResult:
+        """Exact answer in one pass over the (filtered) table: see components/store/scan.py."""
+        scan = self._table.search().select([VECTOR, *RESULT_COLUMNS]).limit(None)
+        if filters:
+            scan = scan.where(" AND ".join(filters))
+        hits, rows = scan_nearest(scan.to_batches(self.cfg.scan_rows), VECTOR, queries, k, self.cfg.metric,
+                                  self.cfg.scan_query_block, keep=RESULT_COLUMNS)
+        result = _empty_result(queries.shape[0], k, self.cfg.metric, version)
+        found = hits.positions >= 0
+        if rows is None or not found.any():
+            return result
+        q, r = np.nonzero(found)
+        picked = rows.take(pa.array(hits.positions[q, r]))
+        result.distances[q, r] = hits.distances[q, r]
+        for name, target in (("segment_id", result.segment_ids), ("episode_id", result.episode_ids),
+                             ("robot_id", result.robot_ids)):
+            target[q, r] = np.asarray(picked.column(name).to_pylist(), dtype=object)
+        result.starts[q, r] = picked.column("start").to_numpy()
+        result.ends[q, r] = picked.column("end").to_numpy()
+        result.success[q, r] = picked.column("success").to_numpy(zero_copy_only=False)
+        result.counts[:] = found.sum(axis=1)
+        return result
 
     def _search_batch(self, queries: np.ndarray, k: int, filters: list[str], exact: bool, version: int) -> SearchResult:
         n_queries = queries.shape[0]
