@@ -65,6 +65,7 @@ EVAL_STEPS_PER_ROLLOUT_STEP = 5  # held-out evaluation: this many env steps per 
 BRUTE_FORCE = {True: 4, False: 6}  # candidates measured against the planner's choice (quick, full)
 HOST_PROBE_LOOPS = 200_000  # ~20 ms of pure Python on this machine when its host is quiet
 QUALIFY_CORE_FRACTION = 0.9  # a round counts when the capacity probe saw >= this share of the cores, before and after
+CAPACITY_SETTLE_S = 1.0  # pause before the after-round capacity probe
 MIN_QUALIFIED_ROUNDS = 3  # fewer qualified rounds than this: figures come from every round, flagged unqualified
 PROCESS_SPLITS_KEPT = 2  # process-based coarse splits (fastest in the calibration run) that join the rounds
 
@@ -389,6 +390,7 @@ def main() -> None:
     # 2 threads/op oversubscribe a loaded machine: these rows join the first half of the rounds only
     slow_rows = {p.name: max(1, rounds // 2) for p in slow if p is not None}
     def probe_after(r: int) -> None:
+        time.sleep(CAPACITY_SETTLE_S)  # the last run's worker processes finish exiting
         capacity[r] = (capacity[r][0], effective_cores(rt.devices))
         log(f"round {r + 1}: capacity probe {capacity[r][0]:.2f} -> {capacity[r][1]:.2f} cores")
 

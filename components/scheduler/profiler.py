@@ -109,11 +109,14 @@ def _machine_busy_s() -> float:
 
 
 CAPACITY_PROBE_SIZE = 256  # square matmul: long enough (~0.5 ms) to run outside the interpreter lock
+CAPACITY_PROBE_REPEATS = 5  # alone/together pairs per capacity reading (median kept)
 
 
-def effective_cores(devices: int, seconds: float = 0.2) -> float:
+def effective_cores(devices: int, seconds: float = 0.1, repeats: int = CAPACITY_PROBE_REPEATS) -> float:
     """Cores this process can get right now, measured: the same lock-free kernel on one thread,
-    then on ``devices`` threads at once; capacity = summed rate together / rate alone.
+    then on ``devices`` threads at once; capacity = summed rate together / rate alone. The pair
+    is taken ``repeats`` times in alternation and the median ratio kept: one reading right after a
+    run (worker processes still exiting, a host burst) could read 1.2 on an idle 2-core machine.
 
     On a machine shared with other jobs it is below ``devices``: Linux CFS gives each session
     (autogroup) a fair share, so while another session keeps a core busy, a second worker of ours
@@ -141,9 +144,10 @@ def effective_cores(devices: int, seconds: float = 0.2) -> float:
             t.join()
         return sum(rates)
 
-    alone = (run(1) + run(1)) / 2 if devices > 1 else 1.0
-    together = run(devices) if devices > 1 else 1.0
-    return min(max(together / max(alone, 1e-9), 1.0), float(devices))
+    if devices <= 1:
+        return 1.0
+    ratios = [run(devices) / max(run(1), 1e-9) for _ in range(repeats)]
+    return min(max(statistics.median(ratios), 1.0), float(devices))
 
 
 def autogroup_scheduling() -> bool:
