@@ -386,6 +386,11 @@ class FleetRuntimeConfig(Section):
     max_upload_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     commit_window_ms: float = Field(default=20.0, ge=0)  # group commit: uploads stored together
     commit_max_episodes: int = Field(default=64, ge=1)
+    # the ingest service embeds what it stored into the segment store (the ingest flow's own
+    # embed + upsert, on a background thread): after each commit, and at least this often
+    ingest_embeds: bool = True
+    embed_interval_s: float = Field(default=5.0, gt=0)
+    embed_backoff_max_s: float = Field(default=60.0, gt=0)  # a failing embed retries, doubling up to this
     upload_rate_per_s: float = Field(default=20.0, gt=0)  # per robot, sustained; over it: 429 + Retry-After
     upload_burst: int = Field(default=40, ge=1)  # per robot, uploads allowed at once before the rate applies
     quarantine_max_bytes: int = Field(default=256 * 1024 * 1024, ge=0)  # rejected bytes kept by ingest; past it not kept

@@ -354,3 +354,34 @@ def test_a_store_that_runs_out_of_room_answers_507_keeps_nothing_half_written_an
     assert healthy.status_code == 200
     dataset = _dataset(settings)
     assert dataset.num_episodes == 2 and {e.episode_id for e in dataset.episodes()} >= {episode.episode_id}
+
+
+def test_what_the_service_stores_reaches_the_segment_store_by_the_ingest_flows_own_path(fleet):
+    """Uploads are embedded into the segment store in the background (``embed_pending``, the
+    function ``ingest_files`` runs): every stored episode gets its windows, and the store's embed
+    cursor reaches the end of the dataset."""
+    import time
+
+    from components.pipeline.workspace import Workspace
+    from components.store import episode_windows
+
+    settings, _, _ = fleet
+    client = _client(fleet, "robot-0001")
+    episodes = [synthetic_episode("robot-0001", seed=700 + i) for i in range(3)]
+    assert all(client.upload(episode_to_ipc(ep)).status == "added" for ep in episodes)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ws = Workspace(settings)
+        cursor = ws.store.embed_cursor() if ws.store.count() else None
+        if cursor is not None and cursor.episodes == ws.dataset.num_episodes:
+            break
+        time.sleep(0.5)
+    ws = Workspace(settings)
+    assert ws.store.embed_cursor().episodes == ws.dataset.num_episodes
+    assert {ep.episode_id for ep in episodes} <= ws.store.episode_ids() == set(ws.dataset.episode_ids(0))
+    for ep in episodes:
+        windows = len(episode_windows(ep, settings.store.window, settings.store.stride)[0])
+        assert ws.store.count(f"episode_id = '{ep.episode_id}'") == windows
+    stats = httpx.get(service_url(settings, "ingest") + "/v1/stats",
+                      headers={"Authorization": f"Bearer {fleet[1].service}"}, timeout=10).json()
+    assert stats["embedder"]["segments"] >= 3 and stats["embedder"]["last_error"] is None

@@ -28,6 +28,7 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from components.episodes.quarantine import QuarantinedFile
 from components.episodes.schema import CONTRACT_COLUMNS, PARQUET_MAGIC, ROBOT_ID
 from components.episodes.validation import WHOLE_FILE, EpisodeValidationError, validate_episode_table
 from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook
+from components.fleet.embedder import StoreEmbedder
 from components.fleet.clients import EPISODES_PATH, STATS_PATH
 from components.fleet.health import HealthProblem, disk_problem, is_no_space
 from components.fleet.http_server import NO_API_DOCS, add_health, auth_dependency, http_error, read_body_limited
@@ -156,7 +158,8 @@ class GroupCommitWriter:
     """
 
     def __init__(
-        self, dataset: EpisodeDataset, known_robots: set[str], quarantine: BoundedQuarantine, window_s: float, max_items: int
+        self, dataset: EpisodeDataset, known_robots: set[str], quarantine: BoundedQuarantine, window_s: float, max_items: int,
+        on_stored: Callable[[], None] | None = None,
     ) -> None:
         self.dataset = dataset
         self.known_robots = known_robots
@@ -164,6 +167,7 @@ class GroupCommitWriter:
         self.window_s = window_s
         self.max_items = max_items
         self.commits = 0
+        self.on_stored = on_stored  # called after a commit that stored episodes (the store embedder)
         self.no_space: str | None = None  # why the last store failed for lack of room; cleared by the next store
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
@@ -239,6 +243,8 @@ class GroupCommitWriter:
         added = set(report.added)
         if report.added:
             log.info("stored %d episodes (%d uploads in one commit)", len(report.added), len(batch))
+            if self.on_stored is not None:
+                self.on_stored()
         return [StoreOutcome("added" if p.episode_id in added else "duplicate", p.episode_id) for p in batch]
 
     def _alone_failed(self, pending: _Pending, exc: Exception) -> StoreOutcome:
@@ -282,16 +288,25 @@ def create_ingest_app(settings: Settings, book: TokenBook) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        embedder = StoreEmbedder(settings) if cfg.ingest_embeds else None
+        if embedder is not None:
+            state["embedder"] = embedder
         state["writer"] = GroupCommitWriter(
-            dataset, known, quarantine, cfg.commit_window_ms / 1000.0, cfg.commit_max_episodes
+            dataset, known, quarantine, cfg.commit_window_ms / 1000.0, cfg.commit_max_episodes,
+            on_stored=embedder.notify if embedder is not None else None,
         )
         yield
         await asyncio.to_thread(state["writer"].close)
+        if embedder is not None:
+            await asyncio.to_thread(embedder.close)
 
     def problem() -> HealthProblem | None:
         writer = state.get("writer")
         if writer is not None and not writer.alive():
             return HealthProblem("the group-commit writer thread is dead", restart=True)
+        embedder = state.get("embedder")
+        if embedder is not None and not embedder.alive():
+            return HealthProblem("the store-embedder thread is dead", restart=True)
         if writer is not None and writer.no_space is not None:
             return HealthProblem(f"the last store failed for lack of room: {writer.no_space}", restart=False)
         return disk_problem(paths.episodes, cfg.min_free_bytes)
@@ -355,7 +370,8 @@ def create_ingest_app(settings: Settings, book: TokenBook) -> FastAPI:
         await asyncio.to_thread(dataset.refresh)
         writer = state.get("writer")
         return JSONResponse(
-            {"episodes": dataset.num_episodes, "robots": dataset.robots(), "commits": writer.commits if writer else 0}
+            {"episodes": dataset.num_episodes, "robots": dataset.robots(), "commits": writer.commits if writer else 0,
+             "embedder": state["embedder"].status() if "embedder" in state else None}
         )
 
     return app

@@ -133,7 +133,8 @@ class FleetTrainer:
 
     def _tensors(self) -> TrainingSet:
         """The buffer as the one training-set builder sees it (method from ``train.method``; FERT,
-        which needs the segment store, trains as filtered BC here: the fleet's ingest does not embed)."""
+        trains as filtered BC here: the ingest service now embeds into the segment store, but the
+        continuous trainer does not yet run FERT's divergence + retrieval per buffer rebuild)."""
         episodes = sorted(self._episodes, key=lambda ep: ep.episode_id)  # as steps.training_set orders them
         if self._buffer is None and not self.cfg.trainer_success_only:  # every uninterrupted episode, uniform
             self._buffer = TrainingSet(np.concatenate([e.states for e in episodes]).astype(np.float32),

@@ -153,13 +153,20 @@ def upsert(settings: Settings, rows: list[pa.Table], encoder: WindowEncoder) -> 
     return report
 
 
+def embed_pending(settings: Settings, snapshot: str = "") -> int:
+    """The store's half of ingest: embed the stored episodes past the embed cursor and upsert
+    them (index kept up); returns the segments written. ``ingest_files`` and the fleet's ingest
+    service (``components/fleet/embedder.py``) both run it; crash-safe through the cursor."""
+    encoder = store_encoder(settings)
+    new = episodes_to_embed(settings)
+    rows = [embed(settings, new, encoder, snapshot)] if new else []
+    upserted = upsert(settings, rows, encoder)
+    return (upserted.inserted + upserted.updated) if upserted else 0
+
+
 def ingest_files(settings: Settings, files: list[Path], snapshot: bool = True) -> IngestResult:
     """All phases in order, in this process."""
     report = store_episodes(settings, [read_file(settings, f) for f in files])
     snap = take_snapshot(settings, bool(report.added)) if snapshot else None
-    encoder = store_encoder(settings)
-    new = episodes_to_embed(settings)
-    rows = [embed(settings, new, encoder, snap.hash if snap else "")] if new else []
-    upserted = upsert(settings, rows, encoder)
-    count = (upserted.inserted + upserted.updated) if upserted else 0
+    count = embed_pending(settings, snap.hash if snap else "")
     return IngestResult(report, snap, Workspace(settings).store.version, count)
