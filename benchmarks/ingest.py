@@ -16,7 +16,8 @@
 2. **kNN**: the same store topped up with ``SegmentStore.upsert`` to ``--knn-segments``, upkept
    (index built for that size), then single-query k=10 latency, brute force vs IVF_PQ with the
    configured nprobes/refine, with and without the success filter FERT uses; recall@10 against
-   brute force with the same filter.
+   brute force with the same filter; and FERT's bulk shape (``fert.max_queries`` queries at once):
+   the store's exact scan beside LanceDB's own search of the same list, flat and indexed.
 
 Writes benchmarks/results/ingest.json and ingest.png. The machine is shared: load averages are
 recorded, and start/end figures are medians over ``WINDOW`` batches.
@@ -233,6 +234,7 @@ def knn(scale: Scale, settings: Settings) -> dict:
         print(f"{case['name']}: p50 {case['latency']['p50_ms']:.2f} ms, p99 {case['latency']['p99_ms']:.2f} ms, "
               f"recall@10 {case['recall_at_10']:.3f}", flush=True)
     headline = cases[2]
+    bulk = bulk_queries(store, encoder, settings, windows)
     return {
         "segments": segments, "k": K, "top_up_s": top_up_s, "upkeep_s": upkeep_s,
         "index": {"partitions": plan.partitions, "sub_vectors": plan.sub_vectors, "dim": plan.dim,
@@ -240,7 +242,38 @@ def knn(scale: Scale, settings: Settings) -> dict:
         "p50_ms": headline["latency"]["p50_ms"], "p99_ms": headline["latency"]["p99_ms"],
         "recall_at_10": headline["recall_at_10"],
         "cases": cases,
+        "bulk": bulk,
     }
+
+
+def bulk_queries(store: SegmentStore, encoder, settings: Settings, windows: np.ndarray) -> dict:
+    """FERT's shape of search: ``fert.max_queries`` failure windows at once, k = ``fert.top_k``,
+    success filter. The product path (``store.search``: one exact streaming pass) side by side with
+    LanceDB's own search of the same query list, through the index and flat, in its bounded
+    batches (``store.search_batch_queries``); all three in one run."""
+    n = min(settings.fert.max_queries, len(windows))
+    queries = encoder.encode(windows[np.random.default_rng(2).choice(len(windows), n, replace=False)])
+    k, filters = settings.fert.top_k, store._filters(True, None, None, ())
+    batch = settings.store.search_batch_queries
+
+    def lancedb(exact: bool) -> tuple[float, np.ndarray]:
+        t0 = time.perf_counter()
+        parts = [store._search_batch(queries[i : i + batch], k, filters, exact, store.version)
+                 for i in range(0, n, batch)]
+        return time.perf_counter() - t0, np.concatenate([p.segment_ids for p in parts])
+
+    t0 = time.perf_counter()
+    scan = store.search(queries, k=k, success=True)
+    scan_s = time.perf_counter() - t0
+    flat_s, flat_ids = lancedb(exact=True)
+    index_s, index_ids = lancedb(exact=False)
+    out = {"queries": n, "k": k, "scan_s": scan_s, "lancedb_flat_s": flat_s, "lancedb_index_s": index_s,
+           "speedup_vs_lancedb_flat": flat_s / scan_s, "speedup_vs_lancedb_index": index_s / scan_s,
+           "scan_recall_vs_lancedb_flat": recall(scan.segment_ids, flat_ids),
+           "lancedb_index_recall_vs_scan": recall(index_ids, scan.segment_ids)}
+    print(f"bulk ({n} queries, k={k}, success filter): scan {scan_s:.1f} s, LanceDB flat {flat_s:.1f} s, "
+          f"LanceDB index {index_s:.1f} s", flush=True)
+    return out
 
 
 def size_label(n: int) -> str:

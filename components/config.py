@@ -156,9 +156,9 @@ class StoreConfig(Section):
     # queries per LanceDB call: an indexed search materialises k * refine_factor rows per query,
     # so FERT's tens of thousands of failure windows in one call took >15 GB (96-robot study)
     search_batch_queries: int = Field(default=1024, ge=1)
-    # exact searches, and any search of at least scan_min_queries queries, are answered by one
-    # streaming pass over the table (components/store/scan.py): at 336k segments 2,048 FERT queries
-    # took 185 s through the index (prefiltered), 12 s flat in LanceDB
+    # a search of at least scan_min_queries queries (FERT's divergence and retrieval) is answered
+    # exactly by one streaming pass over the table (components/store/scan.py): at 336k segments,
+    # 1,164 prefiltered queries took 85 s through the index, 23 s flat in LanceDB, 21 s scanned
     scan_min_queries: int = Field(default=64, ge=1)
     scan_rows: int = Field(default=32_768, ge=1)  # rows per streamed batch
     scan_query_block: int = Field(default=1024, ge=1)  # queries scored together (block x rows floats)

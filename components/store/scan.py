@@ -6,11 +6,13 @@
       running top-k per query, ties broken by row position --> (Q, k) distances + row positions
 
 Why a scan of our own: FERT asks thousands of queries at once (every window of every failed
-episode for the divergence, up to ``fert.max_queries`` for retrieval). LanceDB answers a list of
-queries one query at a time: measured on 336k segments (88-dim), 2,048 queries with the success
-prefilter took 185 s through IVF_PQ (nprobes 20, refine 30) and 12 s flat. One pass that reads
+episode for the divergence, up to ``fert.max_queries`` for retrieval). Through LanceDB's IVF_PQ
+index with the success prefilter that took minutes at 96 robots (336k segments, 1,164 queries:
+85 s indexed, 23 s flat, 21 s scanned; ``benchmarks/ingest.py``'s bulk case). One pass that reads
 each row once and scores every query against it with a matrix product costs one table read plus
-Q x N x D multiply-adds. It is exact, so its result does not depend on the index's state.
+Q x N x D multiply-adds, exact, with ties broken by row order, so its result does not depend on
+the index's state. Below ``store.scan_min_queries`` queries the table read is not amortised and
+LanceDB answers instead.
 
 The matrix product's expansion (|q|^2 + |v|^2 - 2 q.v) loses low bits, so it only *preselects*;
 the reported distances are recomputed directly, and ranking uses those.

@@ -653,10 +653,10 @@ class SegmentStore:
     ) -> SearchResult:
         """k nearest segments for each row of ``vectors`` (Q, D), filtered before ranking.
 
-        ``exact=True``, or at least ``store.scan_min_queries`` queries: one exact streaming pass
-        over the table for all of them (``scan.py``; many queries amortise the read). Otherwise
-        LanceDB's index (once built), ``store.search_batch_queries`` queries per call (memory
-        stays bounded; the result does not depend on the batch size).
+        At least ``store.scan_min_queries`` queries: one exact streaming pass over the table for
+        all of them (``scan.py``; many queries amortise the read). Fewer: LanceDB, through its
+        index once built (``exact=True``: flat), ``store.search_batch_queries`` queries per call
+        (memory stays bounded; the result does not depend on the batch size).
         """
         queries = np.asarray(vectors, dtype=np.float32)
         if queries.ndim == 1:
@@ -675,7 +675,7 @@ class SegmentStore:
         if n_queries == 0 or self.count() == 0:
             return _empty_result(n_queries, k, self.cfg.metric, version)
         filters = self._filters(success, task, robot_id, exclude_episode_ids)
-        if exact or n_queries >= self.cfg.scan_min_queries:
+        if n_queries >= self.cfg.scan_min_queries:
             return self._scan(queries, k, filters, version)
         batch = self.cfg.search_batch_queries
         parts = [self._search_batch(queries[i : i + batch], k, filters, exact, version)
