@@ -2,6 +2,7 @@
 
     python -m benchmarks.pack_difficulty                       # 3 seeds, ~4 min of one core
     python -m benchmarks.pack_difficulty --quick               # smoke run (~40 s), to pack_difficulty_quick.json
+    python -m benchmarks.pack_difficulty --test-robots         # the same criteria on fresh test populations
 
 1. The scripted expert on test robots (``heldout-*`` ids): ``--expert-robots`` x
    ``--expert-trials`` episodes; criterion >= 99%.
@@ -30,6 +31,7 @@ import torch
 
 from components.config import Settings, load_settings
 from components.evaluation.intervals import wilson_interval
+from components.evaluation.populations import check_reportable
 from components.pipeline import steps
 from components.pipeline.collect import collect_expert_demos
 from components.pipeline.ingest import ingest_files
@@ -74,22 +76,44 @@ def pack_settings(root: Path, seed: int) -> Settings:
     })
 
 
-def expert_rate(settings: Settings, robots: int, trials: int) -> Rate:
-    ids = settings.fleet.heldout_ids(robots)
-    return rate_of(run_episodes(make_expert(settings.sim), ids, settings.sim, trials, EXPERT_SEED, "expert"), settings)
+def scored_robots(settings: Settings, robots: int, test: bool) -> tuple[list[str], Settings]:
+    """Who the criteria are measured on: ``heldout-*`` robots of population 0 (what the task was
+    tuned on), or with ``test`` the study's test robots of a population drawn fresh for this seed
+    (``fleet.test_population_seed(seed)``), refused unless they are test robots."""
+    if not test:
+        return settings.fleet.heldout_ids(robots), settings
+    ids = settings.fleet.test_ids(robots)
+    check_reportable(ids, settings.fleet)
+    population = settings.fleet.test_population_seed(settings.seed)
+    return ids, settings.model_copy(update={"sim": settings.sim.model_copy(update={"population_seed": population})})
 
 
-def bootstrap_bc_rate(settings: Settings, robots: int, trials: int) -> tuple[Rate, dict]:
+def expert_rate(settings: Settings, robots: int, trials: int, test: bool = False) -> Rate:
+    ids, scored = scored_robots(settings, robots, test)
+    return rate_of(run_episodes(make_expert(scored.sim), ids, scored.sim, trials, EXPERT_SEED, "expert"), scored)
+
+
+def bootstrap_bc_rate(settings: Settings, robots: int, trials: int, test: bool = False) -> tuple[Rate, dict]:
     """The product's bootstrap (demos -> ingest -> BC), then held-out trials, thresholded jaw."""
     demos = collect_expert_demos(settings, settings.paths.incoming / "expert")
     ingest_files(settings, demos.files, snapshot=False)
     outcome = steps.train_policy(settings)
-    actor = make_thresholded(settings.sim, PolicyActor(outcome.result.policy))
+    ids, scored = scored_robots(settings, robots, test)
+    actor = make_thresholded(scored.sim, PolicyActor(outcome.result.policy))
     seed = settings.seed * SEED_STRIDE + EVAL_STREAM
-    episodes = run_episodes(actor, settings.fleet.heldout_ids(robots), settings.sim, trials, seed, "bc")
+    episodes = run_episodes(actor, ids, scored.sim, trials, seed, "bc")
     info = {"demo_episodes": demos.episodes, "demo_success": demos.success_rate, "train_frames": outcome.frames,
             "train_steps": outcome.result.steps, "final_loss": float(outcome.result.losses[-1])}
     return rate_of(episodes, settings), info
+
+
+def pooled_rate(parts: list[Rate]) -> Rate:
+    wins, trials = sum(p.successes for p in parts), sum(p.trials for p in parts)
+    ci = wilson_interval(wins, trials, 0.95)
+    stages_failed: Counter = Counter()
+    for p in parts:
+        stages_failed.update(p.failures_by_stage)
+    return Rate(wins, trials, wins / trials, (ci.low, ci.high), dict(sorted(stages_failed.items())))
 
 
 def commit() -> str:
@@ -108,20 +132,31 @@ def main() -> None:
     parser.add_argument("--expert-trials", type=int, default=50)
     parser.add_argument("--out", type=Path, default=None, help=f"default {RESULTS}")
     parser.add_argument("--quick", action="store_true", help="1 seed, 8 robots x 8 trials, expert 8 x 10")
+    parser.add_argument("--test-robots", action="store_true",
+                        help="measure on each seed's fresh test population (test-* ids), to pack_difficulty_test.json;"
+                             " the expert's trials are split over the seeds")
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.robots, args.trials, args.expert_robots, args.expert_trials = 1, 8, 8, 8, 10
-    args.out = args.out or (RESULTS.with_name("pack_difficulty_quick.json") if args.quick else RESULTS)
+    default = RESULTS.with_name("pack_difficulty_test.json") if args.test_robots else RESULTS
+    args.out = args.out or (default.with_name(default.stem + "_quick.json") if args.quick else default)
     torch.set_num_threads(1)
     started = time.perf_counter()
     scratch = Path(tempfile.mkdtemp(prefix="pack_difficulty_"))
     try:
         base = pack_settings(scratch / "expert", 0)
-        expert = expert_rate(base, args.expert_robots, args.expert_trials)
+        if args.test_robots:  # one fresh test population per seed: the expert on each, pooled
+            share = -(-args.expert_trials // args.seeds)
+            parts = [expert_rate(pack_settings(scratch / "expert", seed), args.expert_robots, share, test=True)
+                     for seed in range(args.seeds)]
+            expert = pooled_rate(parts)
+        else:
+            expert = expert_rate(base, args.expert_robots, args.expert_trials)
         print(f"expert: {expert.rate:.2%} of {expert.trials} {expert.ci95}", flush=True)
         per_seed = []
         for seed in range(args.seeds):
-            rate, info = bootstrap_bc_rate(pack_settings(scratch / f"seed-{seed}", seed), args.robots, args.trials)
+            rate, info = bootstrap_bc_rate(pack_settings(scratch / f"seed-{seed}", seed), args.robots, args.trials,
+                                           test=args.test_robots)
             per_seed.append({"seed": seed, **asdict(rate), **info})
             print(f"seed {seed}: initial BC {rate.rate:.2%} of {rate.trials} {rate.ci95} {rate.failures_by_stage}", flush=True)
     finally:
