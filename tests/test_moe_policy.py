@@ -4,6 +4,8 @@ raw action out) on the evaluation path."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,7 @@ from components.config import PolicyConfig
 from components.fert.priority import FrameTable
 from components.pipeline.collect import fleet_actor
 from components.policy.factory import make_policy
-from components.policy.history import FrameHistory, frame_positions, gather_windows
+from components.policy.history import FrameHistory, fit_window, frame_positions, gather_windows
 from components.policy.moe import MoEFeedForward, step_usage
 from components.sim.collect import run_episodes
 from components.sim.factory import action_dim, make_expert, observation_dim
@@ -132,3 +134,30 @@ def test_capacity_drops_the_latest_pairs_and_they_pass_through() -> None:
     y_eval, _ = layer(x)
     assert layer.usage.dropped_rate == 0 and (y_eval.abs().sum(dim=1) > 0).all()
     torch.testing.assert_close(y_eval[:3], y[:3])
+
+
+def test_the_inference_service_takes_a_robots_window() -> None:
+    """A robot sends its last frames ({"obs": [[...], ...]}); the batcher hands each served model
+    the window it takes (fit_window), so a history policy answers as on the window and an MLP on
+    the newest frame; a single frame still works (an episode's first step)."""
+    from components.config import PolicyConfig as P
+    from components.fleet.inference_service import DynamicBatcher, ModelSlots, ServedModel, _Request, parse_obs
+
+    torch.manual_seed(0)
+    moe, mlp = make_policy(5, 2, POLICY).eval(), make_policy(5, 2, P(kind="mlp", hidden=8, layers=1)).eval()
+    slots = ModelSlots()
+    slots.put(ServedModel("champion", 1, moe))
+    slots.put(ServedModel("canary", 2, mlp))
+    frames = np.arange(4 * 5, dtype=np.float32).reshape(4, 5) / 10
+    window = parse_obs(json.dumps({"obs": frames.tolist()}).encode(), 5, 100.0)
+    assert window.shape == (4, 5)
+    single = parse_obs(json.dumps({"obs": frames[0].tolist()}).encode(), 5, 100.0)
+    batcher = DynamicBatcher(slots, "champion", 0.0, 8)
+    requests = [_Request("champion", window, None), _Request("champion", single, None), _Request("canary", window, None)]
+    (a_window, _), (a_single, _), (a_mlp, _) = batcher._forward(requests)
+    with torch.no_grad():
+        np.testing.assert_allclose(a_window, moe(torch.as_tensor(frames[None, -POLICY.history:]))[0].numpy(), atol=1e-6)
+        np.testing.assert_allclose(a_single, moe(torch.as_tensor(frames[None, 0]))[0].numpy(), atol=1e-6)
+        np.testing.assert_allclose(a_mlp, mlp(torch.as_tensor(frames[None, -1]))[0].numpy(), atol=1e-6)
+    short = fit_window(frames[:2], 3)  # fewer frames than the history: the oldest repeated in front
+    np.testing.assert_array_equal(short, frames[[0, 0, 1]])

@@ -79,5 +79,18 @@ class FrameHistory:
         return self.window.copy()
 
 
+def fit_window(obs: np.ndarray, history: int) -> np.ndarray:
+    """A robot's observation (n,) or window (h, n, oldest first) as a policy of ``history`` frames
+    takes it: (n,) for history 1 (the newest frame), else (history, n) -- the newest ``history``
+    frames, the oldest repeated in front when there are fewer (the episode-start rule)."""
+    obs = np.asarray(obs, dtype=np.float32)
+    frames = obs[None, :] if obs.ndim == 1 else obs
+    if history <= 1:
+        return frames[-1]
+    frames = frames[-history:]
+    pad = np.repeat(frames[:1], history - len(frames), axis=0)
+    return np.concatenate([pad, frames])
+
+
 def as_tensor_positions(frame_in_episode: np.ndarray | None) -> Tensor | None:
     return None if frame_in_episode is None else torch.as_tensor(frame_in_episode, dtype=torch.int64)
