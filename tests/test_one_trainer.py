@@ -82,3 +82,6 @@ def test_moe_policy_trains_in_one_process_through_the_same_path(tmp_path):
     assert usage["share"] == ep.expert_share and usage["dropped_rate"] == ep.dropped_rate
     assert all(abs(sum(step) - 1) < 1e-9 for step in usage["share"])
     assert Path(outcome.summary.usage_png).stat().st_size > 0
+    from flows.artifacts import training_markdown  # the retrain artifact's training table
+
+    assert sum("expert token share" in line for line in training_markdown(outcome.summary)) == 1
