@@ -255,7 +255,7 @@ def headline_speedup(cells: list[dict]) -> dict:
 
 
 # ------------------------------------------------------------------------------- probe
-def bootstrap_probe(settings: Settings) -> dict:
+def bootstrap_probe(settings: Settings, kinds: tuple[str, ...] = tuple(KINDS)) -> dict:
     """``fleetloop retrain --bootstrap``'s steps (demos -> ingest -> train -> evaluate on the held-out
     robots) at ``settings``, once per kind, each in a fresh root: the same demos and trials."""
     from components.pipeline import steps
@@ -264,7 +264,7 @@ def bootstrap_probe(settings: Settings) -> dict:
     from components.pipeline.ingest import ingest_files
 
     out = {}
-    for kind in KINDS:
+    for kind in kinds:
         root = Path(tempfile.mkdtemp(prefix=f"moe_probe_{kind}_"))
         try:
             cell = with_kind(settings, kind).model_copy(update={"root": root})
@@ -368,6 +368,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke sizes (a few minutes)")
     parser.add_argument("--probe", action="store_true", help="only the bootstrap comparison at params.yaml settings")
     args = parser.parse_args()
+    torch.set_num_threads(1)  # one thread per process: on a busy 2-core machine threaded tiny ops stall
     if args.probe:
         settings = load_settings()
         settings = settings.model_copy(update={  # the plan and the validation side op change time, not weights
