@@ -194,7 +194,7 @@ class PolicyConfig(Section):
     heads: int = Field(default=4, ge=1)
     num_experts: int = Field(default=8, ge=1)
     top_k: int = Field(default=2, ge=1)
-    history: int = Field(default=4, ge=1)  # observation frames per decision (moe_transformer)
+    history: int = Field(default=2, ge=1)  # observation frames per decision (moe_transformer)
     aux_loss_weight: float = Field(default=0.01, ge=0)  # Switch load-balancing loss
     z_loss_weight: float = Field(default=1e-3, ge=0)  # router z-loss (ST-MoE)
     capacity_factor: float = Field(default=1.25, ge=0)  # training only; 0 = unlimited
