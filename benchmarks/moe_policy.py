@@ -118,7 +118,9 @@ def success_study(settings: Settings, plan: Plan) -> dict:
         for seed in range(plan.seeds):
             for kind in KINDS:
                 for fleet in plan.fleet_sizes:
-                    row, initial = cel_run(with_kind(settings, kind), plan, METHOD, fleet, seed, scratch)
+                    # a scratch folder per kind: cel_run names a cell's root by (seed, method, fleet)
+                    # only, and MLflow keeps state per store path within a process
+                    row, initial = cel_run(with_kind(settings, kind), plan, METHOD, fleet, seed, scratch / kind)
                     if fleet == plan.fleet_sizes[0]:
                         scores[kind].setdefault("bootstrap", []).append(initial)
                     scores[kind].setdefault(f"fleet_{fleet}", []).append(row.score)
