@@ -3,6 +3,7 @@
     python -m benchmarks.moe_policy            # full: 3 seeds, FERT rounds at 32 and 96 robots + the scaling grid (hours on 2 cores)
     python -m benchmarks.moe_policy --quick    # smoke run: tiny sizes, same code (a few minutes)
     python -m benchmarks.moe_policy --probe    # one seed: `retrain --bootstrap`'s steps at params.yaml settings, MLP vs MoE
+    python -m benchmarks.moe_policy --probe --seed 1   # the same with another seed (demos, trials)
 
 **Success** (``success.mlp``, ``success.moe``, ``success.moe_minus_mlp``). Per seed and policy kind
 (``mlp`` = ``policy:`` of params.yaml with ``kind: mlp``; ``moe`` = the same with
@@ -369,15 +370,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke sizes (a few minutes)")
     parser.add_argument("--probe", action="store_true", help="only the bootstrap comparison at params.yaml settings")
+    parser.add_argument("--seed", type=int, default=None, help="--probe: this seed instead of params.yaml's")
     args = parser.parse_args()
     torch.set_num_threads(1)  # one thread per process: on a busy 2-core machine threaded tiny ops stall
     if args.probe:
         settings = load_settings()
+        seed = settings.seed if args.seed is None else args.seed
         settings = settings.model_copy(update={  # the plan and the validation side op change time, not weights
+            "seed": seed,
             "scheduler": settings.scheduler.model_copy(update={"plan": "sequential"}),
             "train": settings.train.model_copy(update={"validation_robots": 0})})
         write({"probe": bootstrap_probe(settings), "policy": settings.policy.model_dump(),
-               "demo": settings.demo.model_dump(), "train": settings.train.model_dump()}, "moe_policy_probe")
+               "demo": settings.demo.model_dump(), "train": settings.train.model_dump(), "seed": seed},
+              "moe_policy_probe" if args.seed is None else f"moe_policy_probe_seed{seed}")
         return
     run(QUICK_PLAN if args.quick else FULL, "moe_policy_quick" if args.quick else "moe_policy")
 
