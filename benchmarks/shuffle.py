@@ -220,11 +220,11 @@ def _e2e_worker(rank: int, world: int, policy: PolicyConfig, train: TrainConfig,
 
 def end_to_end(world: int, steps: int, quick: bool) -> dict:
     policy = PolicyConfig(kind="moe_transformer", d_model=32 if quick else 128, heads=4, hidden=64 if quick else 256,
-                          layers=2, num_experts=16, top_k=2 if quick else 8, context=16, aux_loss_weight=0.01)
+                          layers=2, num_experts=16, top_k=2 if quick else 8, history=16, aux_loss_weight=0.01)
     train = TrainConfig(batch_size=64 if quick else 256, epochs=1000, lr=1e-3)
     r = run_local_group(_e2e_worker, world, policy, train, steps, 2)[0]
     out: dict = {"world": world, "policy": policy.model_dump(), "batch_size": train.batch_size, "steps": steps,
-                 "tokens_per_rank": train.batch_size // world * policy.context, "variants": {}}
+                 "tokens_per_rank": train.batch_size // world * policy.history, "variants": {}}
     for name in E2E_VARIANTS:
         ts = r["times"][name]
         out["variants"][name] = {"median_step_ms": 1e3 * statistics.median(ts), "min_step_ms": 1e3 * min(ts),

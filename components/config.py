@@ -174,18 +174,34 @@ class StoreConfig(Section):
 
 
 class PolicyConfig(Section):
-    """Which torch policy, and its size."""
+    """Which torch policy, and its size (components/policy/README.md).
+
+    ``mlp``: ``layers`` x ``hidden`` on the current observation. ``moe_transformer``: the last
+    ``history`` observations as tokens, ``layers`` pre-norm blocks of causal self-attention + a
+    mixture-of-experts feed-forward (``num_experts`` experts of width ``hidden``, ``top_k`` routing),
+    the current frame's token -> action. Its trained loss adds ``aux_loss_weight`` x the Switch
+    load-balancing loss and ``z_loss_weight`` x the router z-loss; in training each expert takes at
+    most ``capacity_factor`` x its fair share of (token, expert) pairs (0 = no limit), and a dropped
+    pair passes through the residual. Deployed (eval mode) nothing is dropped, so a robot's action
+    never depends on which other robots share its batch.
+    """
 
     kind: Literal["mlp", "moe_transformer"] = "mlp"
-    hidden: int = 256
-    layers: int = 3
+    hidden: int = Field(default=256, ge=1)
+    layers: int = Field(default=3, ge=1)
     # MoE transformer
-    d_model: int = 128
-    heads: int = 4
-    num_experts: int = 8
-    top_k: int = 2
-    context: int = 4
-    aux_loss_weight: float = 0.01
+    d_model: int = Field(default=64, ge=1)
+    heads: int = Field(default=4, ge=1)
+    num_experts: int = Field(default=8, ge=1)
+    top_k: int = Field(default=2, ge=1)
+    history: int = Field(default=2, ge=1)  # observation frames per decision (moe_transformer)
+    aux_loss_weight: float = Field(default=0.01, ge=0)  # Switch load-balancing loss
+    z_loss_weight: float = Field(default=1e-3, ge=0)  # router z-loss (ST-MoE)
+    capacity_factor: float = Field(default=1.25, ge=0)  # training only; 0 = unlimited
+
+    def frames(self) -> int:
+        """Observation frames the policy sees per decision (1: the current observation only)."""
+        return self.history if self.kind == "moe_transformer" else 1
 
 
 class ShuffleConfig(Section):

@@ -98,6 +98,11 @@ def training_markdown(summary: TrainingSummary) -> list[str]:
     ]
     if summary.validation:
         lines.append("| validation success by iteration | " + " ".join(f"{100 * v:.0f}%" for v in summary.validation) + " |")
+    usage = summary.expert_usage
+    if usage is not None:  # MoE: per-step series and expert_usage.png are on the MLflow run
+        lines.append(f"| expert token share (run mean, uniform {100 / usage['experts']:.1f}%) | "
+                     + " ".join(f"{100 * s:.1f}%" for s in usage["mean_share"])
+                     + f" · dropped {100 * usage['mean_dropped_rate']:.2f}% of pairs |")
     return lines
 
 

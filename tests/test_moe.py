@@ -1,4 +1,5 @@
-"""MoE transformer policy: interface, expert-parallel layer == dense layer, 2-rank training == 1-rank."""
+"""MoE transformer policy: interface, expert-parallel layer == dense layer (capacity drops and router
+losses included), 2-rank training == 1-rank."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from components.shuffle.local_group import run_local_group
 from components.training.expert_parallel import launch_expert_parallel, load_npz, train_expert_parallel
 
 POLICY = PolicyConfig(kind="moe_transformer", d_model=16, heads=2, hidden=32, layers=2, num_experts=4, top_k=2,
-                      context=4, aux_loss_weight=0.01)
+                      history=4, aux_loss_weight=0.01, z_loss_weight=0.01, capacity_factor=1.0)
+EPISODE = 16  # frames per synthetic episode
 LAYER_SHUFFLES = {
     "fused": ShuffleConfig(plan="one_level", chunks=2),
     "fused_auto": ShuffleConfig(),  # rank_dedup: one coalesced all-to-all each way, per-rank dedup
@@ -29,7 +31,8 @@ TOKENS_PER_RANK = 48
 def test_moe_policy_follows_the_policy_interface() -> None:
     torch.manual_seed(0)
     policy = MoETransformerPolicy(obs_dim=11, act_dim=3, cfg=POLICY)
-    action = policy(torch.randn(5, 11))
+    assert policy(torch.randn(5, 11)).shape == (5, 3)  # a single frame: a window at an episode's start
+    action = policy(torch.randn(5, POLICY.history, 11))
     assert action.shape == (5, 3)
     assert policy.aux_loss.dim() == 0 and float(policy.aux_loss.detach()) > 0
     (action.square().mean() + policy.aux_loss).backward()
@@ -38,11 +41,13 @@ def test_moe_policy_follows_the_policy_interface() -> None:
     assert layer.experts.w1.grad is not None and layer.experts.w1.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="expected obs"):
         policy(torch.randn(5, 10))
+    with pytest.raises(ValueError, match="policy.history"):
+        policy(torch.randn(5, POLICY.history + 1, 11))
 
 
 def _layer_inputs(world: int) -> tuple[MoEFeedForward, torch.Tensor, torch.Tensor]:
     torch.manual_seed(3)
-    layer = MoEFeedForward(d_model=16, hidden=24, num_experts=8, top_k=2)
+    layer = MoEFeedForward(d_model=16, hidden=24, num_experts=8, top_k=2, capacity_factor=1.0)
     x = torch.randn(TOKENS_PER_RANK * world, 16)
     grad = torch.randn(TOKENS_PER_RANK * world, 16)
     return layer, x, grad
@@ -55,9 +60,10 @@ def _layer_worker(rank: int, world: int) -> dict:
         layer.enable_expert_parallel(torch.distributed.group.WORLD, cfg)
         shard = slice(rank * TOKENS_PER_RANK, (rank + 1) * TOKENS_PER_RANK)
         xs = x[shard].clone().requires_grad_(True)
-        y, aux = layer(xs)
-        ((y * grad[shard]).sum() + aux).backward()
-        out[name] = (y.detach(), float(aux), xs.grad, layer.router.weight.grad, layer.experts.w1.grad)
+        y, losses = layer(xs)
+        ((y * grad[shard]).sum() + losses.balance + losses.z).backward()
+        out[name] = (y.detach(), (float(losses.balance), float(losses.z)), xs.grad, layer.router.weight.grad,
+                     layer.experts.w1.grad, (layer.usage.assigned, layer.usage.kept))
     return out
 
 
@@ -65,15 +71,19 @@ def test_expert_parallel_layer_matches_dense_layer() -> None:
     world = 4
     layer, x, grad = _layer_inputs(world)
     x = x.clone().requires_grad_(True)
-    y, aux = layer(x)
-    ((y * grad).sum() + aux).backward()
+    y, losses = layer(x)
+    ((y * grad).sum() + losses.balance + losses.z).backward()
+    dropped = int(layer.usage.assigned.sum() - layer.usage.kept.sum())
+    assert 0 < dropped < int(layer.usage.assigned.sum())  # capacity 1.0 with random routing drops some pairs
     results = run_local_group(_layer_worker, world)
     for name in LAYER_SHUFFLES:
-        aux_sum = sum(r[name][1] for r in results)
-        assert aux_sum == pytest.approx(float(aux.detach()), rel=1e-6), name
+        for i, dense in enumerate((losses.balance, losses.z)):  # the ranks' shares add up to the global loss
+            assert sum(r[name][1][i] for r in results) == pytest.approx(float(dense.detach()), rel=1e-6), name
+        for r in results:  # every rank sees the global batch's routing and drops
+            assert torch.equal(r[name][5][0], layer.usage.assigned) and torch.equal(r[name][5][1], layer.usage.kept)
         router_grad = sum(r[name][3] for r in results)  # dense grads: each rank holds its share
         torch.testing.assert_close(router_grad, layer.router.weight.grad, rtol=1e-5, atol=1e-6, msg=name)
-        for rank, (ys, _, gx, _, gw1) in enumerate(results[i][name] for i in range(world)):
+        for rank, (ys, _, gx, _, gw1, _) in enumerate(results[i][name] for i in range(world)):
             shard = slice(rank * TOKENS_PER_RANK, (rank + 1) * TOKENS_PER_RANK)
             if name in ("fused", "megatron"):  # same rows in the same order as the dense loop
                 assert torch.equal(ys, y.detach()[shard]), name
@@ -84,10 +94,12 @@ def test_expert_parallel_layer_matches_dense_layer() -> None:
 
 
 def _dataset(path: Path) -> Path:
+    """512 frames in episodes of ``EPISODE`` frames (history windows stop at each episode's start)."""
     rng = np.random.default_rng(0)
     states = rng.normal(size=(512, 10)).astype(np.float32)
     actions = np.tanh(states[:, :4] @ rng.normal(size=(4, 4))).astype(np.float32)
-    np.savez(path, states=states, actions=actions, weights=rng.uniform(0.5, 1.5, size=512))
+    np.savez(path, states=states, actions=actions, weights=rng.uniform(0.5, 1.5, size=512),
+             frame_in_episode=np.arange(512) % EPISODE)
     return path
 
 
@@ -129,7 +141,9 @@ def test_two_rank_training_matches_one_rank(tmp_path: Path) -> None:
                                  max_steps=steps, timeout_s=240, init_path=init)
     assert two.world_size == 2 and len(two.losses) == steps and len(two.step_times_s) == steps
     assert two.shuffle_bytes_sent > 0
-    np.testing.assert_allclose(two.losses, one.losses, rtol=1e-5)
+    np.testing.assert_allclose(two.losses, one.losses, rtol=1e-5)  # MSE + balance + z-loss, global batch
+    assert two.dropped_rate == one.dropped_rate and max(one.dropped_rate) > 0  # the same pairs over capacity
+    np.testing.assert_allclose(two.expert_share, one.expert_share, rtol=1e-12)
     full_one, full_two = torch.load(one.state_dict_path), torch.load(two.state_dict_path)
     assert full_one.keys() == full_two.keys()
     d = POLICY.d_model

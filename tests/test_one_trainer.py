@@ -62,7 +62,7 @@ def test_flow_task_dvc_stage_and_fleet_trainer_train_the_same_weights(tmp_path, 
 def test_moe_policy_trains_in_one_process_through_the_same_path(tmp_path):
     """policy.kind: moe_transformer, every expert local: the train step and the expert-parallel
     entry (one process, no group) train the same weights from the same training set."""
-    policy = PolicyConfig(kind="moe_transformer", d_model=16, heads=2, num_experts=4, top_k=2, context=2)
+    policy = PolicyConfig(kind="moe_transformer", d_model=16, heads=2, num_experts=4, top_k=2, history=2)
     settings = _settings(tmp_path, epochs=1).model_copy(update={"policy": policy})
     _ingest(settings, settings.root)
     outcome = steps.train_policy(settings)
@@ -70,9 +70,18 @@ def test_moe_policy_trains_in_one_process_through_the_same_path(tmp_path):
     arrays = {"states": built.data.states, "actions": built.data.actions}
     if built.data.weights is not None:
         arrays["weights"] = built.data.weights.astype(np.float64)
+    arrays["frame_in_episode"] = built.data.frame_in_episode  # the history windows stop at episode starts
     np.savez(tmp_path / "set.npz", **arrays)
     train_cfg = TrainConfig(**{**settings.train.model_dump(), "threads": 0})
     ep = train_expert_parallel(tmp_path / "set.npz", tmp_path / "ep.pt", policy, train_cfg, settings.shuffle,
                                seed=settings.seed)
     assert ep.losses == outcome.result.losses
     assert state_digest(torch.load(ep.state_dict_path)) == state_digest(outcome.result.policy.state_dict())
+    usage = outcome.summary.expert_usage  # per step: what training.json and the MLflow series carry
+    assert usage is not None and len(usage["share"]) == len(outcome.result.losses) == len(ep.expert_share)
+    assert usage["share"] == ep.expert_share and usage["dropped_rate"] == ep.dropped_rate
+    assert all(abs(sum(step) - 1) < 1e-9 for step in usage["share"])
+    assert Path(outcome.summary.usage_png).stat().st_size > 0
+    from flows.artifacts import training_markdown  # the retrain artifact's training table
+
+    assert sum("expert token share" in line for line in training_markdown(outcome.summary)) == 1

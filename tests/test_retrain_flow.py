@@ -55,7 +55,7 @@ def test_train_flow_launches_expert_parallel_for_world_size_2(tmp_path, prefect_
 
     settings = small_settings(
         tmp_path,
-        policy=PolicyConfig(kind="moe_transformer", d_model=16, heads=2, hidden=16, layers=1, num_experts=4, top_k=2, context=4),
+        policy=PolicyConfig(kind="moe_transformer", d_model=16, heads=2, hidden=16, layers=1, num_experts=4, top_k=2, history=4),
         train=TrainConfig(method="filtered_bc", epochs=1, batch_size=32, world_size=2),
     )
     demos = collect_expert_demos(settings, settings.paths.incoming / "expert")
@@ -80,14 +80,23 @@ def test_expert_parallel_starts_from_a_champion_of_the_same_architecture(tmp_pat
     from components.pipeline.ingest import ingest_files
     from components.pipeline.promote import gate_candidate, register_candidate
 
-    moe = PolicyConfig(kind="moe_transformer", d_model=16, heads=2, hidden=16, layers=1, num_experts=4, top_k=2, context=4)
+    moe = PolicyConfig(kind="moe_transformer", d_model=16, heads=2, hidden=16, layers=1, num_experts=4, top_k=2, history=4)
     settings = small_settings(tmp_path, policy=moe, train=TrainConfig(method="filtered_bc", epochs=1, batch_size=32))
     assert champion_init_state(Workspace(settings), settings) is None  # no champion yet: from scratch
     demos = collect_expert_demos(settings, tmp_path / "incoming")
     ingest_files(settings, demos.files, snapshot=False)
     outcome = steps.train_policy(settings)
     report = evaluate_policy(settings, outcome.result.policy, "candidate")
-    gate_candidate(settings, register_candidate(settings, outcome, report, "bootstrap"), None)
+    candidate = register_candidate(settings, outcome, report, "bootstrap")
+    client = Workspace(settings).registry.client  # expert utilisation on the run: per-step series + plot
+    shares = client.get_metric_history(candidate.run_id, "moe_expert_share.e0")
+    dropped = client.get_metric_history(candidate.run_id, "moe_dropped_rate")
+    steps = outcome.result.steps
+    assert len(shares) == len(dropped) == len(range(0, steps, max(1, steps // 500))) > 0
+    assert all(0 <= m.value <= 1 for m in dropped)
+    artifacts = {a.path for a in client.list_artifacts(candidate.run_id)}
+    assert {"expert_usage.png", "training.json"} <= artifacts
+    gate_candidate(settings, candidate, None)
     state = champion_init_state(Workspace(settings), settings)
     expected = outcome.result.policy.state_dict()
     assert state is not None and all(torch.equal(state[k], expected[k]) for k in expected)

@@ -103,7 +103,7 @@ def build_training_set(
     start = time.perf_counter()
     if method == "bc":
         table = FrameTable.from_episodes([ep for ep in episodes if ep.policy_version == DEMO_VERSION], DEMO_VERSION)
-        return MethodTrainingSet(TrainingSet(table.states, table.actions), _plain_report(method, table, start))
+        return MethodTrainingSet(table.training_set(), _plain_report(method, table, start))
     table = FrameTable.from_episodes(episodes, DEMO_VERSION, cfg.revisit_radius)
     if method == "filtered_bc":
         return MethodTrainingSet(table.uniform_set(), _plain_report(method, table, start))

@@ -65,4 +65,4 @@ def mix_pools(table: FrameTable, priority: PriorityWeights, cfg: FertConfig) -> 
     drawable = table.drawable
     shares = pool_shares(cfg, int((table.is_demo & drawable).sum()), int(drawable.sum()), priority.retrieved_frames)
     probabilities = sampling_probabilities(table, priority, shares)
-    return TrainingSet(table.states, table.actions, probabilities), shares
+    return table.training_set(probabilities), shares

@@ -22,6 +22,7 @@ import numpy as np
 from components.episodes.record import Episode
 from components.fert.retrieval import Retrieved
 from components.fert.revisits import imitated_frames
+from components.policy.history import frame_positions
 from components.training.imitation import TrainingSet
 
 
@@ -36,6 +37,15 @@ class FrameTable:
     lengths: dict[str, int]
     is_demo: np.ndarray  # (N,) bool: frame of an expert demonstration
     imitated: np.ndarray | None = None  # (N,) bool: may be drawn (loop removal, fert/revisits.py); None = all
+
+    @property
+    def frame_in_episode(self) -> np.ndarray:
+        """(N,) each frame's index in its episode (a history policy's windows stop there)."""
+        return frame_positions([self.lengths[e] for e in self.episode_ids])
+
+    def training_set(self, weights: np.ndarray | None = None) -> TrainingSet:
+        """The frames with sampling ``weights`` (None = uniform) and their episode positions."""
+        return TrainingSet(self.states, self.actions, weights, self.frame_in_episode)
 
     @classmethod
     def from_episodes(cls, episodes: Sequence[Episode], demo_version: str, revisit_radius: float = 0.0) -> FrameTable:
@@ -74,8 +84,8 @@ class FrameTable:
     def uniform_set(self) -> TrainingSet:
         """Every drawable frame with the same probability (BC, success-filtered BC)."""
         if self.imitated is None:
-            return TrainingSet(self.states, self.actions)
-        return TrainingSet(self.states, self.actions, self.imitated / self.imitated.sum())
+            return self.training_set()
+        return self.training_set(self.imitated / self.imitated.sum())
 
 
 @dataclass(frozen=True)

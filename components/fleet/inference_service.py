@@ -1,6 +1,7 @@
 """The inference service: robots send observations, get actions; requests are batched dynamically.
 
-    POST /v1/act {"obs": [...]} (robot token)
+    POST /v1/act {"obs": [...]} (robot token; or {"obs": [[...], ...]}: the robot's last frames, which
+      a history policy takes as its window and any other policy as its newest frame)
       -> alias for this robot (champion, or canary for the rollout share) -> queue
       -> batcher: the first request opens a window of ``batch_window_ms``; everything queued by
          then (up to ``max_batch``) runs as one forward pass per alias, off the event loop
@@ -49,10 +50,12 @@ from components.fleet.http_server import (
 )
 from components.fleet.layout import RuntimeLayout
 from components.fsio import atomic_write_bytes
+from components.policy.history import fit_window
 
 log = logging.getLogger(__name__)
 
 MAX_ACT_BYTES = 64 * 1024
+MAX_WINDOW = 64  # frames a robot may send in one /v1/act (a history policy's window)
 MODEL_CACHE = 4  # loaded versions kept in memory (and on disk)
 MODEL_CACHE_DIR = "inference-cache"
 
@@ -306,7 +309,8 @@ class DynamicBatcher:
                 for i in rows:
                     results[i] = LookupError("no champion model is loaded yet")
                 continue
-            obs = torch.as_tensor(np.stack([batch[i].obs for i in rows]))
+            history = int(getattr(model.policy, "history", 1))  # each robot's frames as this model takes them
+            obs = torch.as_tensor(np.stack([fit_window(batch[i].obs, history) for i in rows]))
             with torch.no_grad():
                 actions = model.policy(obs).float().numpy()
             for row, i in enumerate(rows):
@@ -338,27 +342,36 @@ class _LazyRegistry:
 
 
 def parse_obs(body: bytes, obs_dim: int, max_abs: float) -> np.ndarray:
-    """``{"obs": [n floats]}`` -> float32 (n,), or a 422 naming the offending element.
+    """``{"obs": [n floats]}`` -> float32 (n,), or ``{"obs": [[n floats], ...]}`` (a robot's last frames,
+    oldest first, at most ``MAX_WINDOW``) -> (h, n); else a 422 naming the offending element.
 
     Only JSON numbers, finite, with ``|x| <= max_abs`` (runtime.max_abs_observation): a value the
     model cannot be asked about is the caller's error, never a 500 blamed on the model.
     """
-    fix = f"send {obs_dim} finite observation numbers with |x| <= {max_abs:g}"
+    fix = f"send {obs_dim} finite observation numbers (or a list of such frames) with |x| <= {max_abs:g}"
     try:
         payload = json.loads(body)
         values = payload["obs"]
     except (ValueError, KeyError, TypeError):
         raise http_error(422, "obs", "body must be JSON {\"obs\": [numbers]}", fix) from None
+    if isinstance(values, list) and values and all(isinstance(v, list) for v in values):
+        if len(values) > MAX_WINDOW:
+            raise http_error(422, "obs", f"a window of {len(values)} frames; at most {MAX_WINDOW}", fix)
+        return np.stack([_frame(v, f"obs[{t}]", obs_dim, max_abs, fix) for t, v in enumerate(values)])
+    return _frame(values, "obs", obs_dim, max_abs, fix)
+
+
+def _frame(values: object, field: str, obs_dim: int, max_abs: float, fix: str) -> np.ndarray:
     if not isinstance(values, list) or len(values) != obs_dim:
         got = len(values) if isinstance(values, list) else type(values).__name__
-        raise http_error(422, "obs", f"expected a list of {obs_dim} numbers, got {got}", fix)
+        raise http_error(422, field, f"expected a list of {obs_dim} numbers, got {got}", fix)
     for i, value in enumerate(values):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise http_error(422, f"obs[{i}]", f"not a number: {str(value)[:32]!r}", fix)
+            raise http_error(422, f"{field}[{i}]", f"not a number: {str(value)[:32]!r}", fix)
         if not math.isfinite(value):
-            raise http_error(422, f"obs[{i}]", f"NaN or inf value ({value}) in the observation", fix)
+            raise http_error(422, f"{field}[{i}]", f"NaN or inf value ({value}) in the observation", fix)
         if abs(value) > max_abs:
-            raise http_error(422, f"obs[{i}]", f"{value:g} is beyond runtime.max_abs_observation = {max_abs:g}", fix)
+            raise http_error(422, f"{field}[{i}]", f"{value:g} is beyond runtime.max_abs_observation = {max_abs:g}", fix)
     return np.asarray(values, dtype=np.float32)
 
 

@@ -1,6 +1,7 @@
 """One robot (simulated here): act through the inference service, spool, upload, never lose an episode.
 
     wait until inference answers -> run one episode: obs -> POST /v1/act -> sampled gripper -> env
+      (a history policy, ``policy.history`` > 1: the robot sends its episode's last frames instead)
       (inference times out mid-episode: hold a safe action, end the episode as interrupted)
     -> spool it (write-ahead, fsync) -> the uploader thread sends pending episodes with retries
        and exponential backoff + jitter (at least the service's Retry-After on 429) until the
@@ -38,6 +39,7 @@ from components.fleet.clients import (
 )
 from components.fleet.layout import RuntimeLayout
 from components.fleet.spool import Spool, content_hash
+from components.policy.history import FrameHistory
 from components.sim.factory import action_dim, make_env, make_exploration
 from components.sim.pickplace import GRIPPER_ACTION
 from components.sim.profile import stable_robot_hash
@@ -191,9 +193,11 @@ class RobotAgent:
         seed = episode_seed(self.settings.seed, self.robot_id, index, self.spool.epoch)
         env = make_env(sim, [self.robot_id], seed)
         versions: list[str] = []
+        frames = FrameHistory(self.settings.policy.frames())  # this episode's window (policy/history.py)
 
         def remote(obs: np.ndarray) -> np.ndarray:
-            result = self.inference.act(obs[0])
+            sent = frames.push(obs)[0] if frames.history > 1 else obs[0]
+            result = self.inference.act(sent)
             versions.append(result.policy_version)
             self.serving = result.policy_version
             return result.action[None, :]

@@ -42,6 +42,11 @@ from components.fleet.clients import CoordinatorClient, HeartbeatThread
 from components.fleet.layout import RuntimeLayout
 from components.fleet.shipping import CandidateShipper, ShippingState
 from components.fsio import atomic_write_bytes
+from components.policy.history import (
+    as_tensor_positions,
+    frame_positions,
+    gather_windows,
+)
 from components.policy.normalizer import NormalizedPolicy
 from components.sim.factory import action_dim, observation_dim
 from components.training.bc import as_weights, batch_indices, bc_step, make_optimizer
@@ -138,7 +143,8 @@ class FleetTrainer:
         episodes = sorted(self._episodes, key=lambda ep: ep.episode_id)  # as steps.training_set orders them
         if self._buffer is None and not self.cfg.trainer_success_only:  # every uninterrupted episode, uniform
             self._buffer = TrainingSet(np.concatenate([e.states for e in episodes]).astype(np.float32),
-                                       np.concatenate([e.actions for e in episodes]).astype(np.float32))
+                                       np.concatenate([e.actions for e in episodes]).astype(np.float32),
+                                       frame_in_episode=frame_positions([e.length for e in episodes]))
         if self._buffer is None:
             self._buffer = build_training_set(self.method, episodes, self.settings.fert).data
         return self._buffer
@@ -179,10 +185,12 @@ class FleetTrainer:
         assert self.policy is not None and self.optimizer is not None
         self.policy.train()
         states = torch.as_tensor(data.states)
+        positions = as_tensor_positions(data.frame_in_episode)
         targets = self.policy.act_norm.normalize(torch.as_tensor(data.actions))
         for _ in range(steps):
             idx = self._batch(data, self.state.step)
-            loss = bc_step(self.policy, self.optimizer, states[idx], targets[idx])
+            inputs = gather_windows(states, positions, idx, self.policy.history)
+            loss = bc_step(self.policy, self.optimizer, inputs, targets[idx])
             self.state.step += 1
             self.state.owed = max(0, self.state.owed - 1)
             self.state.losses.append((self.state.step, loss))

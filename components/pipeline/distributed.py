@@ -17,10 +17,18 @@ import numpy as np
 import torch
 
 from components.config import Settings
-from components.pipeline.steps import TrainingSummary, TrainOutcome, current_lineage, retrieval_record, training_set
+from components.pipeline.steps import (
+    TrainingSummary,
+    TrainOutcome,
+    current_lineage,
+    retrieval_record,
+    training_set,
+    with_usage_plot,
+)
 from components.pipeline.workspace import Workspace
 from components.policy.factory import make_policy
 from components.training.expert_parallel import launch_expert_parallel
+from components.training.checkpoint import state_digest
 from components.training.imitation import TrainResult
 
 log = logging.getLogger(__name__)
@@ -54,6 +62,8 @@ def train_expert_parallel(settings: Settings) -> TrainOutcome:
         arrays = {"states": data.states, "actions": data.actions}
         if data.weights is not None:
             arrays["weights"] = data.weights.astype(np.float64)
+        if data.frame_in_episode is not None:
+            arrays["frame_in_episode"] = data.frame_in_episode.astype(np.int64)
         np.savez(data_path, **arrays)
         init_path = None
         init_state = champion_init_state(ws, settings)
@@ -77,5 +87,7 @@ def train_expert_parallel(settings: Settings) -> TrainOutcome:
         iteration_s=[], median_iteration_s=median, predicted_iteration_s=None, sequential_iteration_s=None,
         speedup_vs_sequential=None, stage_seconds={"learn": seconds}, validation=[],
     )
+    summary = with_usage_plot(summary, run.expert_usage, settings.paths.artifacts / "schedules",
+                              state_digest(policy.state_dict()))
     return TrainOutcome(result, current_lineage(settings, ws, len(data.states)), len(data.states), summary,
                         retrieval_record(settings, built))

@@ -36,9 +36,11 @@ def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: Ev
                "train_frames": outcome.frames, **(summary.metrics() if summary else {})}
     with tempfile.TemporaryDirectory() as tmp:
         images = []
-        if summary is not None and summary.gantt_png and Path(summary.gantt_png).exists():
-            images.append(Path(tmp) / "schedule_gantt.png")
-            shutil.copyfile(summary.gantt_png, images[0])
+        for source, name in ((summary and summary.gantt_png, "schedule_gantt.png"),
+                             (summary and summary.usage_png, "expert_usage.png")):
+            if source and Path(source).exists():
+                images.append(Path(tmp) / name)
+                shutil.copyfile(source, images[-1])
         return Workspace(settings).registry.log_candidate(
             outcome.result.policy,
             evaluation.to_dict(),
@@ -46,6 +48,7 @@ def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: Ev
             params=settings.model_dump(mode="json", exclude={"root"}),
             metrics=metrics,
             loss_curve=outcome.result.losses,
+            series=summary.series() if summary else None,
             run_name=run_name,
             tags={**(summary.tags() if summary else {}), **(tags or {})} or None,
             artifacts=images,

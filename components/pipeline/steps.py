@@ -22,7 +22,10 @@ from components.fert.methods import MethodTrainingSet, build_training_set
 from components.fert.retrieval_record import RetrievalRecord
 from components.pipeline.workspace import Workspace
 from components.registry.lineage import Lineage, git_commit, params_hash
+from components.policy.moe import StepUsage
 from components.policy.normalizer import NormalizedPolicy
+from components.training.checkpoint import state_digest
+from components.training.expert_usage import plot_expert_usage, usage_record, usage_series
 from components.training.imitation import ProgressFn, TrainResult
 from components.training.trainer import TrainRun, make_trainer
 
@@ -75,6 +78,9 @@ class TrainingSummary:
     stage_seconds: dict[str, float]
     validation: list[float]  # validation-robot success of each iteration's starting weights
     gantt_png: str | None = None  # the schedule's Gantt chart, written under <root>/artifacts/schedules
+    # MoE: per-step expert token share and dropped-pair rate (training/expert_usage.py) and its plot
+    expert_usage: dict[str, Any] | None = None
+    usage_png: str | None = None
 
     @property
     def retrieved_segments(self) -> int:
@@ -103,7 +109,18 @@ class TrainingSummary:
         out.update({f"train_stage_s.{op}": s for op, s in self.stage_seconds.items()})
         if self.speedup_vs_sequential is not None:
             out["train_speedup_vs_sequential"] = self.speedup_vs_sequential
+        if self.expert_usage is not None:
+            out["moe_mean_dropped_rate"] = self.expert_usage["mean_dropped_rate"]
+            out["moe_max_mean_share"] = max(self.expert_usage["mean_share"])
         return out
+
+    def series(self) -> dict[str, list[float]]:
+        """Per-step metrics (MLflow series): the MoE expert shares and dropped rate."""
+        if self.expert_usage is None:
+            return {}
+        usage = [StepUsage(tuple(sh), d) for sh, d in zip(self.expert_usage["share"], self.expert_usage["dropped_rate"],
+                                                          strict=True)]
+        return usage_series(usage)
 
 
 @dataclass
@@ -156,16 +173,26 @@ def summarize(method: MethodTrainingSet, run: TrainRun, gantt_dir: Path | None =
         speedup_vs_sequential=run.speedup_vs_sequential, stage_seconds=run.stage_seconds(),
         validation=list(run.validation),
     )
+    if gantt_dir is not None:
+        summary = with_usage_plot(summary, run.expert_usage, gantt_dir, state_digest(run.policy.state_dict()))
     if gantt_dir is None or not run.timeline.spans:
         return summary
     from components.scheduler.gantt import plot_timelines
-    from components.training.checkpoint import state_digest
 
     path = gantt_dir / f"train-{state_digest(run.policy.state_dict())[:16]}.png"
     last = min(3, max(s.iteration for s in run.timeline.spans))
     plot_timelines([(f"{summary.plan_name}: median {1e3 * summary.median_iteration_s:.0f} ms/iteration", run.timeline)],
                    path, float(os.cpu_count() or 1), (0, last))
     return dataclasses.replace(summary, gantt_png=str(path))
+
+
+def with_usage_plot(summary: TrainingSummary, usage: list[StepUsage], out_dir: Path, digest: str) -> TrainingSummary:
+    """``summary`` with the run's expert utilisation (record + PNG under ``out_dir``); unchanged without MoE."""
+    record = usage_record(usage)
+    if record is None:
+        return summary
+    path = plot_expert_usage(usage, out_dir / f"experts-{digest[:16]}.png")
+    return dataclasses.replace(summary, expert_usage=record, usage_png=str(path))
 
 
 def train_policy(settings: Settings, progress: ProgressFn | None = None,

@@ -31,7 +31,9 @@ class NormalizedPolicy(nn.Module):
     """Wraps a core policy that works in normalized units: raw observation in, raw action out.
 
     Training losses are computed on ``core`` outputs against normalized targets, so every action
-    dimension counts equally whatever its physical scale.
+    dimension counts equally whatever its physical scale. ``obs`` is (B, n), or for a core with an
+    observation history (``history`` > 1) also windows (B, history, n) built by
+    ``policy/history.py``; a plain (B, n) is then a window at an episode's first step.
     """
 
     def __init__(self, core: nn.Module, obs_dim: int, act_dim: int) -> None:
@@ -41,6 +43,11 @@ class NormalizedPolicy(nn.Module):
         self.act_norm = Normalizer(act_dim)
         self.obs_dim = obs_dim
         self.act_dim = act_dim
+
+    @property
+    def history(self) -> int:
+        """Observation frames per decision (1 for cores without a history)."""
+        return int(getattr(self.core, "history", 1))
 
     @property
     def aux_loss(self) -> torch.Tensor:

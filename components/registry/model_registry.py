@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from components.registry.tracking import configure_mlflow
 
 PIP_REQUIREMENTS = [f"torch=={torch.__version__.split('+')[0]}", "fleetloop"]
 REPLACED_TAG = "fleetloop.replaced_version"
+SERIES_POINTS = 500  # per-step curves (loss, MoE expert shares) are strided down to about this many points
+MLFLOW_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 
 
 class RegistryError(RuntimeError):
@@ -76,9 +79,11 @@ class PolicyRegistry:
         tags: dict[str, str] | None = None,
         artifacts: list[Path] | None = None,
         dicts: dict[str, dict] | None = None,
+        series: dict[str, list[float]] | None = None,
     ) -> PolicyVersion:
         """One MLflow run: params, metrics, lineage (+ ``tags``), files (``artifacts``: e.g. the
-        schedule's Gantt image), JSON ``dicts``, the model; registered as a new version."""
+        schedule's Gantt image), JSON ``dicts``, per-step metric ``series`` (like the loss curve:
+        e.g. MoE expert shares), the model; registered as a new version."""
         import mlflow.pytorch
         from mlflow.models import infer_signature
 
@@ -92,8 +97,8 @@ class PolicyRegistry:
         with mlflow.start_run(experiment_id=self.experiment_id, run_name=run_name) as run:
             mlflow.log_params(_flatten(params))
             mlflow.set_tags({**lineage.tags(), **(tags or {})})
-            for step, value in enumerate(loss_curve[:: max(1, len(loss_curve) // 500)]):
-                mlflow.log_metric("train_loss", value, step=step)
+            for name, values in {"train_loss": loss_curve, **(series or {})}.items():
+                self._log_series(run.info.run_id, name, values)
             mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
             mlflow.log_metrics(
                 {"eval_success_rate": evaluation["success_rate"], "eval_ci_low": evaluation["ci_low"], "eval_ci_high": evaluation["ci_high"]}
@@ -181,6 +186,16 @@ class PolicyRegistry:
     def versions(self) -> list[PolicyVersion]:
         found = self.client.search_model_versions(f"name='{self.cfg.model_name}'")
         return sorted((self.get_version(int(mv.version)) for mv in found), key=lambda v: v.version)
+
+    def _log_series(self, run_id: str, name: str, values: list[float]) -> None:
+        """About ``SERIES_POINTS`` evenly strided points of a per-step curve, in batches (one call
+        per point is slow on the SQLite store)."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        points = [Metric(name, float(v), now, step) for step, v in enumerate(values[:: max(1, len(values) // SERIES_POINTS)])]
+        for start in range(0, len(points), MLFLOW_BATCH):
+            self.client.log_batch(run_id, metrics=points[start : start + MLFLOW_BATCH])
 
     def load(self, alias_or_version: str | int) -> NormalizedPolicy:
         import mlflow.pytorch

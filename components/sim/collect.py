@@ -4,6 +4,10 @@
         --> Episodes: states = what the policy saw, actions = what it commanded,
             timestamps = frame / control_hz, success = the binary label, stage_reached
 
+At the start and after every step the policy hears which envs begin a new episode
+(``exploration.end_episodes``): the auto-reset gives those envs a new episode's first observation
+next, which a policy with an observation history must not mix with older frames.
+
 ``collect`` gives every robot the same step budget (a fleet working a shift): episodes still
 running when the budget ends are dropped, never returned half-done. ``run_episodes`` runs until
 every robot has finished exactly N episodes (expert demos, evaluation trials).
@@ -18,6 +22,7 @@ import numpy as np
 
 from components.config import SimConfig
 from components.episodes.record import STAGE_COLUMN, Episode, new_episode_id
+from components.sim.exploration import end_episodes
 from components.sim.factory import action_dim, make_env, observation_dim
 
 Policy = Callable[[np.ndarray], np.ndarray]
@@ -107,13 +112,16 @@ def collect(
     env = make_env(cfg, robot_ids, seed)
     recorder = _EpisodeRecorder(cfg, robot_ids, seed, policy_version)
     obs, _ = env.reset()
+    end_episodes(policy, np.ones(len(robot_ids), dtype=bool))  # a new loop: no window carries over
     episodes: list[Episode] = []
     for _ in range(steps_per_robot):
         actions = _act(policy, obs, env.num_envs, action_dim(cfg))
         recorder.record(obs, actions)
         obs, _, terminated, truncated, info = env.step(actions)
         recorder.record_stage(info["stage"])
-        for i in np.flatnonzero(terminated | truncated):
+        done = terminated | truncated
+        end_episodes(policy, done)
+        for i in np.flatnonzero(done):
             episodes.append(recorder.finish(i, info["success"][i], info["stage_reached"][i]))
     env.close()
     return FleetCollection(
@@ -134,6 +142,7 @@ def run_episodes(
     env = make_env(cfg, robot_ids, seed)
     recorder = _EpisodeRecorder(cfg, robot_ids, seed, policy_version)
     obs, _ = env.reset()
+    end_episodes(policy, np.ones(len(robot_ids), dtype=bool))  # a new loop: no window carries over
     finished = np.zeros(len(robot_ids), dtype=np.int64)
     episodes: list[Episode] = []
     while (finished < episodes_per_robot).any():
@@ -141,7 +150,9 @@ def run_episodes(
         recorder.record(obs, actions)
         obs, _, terminated, truncated, info = env.step(actions)
         recorder.record_stage(info["stage"])
-        for i in np.flatnonzero(terminated | truncated):
+        done = terminated | truncated
+        end_episodes(policy, done)
+        for i in np.flatnonzero(done):
             episode = recorder.finish(i, info["success"][i], info["stage_reached"][i])
             if finished[i] < episodes_per_robot:
                 episodes.append(episode)

@@ -6,7 +6,9 @@ deterministic policy repeats its own choices forever, so its successes can only 
 and then flips it with a small probability; ``MotionNoise`` adds Gaussian noise to the motion
 commands, so that the successes among many robots select motions that work where the policy's own
 do not (a held-out robot's failures are mostly wrong motions at placements the demos never showed).
-Every wrapper returns the executed command, which is what the robot logs as its action.
+Every wrapper returns the executed command, which is what the robot logs as its action, and
+passes ``end_episodes`` through to the policy it wraps (a policy with an observation history
+restarts those envs' windows).
 """
 
 from __future__ import annotations
@@ -23,7 +25,21 @@ EXPLORATION_STREAM = 4  # salt for the jaw-exploration generator
 MOTION_STREAM = 5  # salt for the motion-exploration generator
 
 
-class ThresholdedGripper:
+def end_episodes(policy: Policy, envs: np.ndarray) -> None:
+    """Tell ``policy`` (if it keeps per-env memory) that ``envs`` (bool mask) start a new episode."""
+    hook = getattr(policy, "end_episodes", None)
+    if hook is not None:
+        hook(envs)
+
+
+class _Wrapper:
+    policy: Policy
+
+    def end_episodes(self, envs: np.ndarray) -> None:
+        end_episodes(self.policy, envs)
+
+
+class ThresholdedGripper(_Wrapper):
     """Jaw command > 0 closes, else opens; motion passes through unchanged.
 
     ``gripper_index`` is the jaw's position in the action vector (the built-in task's by default).
@@ -40,7 +56,7 @@ class ThresholdedGripper:
         return actions
 
 
-class SampledGripper:
+class SampledGripper(_Wrapper):
     """Jaw close with probability sigmoid(gain * g), then flipped with ``flip_prob``."""
 
     def __init__(self, policy: Policy, cfg: SimConfig, seed: int, gripper_index: int = GRIPPER_ACTION) -> None:
@@ -60,7 +76,7 @@ class SampledGripper:
         return actions
 
 
-class MotionNoise:
+class MotionNoise(_Wrapper):
     """Adds N(0, std) to every executed command but the jaw's, clipped to [-1, 1]."""
 
     def __init__(self, policy: Policy, std: float, seed: int, gripper_index: int = GRIPPER_ACTION) -> None:

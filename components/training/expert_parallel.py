@@ -7,9 +7,10 @@
     shuffle's backward -> rank 0 saves the full state_dict.
 
 The step is the one weighted BC step (``bc.bc_step``): each rank's squared error is divided by
-the global element count and the MoE balance loss is split into additive shares
-(``MoEFeedForward._balance_loss``), so summing gradients over ranks gives the gradient of the
-global loss, and one process with every expert local trains the same model.
+the global element count and the MoE router losses (load balance, z-loss) are split into additive
+shares over the global batch, whose routing counts every rank sees (``MoEFeedForward._losses``;
+capacity drops are decided on them too), so summing gradients over ranks gives the gradient of
+the global loss, and one process with every expert local trains the same model.
 
 Run: ``launch_expert_parallel(...)`` (spawns ``torchrun --standalone --nproc-per-node=N``), or
 ``torchrun --standalone --nproc-per-node=4 -m components.training.expert_parallel --data d.npz
@@ -24,7 +25,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,8 @@ import torch.distributed as dist
 
 from components.config import REPO_ROOT, PolicyConfig, ShuffleConfig, TrainConfig
 from components.policy.factory import make_policy
-from components.policy.moe import enable_expert_parallel, expert_parameter_names, moe_layers
+from components.policy.history import gather_windows
+from components.policy.moe import StepUsage, enable_expert_parallel, expert_parameter_names, moe_layers
 from components.training.bc import batch_indices, bc_step, make_optimizer, total_steps
 from components.training.determinism import seed_everything
 
@@ -51,6 +53,12 @@ class ExpertParallelResult:
     world_size: int
     dispatcher: str
     shuffle_bytes_sent: int  # rank 0, row payload to other ranks, whole run
+    expert_share: list[list[float]] = field(default_factory=list)  # per step: each expert's share of the pairs
+    dropped_rate: list[float] = field(default_factory=list)  # per step: pairs over capacity / pairs routed
+
+    @property
+    def expert_usage(self) -> list[StepUsage]:
+        return [StepUsage(tuple(s), d) for s, d in zip(self.expert_share, self.dropped_rate, strict=True)]
 
     @property
     def median_step_s(self) -> float:
@@ -62,22 +70,28 @@ class _Data:
     states: torch.Tensor
     actions: torch.Tensor
     weights: torch.Tensor | None
+    frame_in_episode: torch.Tensor | None = None  # (N,) where each frame's episode starts (history policies)
 
 
 def load_npz(path: Path) -> _Data:
-    """``states`` (N, n) and ``actions`` (N, m) float32, optional ``weights`` (N,) sampling weights."""
+    """``states`` (N, n) and ``actions`` (N, m) float32, optional ``weights`` (N,) sampling weights and
+    ``frame_in_episode`` (N,) each frame's index in its episode (a history policy's windows)."""
     with np.load(path) as f:
         missing = {"states", "actions"} - set(f.files)
         if missing:
             raise ValueError(f"{path}: missing arrays {sorted(missing)}; save states (N, n) and actions (N, m)")
         states, actions = f["states"].astype(np.float32), f["actions"].astype(np.float32)
         weights = f["weights"].astype(np.float64) if "weights" in f.files else None
+        positions = f["frame_in_episode"].astype(np.int64) if "frame_in_episode" in f.files else None
     if states.ndim != 2 or actions.ndim != 2 or len(states) != len(actions) or len(states) == 0:
         raise ValueError(f"{path}: states {states.shape} / actions {actions.shape} must be (N, n) / (N, m), N > 0")
     if weights is not None and (weights.shape != (len(states),) or (weights < 0).any() or weights.sum() <= 0):
         raise ValueError(f"{path}: weights must be (N,) non-negative with a positive sum")
+    if positions is not None and (positions.shape != (len(states),) or (positions < 0).any()):
+        raise ValueError(f"{path}: frame_in_episode must be (N,) non-negative frame indices")
     return _Data(torch.from_numpy(states), torch.from_numpy(actions),
-                 None if weights is None else torch.from_numpy(weights))
+                 None if weights is None else torch.from_numpy(weights),
+                 None if positions is None else torch.from_numpy(positions))
 
 
 class ExpertParallelTrainer:
@@ -92,7 +106,9 @@ class ExpertParallelTrainer:
                  init_state: dict[str, torch.Tensor] | None = None) -> None:
         self.device = device or torch.device("cpu")
         self.group, self.shuffle_cfg = group, shuffle_cfg
-        self.data = _Data(data.states.to(self.device), data.actions.to(self.device), data.weights)
+        self.data = _Data(data.states.to(self.device), data.actions.to(self.device), data.weights,
+                          data.frame_in_episode)
+        self.history = policy_cfg.frames()
         self.world = 1 if group is None else dist.get_world_size(group)
         self.rank = 0 if group is None else dist.get_rank(group)
         self.batch = train_cfg.batch_size
@@ -119,10 +135,12 @@ class ExpertParallelTrainer:
     def step(self) -> tuple[float, float]:
         """One step on this rank's slice of the next global batch -> (global loss, seconds)."""
         idx = batch_indices(len(self.data.states), self.data.weights, self.batch, 1, self.seed, self.steps)[0]
-        idx = idx[self.local].to(self.device)
+        idx = idx[self.local]
+        inputs = gather_windows(self.data.states, self.data.frame_in_episode, idx.to(self.device), self.history)
+        idx = idx.to(self.device)
         self.steps += 1
         start = time.perf_counter()
-        loss = bc_step(self.model, self.optimizer, self.data.states[idx], self.targets[idx], self.batch, self.group,
+        loss = bc_step(self.model, self.optimizer, inputs, self.targets[idx], self.batch, self.group,
                        self.dense)  # float(): a host sync, so on CUDA the step time covers the kernels
         return loss, time.perf_counter() - start
 
@@ -152,7 +170,8 @@ def train_expert_parallel(
     world = 1 if group is None else dist.get_world_size(group)
     raw = load_npz(data_path)
     torch.set_num_threads(max(1, train_cfg.threads) if world > 1 else (train_cfg.threads or torch.get_num_threads()))
-    data = TrainingSet(raw.states.numpy(), raw.actions.numpy(), None if raw.weights is None else raw.weights.numpy())
+    data = TrainingSet(raw.states.numpy(), raw.actions.numpy(), None if raw.weights is None else raw.weights.numpy(),
+                       None if raw.frame_in_episode is None else raw.frame_in_episode.numpy())
     total = total_steps(len(data.states), train_cfg.batch_size, train_cfg.epochs)
     spec = TrainSpec(
         data=data, policy=policy_cfg, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay,
@@ -169,7 +188,8 @@ def train_expert_parallel(
         out_path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({k: v.cpu() for k, v in run.policy.state_dict().items()}, out_path)
     return ExpertParallelResult(out_path, run.losses, per_step, world, shuffle_cfg.dispatcher if world > 1 else "local",
-                                run.shuffle_bytes_sent)
+                                run.shuffle_bytes_sent, [list(u.share) for u in run.expert_usage],
+                                [u.dropped_rate for u in run.expert_usage])
 
 
 # --------------------------------------------------------------------------------------------

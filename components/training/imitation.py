@@ -21,6 +21,9 @@ class TrainingSet:
     states: np.ndarray  # (N, n) float32
     actions: np.ndarray  # (N, m) float32
     weights: np.ndarray | None = None  # (N,) sampling weights, None = uniform
+    # (N,) int64 each frame's index in its episode (episodes laid end to end): where a history
+    # policy's windows start (policy/history.py); None = one continuous stream
+    frame_in_episode: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.states.ndim != 2 or self.actions.ndim != 2 or len(self.states) != len(self.actions):
@@ -32,6 +35,9 @@ class TrainingSet:
             raise ValueError("training set is empty: ingest episodes (or expert demos) before training")
         if self.weights is not None and (len(self.weights) != len(self.states) or (self.weights < 0).any()):
             raise ValueError("training set: weights must be (N,) and non-negative")
+        positions = self.frame_in_episode
+        if positions is not None and (positions.shape != (len(self.states),) or (positions < 0).any()):
+            raise ValueError("training set: frame_in_episode must be (N,) non-negative frame indices")
 
 
 @dataclass

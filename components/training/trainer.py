@@ -31,6 +31,7 @@ import torch
 from components.config import SchedulerConfig, Settings
 from components.fsio import atomic_write_text
 from components.policy.factory import make_policy
+from components.policy.moe import StepUsage
 from components.policy.normalizer import NormalizedPolicy
 from components.scheduler.plan import Plan, plan_from_dict, plan_to_dict
 from components.scheduler.profiler import Timeline
@@ -70,6 +71,7 @@ class TrainRun:
     timeline: Timeline
     seconds: float
     shuffle_bytes_sent: int = 0  # expert-parallel: row payload this rank sent to other ranks
+    expert_usage: list[StepUsage] = field(default_factory=list)  # MoE: one per optimizer step
 
     @property
     def median_iteration_s(self) -> float:
@@ -183,13 +185,14 @@ class Trainer:
         seconds = time.perf_counter() - start
         per_iter = {k.version[0]: v for k, v in result.records.items() if k.state == "stats"}
         losses = [x for i in sorted(per_iter) for x in per_iter[i]["losses"]]
+        usage = [u for i in sorted(per_iter) for u in per_iter[i].get("expert_usage", [])]
         val = {k.version[0]: v["success_rate"] for k, v in result.records.items() if k.state == "valm"}
         policy = make_policy(self.spec.obs_dim, self.spec.act_dim, self.spec.policy)
         policy.load_state_dict(result.final["params"])
         policy.eval()
         sent = int(per_iter[max(per_iter)].get("shuffle_bytes_sent", 0)) if per_iter else 0
         return TrainRun(policy, losses, list(result.iteration_s), [val[i] for i in sorted(val)], choice,
-                        result.timeline, seconds, sent)
+                        result.timeline, seconds, sent, usage)
 
 
 def _serial(plan: Plan) -> bool:

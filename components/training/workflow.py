@@ -3,7 +3,10 @@
 One iteration ``i`` (``train.steps_per_iteration`` optimizer steps):
 
     sample    batch@i                <- (seeded by seed, i)    frames drawn by weight from the training set
+                                                               (windows of ``policy.history`` frames for a
+                                                               history policy: ``policy/history.py``)
     learn     params@i+1, stats@i    <- batch@i, params@i      ``bc.bc_step`` on each of the iteration's batches
+                                                               (stats: losses; MoE: expert usage per step)
     validate  valm@i                 <- params@i               rollouts of the weights on validation robots (side)
 
 ``sample`` depends on nothing but the iteration index, so a plan may run it ahead of the learner;
@@ -22,6 +25,8 @@ import torch.distributed as dist
 
 from components.config import PolicyConfig, ShuffleConfig, SimConfig
 from components.policy.factory import make_policy
+from components.policy.history import as_tensor_positions, gather_windows
+from components.policy.moe import step_usage
 from components.policy.normalizer import NormalizedPolicy
 from components.scheduler.workflow import BuildContext, Component, OpSpec, StateSpec, Workflow
 from components.training.bc import as_weights, batch_indices, bc_step, make_optimizer
@@ -105,6 +110,8 @@ class Sampler:
         self.states = torch.as_tensor(spec.data.states, dtype=torch.float32)
         self.actions = torch.as_tensor(spec.data.actions, dtype=torch.float32)
         self.weights = as_weights(spec.data.weights)
+        self.positions = as_tensor_positions(spec.data.frame_in_episode)
+        self.history = spec.policy.frames()
         rank, world = _world() if spec.expert_parallel is not None else (0, 1)
         if spec.batch_size % world:
             raise ValueError(f"train.batch_size={spec.batch_size} must be a multiple of the {world} ranks")
@@ -140,7 +147,7 @@ def op_sample(s: Sampler, idx: dict[str, int], inp: dict[str, Any]) -> dict[str,
     i = idx["iteration"]
     rows = batch_indices(len(s.states), s.weights, s.spec.batch_size, s.spec.steps_in(i), s.spec.seed, i)
     rows = rows[:, s.local]
-    return {"batch": (s.states[rows], s.actions[rows])}
+    return {"batch": (gather_windows(s.states, s.positions, rows, s.history), s.actions[rows])}
 
 
 def op_learn(ls: Learner, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]:
@@ -149,10 +156,14 @@ def op_learn(ls: Learner, idx: dict[str, int], inp: dict[str, Any]) -> dict[str,
         ls.policy.load_state_dict(inp["params"])
     states, actions = (x.to(ls.device) for x in inp["batch"])
     targets = ls.policy.act_norm.normalize(actions)
-    losses = [bc_step(ls.policy, ls.optimizer, states[k], targets[k], ls.spec.batch_size, ls.group, ls.dense)
-              for k in range(len(states))]
+    losses, usage = [], []
+    for k in range(len(states)):
+        losses.append(bc_step(ls.policy, ls.optimizer, states[k], targets[k], ls.spec.batch_size, ls.group, ls.dense))
+        usage.append(step_usage(ls.policy))
     ls.version = i + 1
     stats: dict[str, Any] = {"losses": losses}
+    if usage and usage[0] is not None:
+        stats["expert_usage"] = usage
     if ls.group is not None:
         from components.policy.moe import moe_layers
 
