@@ -64,9 +64,14 @@ def scan_nearest(batches: Iterable[pa.RecordBatch], vector_column: str, queries:
     return ScanHits(best_d.numpy(), best_p.numpy()), table
 
 
+def vectors_of(column: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:
+    """A fixed-size-list vector column as an (N, dim) array."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return array.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
+
+
 def _batch_vectors(batch: pa.RecordBatch, column: str, dim: int, metric: str) -> torch.Tensor:
-    flat = batch.column(column).flatten().to_numpy(zero_copy_only=False)
-    v = torch.from_numpy(np.array(flat, dtype=np.float32).reshape(-1, dim))  # a writable copy
+    v = torch.from_numpy(np.array(vectors_of(batch.column(column), dim), dtype=np.float32))  # a writable copy
     return torch.nn.functional.normalize(v, dim=1) if metric == "cosine" else v
 
 

@@ -40,7 +40,7 @@ from components.config import StoreConfig
 from components.episodes.record import Episode
 from components.store.encoder import WindowEncoder, encoder_fingerprint, encoder_from_state_dict
 from components.store.index_plan import IVF_PQ_MIN_ROWS, IvfPqPlan, plan_ivf_pq
-from components.store.scan import scan_nearest
+from components.store.scan import scan_nearest, vectors_of
 from components.store.windows import cut_windows
 
 VECTOR = "vector"
@@ -498,8 +498,8 @@ class SegmentStore:
         equal = np.ones(new.num_rows, dtype=bool)
         for name in CONTENT_COLUMNS:
             equal &= pc.equal(new.column(name), old.column(name)).to_numpy(zero_copy_only=False)
-        new_vectors = _vectors(new.column(VECTOR), self.dim)
-        old_vectors = _vectors(old.column(VECTOR), self.dim)
+        new_vectors = vectors_of(new.column(VECTOR), self.dim)
+        old_vectors = vectors_of(old.column(VECTOR), self.dim)
         equal &= (new_vectors == old_vectors).all(axis=1)
         same[present] = equal
         return rows.filter(pa.array(~present)), rows.filter(pa.array(present & ~same))
@@ -709,14 +709,7 @@ class SegmentStore:
         if rows is None or not found.any():
             return result
         q, r = np.nonzero(found)
-        picked = rows.take(pa.array(hits.positions[q, r]))
-        result.distances[q, r] = hits.distances[q, r]
-        for name, target in (("segment_id", result.segment_ids), ("episode_id", result.episode_ids),
-                             ("robot_id", result.robot_ids)):
-            target[q, r] = np.asarray(picked.column(name).to_pylist(), dtype=object)
-        result.starts[q, r] = picked.column("start").to_numpy()
-        result.ends[q, r] = picked.column("end").to_numpy()
-        result.success[q, r] = picked.column("success").to_numpy(zero_copy_only=False)
+        _place(result, q, r, rows.take(pa.array(hits.positions[q, r])), hits.distances[q, r])
         result.counts[:] = found.sum(axis=1)
         return result
 
@@ -805,11 +798,6 @@ def _window_count(length: int, window: int, stride: int) -> int:
     return last // stride + 1 + (1 if last % stride else 0)
 
 
-def _vectors(column: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    return array.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
-
-
 def _empty_result(n_queries: int, k: int, metric: str, version: int) -> SearchResult:
     return SearchResult(
         segment_ids=np.full((n_queries, k), "", dtype=object),
@@ -853,15 +841,17 @@ def _to_result(hits: pa.Table, n_queries: int, k: int, metric: str, version: int
     rank = np.arange(len(query)) - first[query]
     keep = rank < k
     q, r, o = query[keep], rank[keep], order[keep]
-    result.distances[q, r] = distance[keep]
-    for name, target in (
-        ("segment_id", result.segment_ids),
-        ("episode_id", result.episode_ids),
-        ("robot_id", result.robot_ids),
-    ):
-        target[q, r] = np.asarray(hits.column(name).to_pylist(), dtype=object)[o]
-    result.starts[q, r] = hits.column("start").to_numpy()[o]
-    result.ends[q, r] = hits.column("end").to_numpy()[o]
-    result.success[q, r] = hits.column("success").to_numpy(zero_copy_only=False)[o]
+    _place(result, q, r, hits.take(pa.array(o)), distance[keep])
     result.counts[:] = np.minimum(counts, k)
     return result
+
+
+def _place(result: SearchResult, q: np.ndarray, r: np.ndarray, rows: pa.Table, distances: np.ndarray) -> None:
+    """Write hit ``i`` (``rows`` row i, ``distances[i]``) into ``result`` at query q[i], rank r[i]."""
+    result.distances[q, r] = distances
+    for name, target in (("segment_id", result.segment_ids), ("episode_id", result.episode_ids),
+                         ("robot_id", result.robot_ids)):
+        target[q, r] = np.asarray(rows.column(name).to_pylist(), dtype=object)
+    result.starts[q, r] = rows.column("start").to_numpy()
+    result.ends[q, r] = rows.column("end").to_numpy()
+    result.success[q, r] = rows.column("success").to_numpy(zero_copy_only=False)
