@@ -25,8 +25,9 @@ log = logging.getLogger("fleetloop.fleet.embedder")
 class StoreEmbedder:
     """One background thread running ``embed_pending`` after commits and on an interval."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, dataset: EpisodeDataset) -> None:
         self.settings = settings
+        self.dataset = dataset  # the ingest service's own handle (its writer commits through it)
         self.cfg = settings.runtime
         self.segments = 0  # written since start
         self.passes = 0
@@ -83,4 +84,4 @@ class StoreEmbedder:
             log.info("embedded %d segments into the store", written)
 
     def _has_episodes(self) -> bool:
-        return EpisodeDataset(self.settings.paths.episodes, self.settings.episodes).num_episodes > 0
+        return self.dataset.num_episodes > 0

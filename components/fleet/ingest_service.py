@@ -288,7 +288,7 @@ def create_ingest_app(settings: Settings, book: TokenBook) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        embedder = StoreEmbedder(settings) if cfg.ingest_embeds else None
+        embedder = StoreEmbedder(settings, dataset) if cfg.ingest_embeds else None
         if embedder is not None:
             state["embedder"] = embedder
         state["writer"] = GroupCommitWriter(
