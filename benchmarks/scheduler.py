@@ -259,9 +259,8 @@ def plot_train_workflow(section: dict[str, Any], path: Path) -> None:
 
 
 def paired_ratio(meas: dict[str, dict[str, Any]], a: str, b: str) -> float:
-    """Median over rounds of a's time / b's time in the same round (robust to drift between rounds)."""
-    ra, rb = meas[a]["round_medians"], meas[b]["round_medians"]
-    return statistics.median(ra[r] / rb[r] for r in ra if r in rb)
+    """Median over every round of a's time / b's time in the same round (robust to drift between rounds)."""
+    return ratio_per_round(meas, a, b, list(meas[a]["round_medians"]))["median"]
 
 
 def main() -> None:
