@@ -160,10 +160,9 @@ class SchedulerRuntime:
         wf = self.workflow_at(m)
         t = threads or self.op_threads
         sim, policy = self.roles.chain[0], self.roles.chain[1]
-        joined = (sim, policy) if colocate_rollout and {sim, policy} <= {c.name for c in wf.components} else ()
         kind = {c.name: "process" if c.process_ok else "thread" for c in wf.components}
-        workers = ((WorkerSpec("rollout", joined, kind="process"),) if joined and all(kind[c] == "process" for c in joined)
-                   else tuple(WorkerSpec(c, (c,), kind=kind[c]) for c in joined))
+        joined = (sim, policy) if colocate_rollout and kind.get(sim) == kind.get(policy) == "process" else ()
+        workers = (WorkerSpec("rollout", joined, kind="process"),) if joined else ()
         workers += tuple(WorkerSpec(c.name, (c.name,), kind=kind[c.name]) for c in wf.components if c.name not in joined)
         placement = {c.name: tuple(f"cpu{k}" for k in range(self.devices)) for c in wf.components if c.exclusive}
         tags = [f"m={m}"] if grouped and groups else []
@@ -175,9 +174,9 @@ class SchedulerRuntime:
 
     def coarse_process_splits(self, thread_counts: tuple[int, ...] | None = None) -> list[Plan]:
         """The process-based coarse layouts a user tuning RLinf-style pipelining would try: env and
-        inference in separate processes at each candidate env-group count (``pipeline_stages``), or collocated in one rollout
-        process; each at 1 thread per op and at every core per op (or ``thread_counts``). The
-        fastest, measured, is the baseline's best split."""
+        inference in separate processes at each candidate env-group count (``pipeline_stages``),
+        or collocated in one rollout process; each at 1 thread per op and at every core per op (or
+        ``thread_counts``). The fastest, measured, is the baseline's best split."""
         grouped = GROUP_LOOP in self.workflow_at(1).loops
         layouts = [{"groups": m} for m in (self.cfg.pipeline_stages if grouped else (1,))] + [{"groups": 1, "colocate_rollout": True}]
         thread_counts = thread_counts or tuple(sorted({1, self.devices}))
