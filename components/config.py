@@ -420,6 +420,9 @@ class FleetRuntimeConfig(Section):
     trainer_batch_size: int = Field(default=64, ge=1)
     trainer_success_only: bool = True  # filtered BC on successful episodes (else all, uninterrupted)
     trainer_poll_s: float = Field(default=0.5, gt=0)
+    # train.method fert / fert_uniform: the trainer's training set is rebuilt (divergence,
+    # retrieval) from a pinned store version once the store has embedded this many more episodes
+    trainer_rebuild_episodes: int = Field(default=100, ge=1)
     # trainer -> candidates (components/fleet/shipping.py): a checkpoint becomes a candidate every
     # N optimizer steps or M seconds since the last one, whichever comes first (0 turns that
     # trigger off; both 0 = the trainer never ships)

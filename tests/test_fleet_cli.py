@@ -98,6 +98,8 @@ def test_fleet_up_trainer_ships_a_champion_and_status_shows_the_version_each_rob
     from components.fleet.local import synthetic_episode
     from components.fleet.shipping import SOURCE, SOURCE_TAG, STEP_TAG
     from components.fleet.trainer import STATUS_NAME
+    from components.fleet.training_set import TAG_PREFIX
+    from components.pipeline.workspace import Workspace
     from components.registry.model_registry import PolicyRegistry
 
     _env(monkeypatch, tmp_path)
@@ -139,6 +141,10 @@ def test_fleet_up_trainer_ships_a_champion_and_status_shows_the_version_each_rob
     assert f"v{champion}" in table.output  # the human table's "serves" column
     version = PolicyRegistry(settings.paths.mlruns, settings.registry).get_version(champion)
     assert version.tags[SOURCE_TAG] == SOURCE and int(version.tags[STEP_TAG]) % 20 == 0  # the trainer's checkpoint
+    # trained with FERT (the default train.method) on a store version the trainer pinned (and tagged)
+    assert version.tags["fleetloop.method"] == "fert" and trainer["training_set"]["method"] == "fert"
+    pinned = Workspace(settings).store.tags()
+    assert pinned[f"{TAG_PREFIX}{version.lineage.lancedb_version}"] == version.lineage.lancedb_version
     assert trainer["candidates"]["shipped"] >= 1 and trainer["candidates"]["promoted"] >= 1
     print(json.dumps({"champion": champion, "serving": body["serving"], "seen_after_s": round(seen_after_s, 1),
                       "last_candidate": trainer["candidates"]["last"]}))

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from components.config import Settings
 from components.evaluation.heldout import EvaluationReport
+from components.fert.retrieval_record import RetrievalRecord
 from components.policy.normalizer import NormalizedPolicy
 from components.training.imitation import TrainResult
 
@@ -157,9 +158,11 @@ class CandidateShipper:
         return self._champion_evals[champion.version]
 
     def ship(self, policy: NormalizedPolicy, step: int, cursor: int, frames: int, losses: list[float],
-             robots: Counter[str], method: str, started: float) -> ShippedCandidate:
+             robots: Counter[str], method: str, started: float, store_version: int | None = None,
+             retrieval: RetrievalRecord | None = None) -> ShippedCandidate:
         """Evaluate, register (with lineage), gate and roll out ``policy`` (a copy: it is not trained
-        further) as the candidate of ``step``; ``started`` is when its checkpoint was written."""
+        further) as the candidate of ``step``; ``started`` is when its checkpoint was written. FERT
+        builds pass the segment store version their retrieval read and what it retrieved."""
         from components.pipeline.evaluate import evaluate_policy
         from components.pipeline.promote import gate_candidate, register_candidate
         from components.pipeline.steps import TrainOutcome, current_lineage
@@ -173,10 +176,12 @@ class CandidateShipper:
         report = evaluate_policy(self.settings, policy, f"trainer-{step}")
         lineage = current_lineage(self.settings, self.workspace, frames)
         lineage = dataclasses.replace(lineage, episodes=cursor, episodes_per_robot=dict(sorted(robots.items())))
+        if store_version is not None:
+            lineage = dataclasses.replace(lineage, lancedb_version=store_version)
         result = TrainResult(policy=policy, losses=losses, steps=step, seconds=0.0, device="cpu")
         tags = {RUN_TAG: s.run_id, STEP_TAG: str(step), SOURCE_TAG: SOURCE,
                 "fleetloop.method": method}
-        candidate = register_candidate(self.settings, TrainOutcome(result, lineage, frames), report,
+        candidate = register_candidate(self.settings, TrainOutcome(result, lineage, frames, retrieval=retrieval), report,
                                        f"fleet-trainer-step-{step}", tags=tags)
         assert self._registered_steps is not None
         self._registered_steps.add(step)

@@ -1,8 +1,9 @@
 """The asynchronous fleet trainer: keeps learning from whatever the fleet has stored so far.
 
     poll the episode dataset -> episodes past the data cursor join the replay buffer
-      (uninterrupted ones; the frames and weights to imitate come from the one training-set
-       builder, ``components/fert`` with ``train.method`` — filtered BC unless the method is bc)
+      (uninterrupted ones); the frames and weights to imitate come from the flow's own builder
+      (``pipeline.steps.method_training_set``, ``train.method``: FERT by default), rebuilt by the
+      rule of ``training_set.py`` — for FERT from a pinned segment store version, so it replays
     -> ``steps_per_episode`` optimizer steps owed per new episode (replay ratio), each the one
        trainer's step (``training.bc.bc_step``) on the one sampler's batches (``batch_indices``,
        step s = row s % K of iteration s // K's draw, K = ``train.steps_per_iteration``), so on a
@@ -14,7 +15,8 @@
        promoted or rolled out as a canary); RNGs are put back afterwards, so shipping never
        changes what is trained
     on start: resume from the newest checkpoint (buffer rebuilt from the first ``cursor``
-    episodes, which never change: the dataset only appends), else start fresh.
+    episodes, which never change: the dataset only appends, and the training set from the
+    checkpoint's pin), else start fresh.
 
 A SIGKILL loses at most the steps since the last checkpoint; they are redone with the same RNG
 state. ``state/trainer.json`` tells the coordinator (and people) where training stands.
@@ -37,11 +39,14 @@ import torch
 from components.config import Settings
 from components.episodes.dataset import EpisodeDataset
 from components.episodes.record import Episode
-from components.fert.methods import build_training_set
+from components.fert.methods import MethodTrainingSet
+from components.fert.retrieval_record import RetrievalRecord
 from components.fleet.clients import CoordinatorClient, HeartbeatThread
 from components.fleet.layout import RuntimeLayout
 from components.fleet.shipping import CandidateShipper, ShippingState
+from components.fleet.training_set import BuildPin, StorePins, describe
 from components.fsio import atomic_write_bytes
+from components.pipeline.steps import RETRIEVAL_METHODS, method_training_set
 from components.policy.history import (
     as_tensor_positions,
     frame_positions,
@@ -92,30 +97,41 @@ class FleetTrainer:
         self.state = TrainerState()
         self.policy: NormalizedPolicy | None = None
         self.optimizer: torch.optim.Optimizer | None = None
-        self._episodes: list[Episode] = []
+        self._ids: list[str] = []  # every consumed dataset episode, in dataset order
+        self._episodes: list[tuple[int, Episode]] = []  # (dataset position, episode) of those kept
         self._buffer: TrainingSet | None = None
+        self._built: MethodTrainingSet | None = None
+        self._pin: BuildPin | None = None  # what _buffer was built from
+        self._build_record: dict | None = None
+        self.pins = StorePins(settings)
         self._block: torch.Tensor | None = None
-        self._block_key: tuple[int, int] | None = None
+        self._block_key: tuple | None = None
         self.shipping = ShippingState(run_id=uuid.uuid4().hex[:12], since=time.time())
         self.shipper = CandidateShipper(settings, self.shipping)
         self._checkpointed: tuple[int, float] | None = None  # (step, wall time) of the newest checkpoint
 
     # -------------------------------------------------------------------------- data
+    @property
+    def retrieves(self) -> bool:
+        """FERT methods: failures query the segment store (so they are kept, and builds are pinned)."""
+        return self.cfg.trainer_success_only and self.settings.train.method in RETRIEVAL_METHODS
+
     def _keep(self, episode: Episode) -> bool:
         if episode.interrupted:
             return False
-        return episode.success or not self.cfg.trainer_success_only
+        return episode.success or self.retrieves or not self.cfg.trainer_success_only
 
     def _read(self, start: int, stop: int | None) -> int:
         """Add dataset episodes [start, stop) to the buffer; returns how many were read."""
         read = 0
-        for episode in self.dataset.episodes(start, stop):
+        for position, episode in enumerate(self.dataset.episodes(start, stop), start=start):
             read += 1
+            self._ids.append(episode.episode_id)
             if self._keep(episode):
-                self._episodes.append(episode)
+                self._episodes.append((position, episode))
                 self.state.frames += episode.length
-        if read:
-            self._buffer = None
+        if read and not self.retrieves:
+            self._buffer = None  # rebuilt from everything on the next step
         return read
 
     def consume(self) -> int:
@@ -129,32 +145,65 @@ class FleetTrainer:
                 time.sleep(self.cfg.trainer_poll_s * (attempt + 1))
         else:
             return 0
-        if self.dataset.num_episodes <= self.state.cursor:
-            return 0
-        new = self._read(self.state.cursor, None)
+        new = self._read(self.state.cursor, None) if self.dataset.num_episodes > self.state.cursor else 0
         self.state.cursor += new
         self.state.owed += new * self.cfg.steps_per_episode
+        if self.retrieves:  # the store may have caught up even when the dataset did not grow
+            self.update_training_set()
         return new
 
+    def update_training_set(self) -> bool:
+        """FERT methods: rebuild from a new pin when one is due (``training_set.py``); True if rebuilt.
+        A build that fails (e.g. a store caught mid-write) is logged; training goes on on the last one."""
+        pin = self.pins.next_pin(self._ids, self._pin)
+        if pin is None:
+            return False
+        try:
+            self._rebuild(pin)
+        except (RuntimeError, ValueError) as exc:
+            self.pins.waiting = f"build at store v{pin.store_version} failed: {exc}"[:300]
+            log.warning("%s; training on the last training set", self.pins.waiting)
+            return False
+        self.pins.keep(pin, self.cfg.checkpoints_kept + 1)
+        return True
+
+    def _rebuild(self, pin: BuildPin) -> None:
+        """The training set of ``pin``: its first episodes, the store at its version, its champion."""
+        episodes = [ep for position, ep in self._episodes if position < pin.episodes]
+        rng = capture_rng(self.generator)  # building draws from its own seeds; keep ours untouched
+        try:
+            built = method_training_set(self.settings, episodes, self.pins.view(pin), pin.champion)
+        finally:
+            restore_rng(rng, self.generator)
+        self._use(built, pin)
+        log.info("training set rebuilt from %d episodes, store v%d: %d frames, %d matches (%.1fs)",
+                 pin.episodes, pin.store_version, len(built.data.states), built.report.matches, built.report.seconds)
+
+    def _use(self, built: MethodTrainingSet, pin: BuildPin) -> None:
+        self._built, self._buffer, self._pin = built, built.data, pin
+        self._build_record = describe(built, pin, self.state.step)
+
     def _tensors(self) -> TrainingSet:
-        """The buffer as the one training-set builder sees it (method from ``train.method``; FERT,
-        trains as filtered BC here: the ingest service now embeds into the segment store, but the
-        continuous trainer does not yet run FERT's divergence + retrieval per buffer rebuild)."""
-        episodes = sorted(self._episodes, key=lambda ep: ep.episode_id)  # as steps.training_set orders them
-        if self._buffer is None and not self.cfg.trainer_success_only:  # every uninterrupted episode, uniform
+        """The training set: FERT's last pinned build, or (other methods) every kept episode."""
+        if self._buffer is not None:
+            return self._buffer
+        if self.retrieves:
+            raise RuntimeError(f"no FERT training set yet ({self.pins.waiting or 'none built'})")
+        pin = BuildPin(self.state.cursor)
+        if not self.cfg.trainer_success_only:  # every uninterrupted episode, uniform
+            episodes = sorted((ep for _, ep in self._episodes), key=lambda ep: ep.episode_id)
             self._buffer = TrainingSet(np.concatenate([e.states for e in episodes]).astype(np.float32),
                                        np.concatenate([e.actions for e in episodes]).astype(np.float32),
                                        frame_in_episode=frame_positions([e.length for e in episodes]))
-        if self._buffer is None:
-            self._buffer = build_training_set(self.method, episodes, self.settings.fert).data
+            self._pin = pin
+        else:
+            self._use(method_training_set(self.settings, (ep for _, ep in self._episodes), None, None), pin)
         return self._buffer
 
     @property
     def method(self) -> str:
         """What the buffer imitates (the candidates' ``fleetloop.method`` tag)."""
-        if not self.cfg.trainer_success_only:
-            return "uninterrupted_bc"
-        return "bc" if self.settings.train.method == "bc" else "filtered_bc"
+        return self.settings.train.method if self.cfg.trainer_success_only else "uninterrupted_bc"
 
     # -------------------------------------------------------------------------- model
     def _build(self, data: TrainingSet) -> None:
@@ -165,12 +214,14 @@ class FleetTrainer:
         self.optimizer = make_optimizer(self.policy, self.settings.train.lr, self.settings.train.weight_decay)
 
     def ready(self) -> bool:
+        if self.retrieves:
+            return self._buffer is not None and len(self._buffer.states) >= self.cfg.trainer_batch_size
         return self.state.frames >= self.cfg.trainer_batch_size
 
     def _batch(self, data: TrainingSet, step: int) -> torch.Tensor:
         """Frame indices of optimizer step ``step`` (0-based): the one sampler's draw for its iteration."""
         k = self.settings.train.steps_per_iteration
-        key = (step // k, len(data.states))
+        key = (step // k, self._pin, len(data.states))
         if self._block_key != key:
             self._block = batch_indices(len(data.states), as_weights(data.weights), self.cfg.trainer_batch_size, k,
                                         self.settings.seed, step // k)
@@ -212,7 +263,7 @@ class FleetTrainer:
                 rng=capture_rng(self.generator),
                 cursor={"episodes": s.cursor, "owed": s.owed},
                 extra={"losses": [list(x) for x in s.losses], "resumes": list(s.resumes), "frames": s.frames,
-                       "shipping": self.shipping.to_dict()},
+                       "shipping": self.shipping.to_dict(), "pin": self._pin.to_dict() if self._pin else None},
             ),
             keep=self.cfg.checkpoints_kept,
         )
@@ -231,6 +282,12 @@ class FleetTrainer:
                 f"checkpoint step {ckpt.step} consumed {cursor} episodes but {self.settings.paths.episodes} has fewer; "
                 f"it belongs to another dataset: move {self.layout.checkpoints} aside"
             )
+        pin = ckpt.extra.get("pin")
+        if self.retrieves:
+            if pin is None:
+                raise RuntimeError(f"checkpoint step {ckpt.step} has no training-set pin (written for another "
+                                   f"train.method); move {self.layout.checkpoints} aside to start fresh")
+            self._rebuild(BuildPin.from_dict(pin))
         self._build(self._tensors())
         assert self.policy is not None and self.optimizer is not None
         self.policy.load_state_dict(ckpt.model)
@@ -257,7 +314,7 @@ class FleetTrainer:
         body = {
             "step": s.step, "cursor": s.cursor, "owed": s.owed, "frames": s.frames, "resumes": s.resumes,
             "last_loss": s.losses[-1][1] if s.losses else None, "time": time.time(),
-            "candidates": self.shipping.to_dict(),
+            "candidates": self.shipping.to_dict(), "training_set": self._build_record, "waiting": self.pins.waiting,
         }
         atomic_write_bytes(self.layout.state / STATUS_NAME, json.dumps(body).encode())
 
@@ -288,9 +345,9 @@ class FleetTrainer:
         rng = capture_rng(self.generator)  # evaluation draws from its own seeds; keep ours untouched
         try:
             self.shipper.ship(
-                copy.deepcopy(self.policy), self.state.step, self.state.cursor, self.state.frames,
-                [loss for _, loss in self.state.losses], Counter(ep.robot_id for ep in self._episodes),
-                self.method, started=self._checkpointed[1],
+                copy.deepcopy(self.policy), self.state.step, self.state.cursor, len(self._tensors().states),
+                [loss for _, loss in self.state.losses], Counter(ep.robot_id for _, ep in self._episodes),
+                self.method, started=self._checkpointed[1], **self._provenance(),
             )
         except Exception as exc:  # noqa: BLE001 - shipping must never stop training
             log.exception("shipping step %d failed; retrying in %.0fs", self.state.step, self.cfg.candidate_retry_s)
@@ -302,6 +359,14 @@ class FleetTrainer:
             self.policy.train()
         self.checkpoint()  # same step, now recording the ship
         return True
+
+    def _provenance(self) -> dict:
+        """What the candidate's lineage adds for a pinned build: the store version its retrieval
+        read, and the record the failure explorer renders (``fleetloop explain``)."""
+        if self._built is None or self._pin is None or self._pin.store_version < 0:
+            return {}
+        record = RetrievalRecord.from_training_set(self._built, self.settings.seed, self.settings.store.window)
+        return {"store_version": self._pin.store_version, "retrieval": record}
 
     # -------------------------------------------------------------------------- loop
     def run(self, stop: threading.Event) -> None:

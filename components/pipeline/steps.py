@@ -13,10 +13,11 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from components.config import Settings
+from components.episodes.record import Episode
 from components.episodes.snapshot import read_snapshot
 from components.fert.methods import MethodTrainingSet, build_training_set
 from components.fert.retrieval_record import RetrievalRecord
@@ -24,6 +25,7 @@ from components.pipeline.workspace import Workspace
 from components.registry.lineage import Lineage, git_commit, params_hash
 from components.policy.moe import StepUsage
 from components.policy.normalizer import NormalizedPolicy
+from components.store.segment_store import SegmentStore
 from components.training.checkpoint import state_digest
 from components.training.expert_usage import plot_expert_usage, usage_record, usage_series
 from components.training.imitation import ProgressFn, TrainResult
@@ -32,31 +34,44 @@ from components.training.trainer import TrainRun, make_trainer
 
 # -- train -----------------------------------------------------------------------------------
 def training_set(settings: Settings, ws: Workspace) -> MethodTrainingSet:
+    """Frames to imitate (and how often) for ``train.method`` from everything stored; see
+    ``method_training_set``."""
+    champion = ws.registry.champion() if settings.fert.failures_from == "champion" else None
+    store = ws.store if settings.train.method in RETRIEVAL_METHODS else None
+    return method_training_set(settings, ws.dataset.episodes(), store, champion.version if champion else None)
+
+
+RETRIEVAL_METHODS = ("fert", "fert_uniform")  # the methods that query the segment store
+
+
+def method_training_set(settings: Settings, episodes: Iterable[Episode], store: SegmentStore | None,
+                        champion: int | None) -> MethodTrainingSet:
     """Frames to imitate (and how often) for ``train.method``; see components/fert/methods.py.
 
     bc: expert demos; filtered_bc: every success; fert / fert_uniform: every success, with the
-    segments retrieved for the champion's failures (``fert.failures_from``) emphasized. Failed
-    episodes' actions are never imitated.
+    segments ``store`` retrieves for the failures of v``champion`` (``fert.failures_from``; every
+    failure while there is no champion or it has not run yet) emphasized. Failed episodes' actions
+    are never imitated; interrupted ones (a FATS robot stopped mid-episode) are neither imitated nor
+    queried. The flow's train task and the fleet's async trainer both build through here.
     """
     method = settings.train.method
     # by id, not by arrival: the same stored episodes give the same training set (and model) on
     # every path, whatever order a flow, a dvc stage or the fleet's ingest stored them in
-    episodes = sorted(ws.dataset.episodes(), key=lambda ep: ep.episode_id)
+    episodes = sorted((ep for ep in episodes if not ep.interrupted), key=lambda ep: ep.episode_id)
     if not any(ep.success for ep in episodes):
         raise RuntimeError(
             f"no successful episodes to train on in {settings.paths.episodes}; run `fleetloop ingest` with expert demos first"
         )
-    if method in ("bc", "filtered_bc"):
+    if method not in RETRIEVAL_METHODS:
         return build_training_set(method, episodes, settings.fert)
-    encoder = ws.store.load_encoder()
-    if encoder is None:
+    encoder = store.load_encoder() if store is not None else None
+    if store is None or encoder is None:
         raise RuntimeError(f"train.method={method!r} needs the segment store: run `fleetloop ingest` first ({settings.paths.store})")
     failed = [ep for ep in episodes if not ep.success]
-    champion = ws.registry.champion() if settings.fert.failures_from == "champion" else None
     if champion is not None:
-        mine = [ep for ep in failed if ep.policy_version == f"v{champion.version}"]
+        mine = [ep for ep in failed if ep.policy_version == f"v{champion}"]
         failed = mine or failed  # the champion has not run on the fleet yet: every failure queries
-    return build_training_set(method, episodes, settings.fert, ws.store, encoder, failed=failed, seed=settings.seed)
+    return build_training_set(method, episodes, settings.fert, store, encoder, failed=failed, seed=settings.seed)
 
 
 @dataclass(frozen=True)
