@@ -68,9 +68,8 @@ class BenchmarkSize:
             "candidate_every_steps": 400, "candidate_every_s": 120.0, "candidate_retry_s": 30.0,
         }
         return dict(
-            # filtered BC: the expert seed data is what beats the initial champion. The quick run
-            # ships nothing, and trains on every episode so the trainer resumes and goes on at once
-            trainer_success_only=not self.quick,
+            # the trainer trains train.method (FERT, the product default) on the expert seed data and
+            # the fleet's episodes; the quick run ships nothing
             heartbeat_s=1.0 if big else 0.25,
             lease_s=20.0 if big else 4.0,
             startup_grace_s=max(90.0, 3.0 * self.robots),  # 99 interpreters start at once after a coordinator kill
@@ -143,6 +142,8 @@ def summary(report: ChaosReport, size: BenchmarkSize) -> dict:
         "max_fleet_restarts_per_min": report.max_fleet_restarts_per_min,
         "completed": report.completed, "leaked_pids": report.leaked_pids, "outlived_coordinator": report.outlived_coordinator,
         "seconds": report.seconds,
+        "trainer": {"method": report.trainer_method, "pin": report.trainer_pin, "steps": report.trainer_steps,
+                    "resumes": report.trainer_resumes},
         "report": asdict(report),
     }
 

@@ -43,7 +43,9 @@ def test_fleet_under_every_fault_kind_stores_every_episode_exactly_once(tmp_path
         if revoked.failures:
             expected = backoff_delays(revoked.failures, cfg.restart_backoff_s, cfg.restart_backoff_max_s)
             assert revoked.delays == expected[-len(revoked.delays):], revoked
-    # the trainer resumed from a checkpoint and its loss curve went on from there
+    # the trainer trained FERT (the default) from a pinned store version, resumed from a checkpoint
+    # and its loss curve went on from there
+    assert report.trainer_method == "fert" and report.trainer_pin["store_version"] >= 0, report.trainer_pin
     assert report.trainer_resumes and report.loss_steps_contiguous
     assert any(a["after_mean"] is not None for a in report.loss_around_resumes), report.loss_around_resumes
     # continued, not restarted: a resumed model's loss is below a fresh model's first steps. Only

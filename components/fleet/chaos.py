@@ -170,6 +170,8 @@ class ChaosReport:
     proxy: dict[str, dict] = field(default_factory=dict)
     trainer_steps: int = 0
     trainer_resumes: list[int] = field(default_factory=list)
+    trainer_method: str = ""  # what the trainer imitated (train.method: fert by default)
+    trainer_pin: dict | None = None  # what its last training set was built from (fleet/training_set.py)
     loss_around_resumes: list[dict] = field(default_factory=list)
     loss_steps_contiguous: bool = False
     completed: bool = False  # the drain finished: every robot uploaded everything
@@ -185,7 +187,7 @@ def chaos_settings(base: Settings, plan: ChaosPlan, **runtime: object) -> Settin
     """A small, fast fleet on free loopback ports (short episodes, frequent checkpoints)."""
     defaults = dict(
         robot_episodes=0, checkpoint_every=10, steps_per_episode=4, trainer_batch_size=32,
-        trainer_success_only=False, heartbeat_s=0.25, lease_s=4.0, startup_grace_s=90.0, alias_poll_s=0.5,
+        trainer_rebuild_episodes=50, heartbeat_s=0.25, lease_s=4.0, startup_grace_s=90.0, alias_poll_s=0.5,
         inference_timeout_s=1.0, retry_initial_s=0.05, retry_max_s=0.5, stop_grace_s=3.0, canary_share=0.0,
     )
     defaults.update(runtime)
@@ -294,6 +296,8 @@ def _audit_trainer(layout: RuntimeLayout, report: ChaosReport) -> None:
     steps = [s for s, _ in losses]
     report.trainer_steps = ckpt.step
     report.trainer_resumes = [int(r) for r in ckpt.extra.get("resumes", [])]
+    report.trainer_pin = ckpt.extra.get("pin")
+    report.trainer_method = (_trainer_status(layout).get("training_set") or {}).get("method", "")
     report.loss_steps_contiguous = steps == list(range(1, len(steps) + 1))
     by_step = dict(losses)
 
