@@ -61,6 +61,7 @@ def test_fert_trainer_waits_for_the_store_then_resumes_bit_for_bit_from_its_pin_
     waiting = FleetTrainer(settings)
     waiting.consume()  # stored, but nothing embedded yet: no FERT set, no training
     assert not waiting.ready() and "segment store" in waiting.pins.waiting
+    assert waiting.describe_training_set().startswith("fert: waiting for the segment store")  # fleet status
 
     interrupted = _failures(settings, 1, seed=9, interrupted=True)  # a robot stopped mid-episode: not a failure
     pinned_version = _add(settings, _failures(settings, 4, seed=1) + interrupted)
@@ -81,6 +82,7 @@ def test_fert_trainer_waits_for_the_store_then_resumes_bit_for_bit_from_its_pin_
     resumed = FleetTrainer(_settings(tmp_path, "run-b"))
     assert resumed.resume() and resumed.state.step == 20
     assert resumed._pin == straight._pin  # rebuilt from the checkpoint's pin, not from today's store
+    assert resumed.describe_training_set() == f"fert on {straight._pin.episodes} episodes, store v{pinned_version}"
     resumed.train(20)
     assert resumed.state.losses == straight.state.losses  # steps 1..40, bit for bit
 

@@ -183,6 +183,15 @@ class FleetTrainer:
         self._built, self._buffer, self._pin = built, built.data, pin
         self._build_record = describe(built, pin, self.state.step)
 
+    def describe_training_set(self) -> str:
+        """One line for ``fleet status``: what the trainer imitates, and from what (or why it waits)."""
+        pin = self._pin
+        if pin is None:
+            return f"{self.method}: {self.pins.waiting or 'no data yet'}"
+        store = f", store v{pin.store_version}" if pin.store_version >= 0 else ""
+        waiting = f" (next: {self.pins.waiting})" if self.pins.waiting else ""
+        return f"{self.method} on {pin.episodes} episodes{store}{waiting}"
+
     def _tensors(self) -> TrainingSet:
         """The training set: FERT's last pinned build, or (other methods) every kept episode."""
         if self._buffer is not None:
@@ -398,7 +407,8 @@ def run_trainer(settings: Settings, token: str, coordinator_url: str, stop: thre
     coordinator = CoordinatorClient(coordinator_url, token, cfg.heartbeat_s * 2)
     heartbeat = HeartbeatThread(
         coordinator, "trainer", cfg.heartbeat_s, lambda: {"step": trainer.state.step, "cursor": trainer.state.cursor, "candidates": trainer.shipping.shipped,
-                 "last_candidate": trainer.shipping.last.version if trainer.shipping.last else None}
+                 "last_candidate": trainer.shipping.last.version if trainer.shipping.last else None,
+                 "training_set": trainer.describe_training_set()}
     ).start()
     try:
         trainer.run(stop)
