@@ -56,6 +56,13 @@ class Roles:
     def sim(self) -> str:
         return self.chain[0]
 
+    @property
+    def rollout(self) -> tuple[str, ...]:
+        """The components a cyclic stream joins (env ↔ inference): the group Rose may move into one
+        process, as the collocated process split does; empty when nothing streams in a cycle."""
+        pair = next((p for p, kind in self.streaming.items() if kind == "cyclic"), ())
+        return tuple(pair)
+
 
 @dataclass
 class OptimizeResult:
@@ -290,6 +297,7 @@ class SchedulerRuntime:
             measure=lambda plans: self.measure(plans),
             predict=lambda p, basis: self.predict(p, basis),
             timeline=self.timeline,
+            rollout=self.roles.rollout,
         )
         result = rose.optimize(plan)
         self.log(result.report())
