@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from components.config import SchedulerConfig
+from components.scheduler.costmodel import IpcCost, fit_ipc
 from components.scheduler.executor import GROUP_LOOP, RunResult, execute, plan_workflow
 from components.scheduler.graph import build_graph
 from components.scheduler.plan import Plan, WorkerSpec, sequential_plan
@@ -33,8 +34,12 @@ from components.scheduler.planner import (
     profile_workflow,
     thread_slowdown,
 )
-from components.scheduler.costmodel import IpcCost, fit_ipc
-from components.scheduler.profiler import GpuTelemetry, Timeline, effective_cores, qualified_capacity
+from components.scheduler.profiler import (
+    GpuTelemetry,
+    Timeline,
+    effective_cores,
+    qualified_capacity,
+)
 from components.scheduler.quotas import Branch, ForkJoin, QuotaResult, SlackQuotaManager
 from components.scheduler.rose import RoseOptimizer, RoseResult
 from components.scheduler.simulate import simulate, transfer_seconds
