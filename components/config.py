@@ -439,6 +439,11 @@ class FleetRuntimeConfig(Section):
     # coordinator: leases, restarts, staleness
     heartbeat_s: float = Field(default=0.5, gt=0)
     lease_s: float = Field(default=5.0, gt=0)  # no heartbeat for this long = hung: killed + restarted
+    # ... unless it used CPU since its last beat (starved by a busy host, not hung): then it gets
+    # up to this many leases before it is killed, so an overloaded host is not made worse by
+    # restarting every member at once
+    starved_lease_factor: float = Field(default=4.0, ge=1.0)
+    starved_min_cpu_s: float = Field(default=0.05, ge=0)  # CPU used since the last beat that counts as progress
     startup_grace_s: float = Field(default=60.0, gt=0)  # a fresh process gets this long to first heartbeat
     max_staleness_s: float = Field(default=10.0, gt=0)  # served policy may lag the registry alias this long
     restart_backoff_s: float = Field(default=0.5, ge=0)  # first restart delay; doubles per failure in a row

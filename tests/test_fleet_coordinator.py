@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -13,7 +15,8 @@ import uvicorn
 from fastapi import HTTPException
 
 from components.fleet.auth import ROBOT, SERVICE, SERVICE_NAME, Principal, TokenBook, issue_tokens, revoke_robot
-from components.fleet.coordinator import Coordinator, create_coordinator_app, restart_delay
+from components.fleet.coordinator import Coordinator, create_coordinator_app, lease_verdict, restart_delay
+from components.fleet.identity import cpu_seconds
 from components.fleet.layout import RuntimeLayout
 from components.fleet.inference_service import ModelCache, ModelSlots
 from components.fleet.local import with_free_ports
@@ -54,6 +57,45 @@ def test_inference_cache_restores_the_last_served_models(tmp_path):
 def test_restart_delay_doubles_per_failure_and_is_capped():
     assert [restart_delay(n, 0.5, 4.0) for n in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
     assert restart_delay(3, 0.0, 4.0) == 0.0
+
+
+def test_lease_verdict_tells_a_starved_member_from_a_hung_one():
+    assert lease_verdict(0.9, 1.0, None, 4.0, 0.05) == "ok"
+    assert lease_verdict(1.5, 1.0, 0.3, 4.0, 0.05) == "starved"  # silent, but using CPU
+    assert lease_verdict(1.5, 1.0, 0.01, 4.0, 0.05) == "hung"  # silent and idle: deadlocked
+    assert lease_verdict(1.5, 1.0, None, 4.0, 0.05) == "hung"  # gone, or no CPU reading
+    assert lease_verdict(4.5, 1.0, 9.0, 4.0, 0.05) == "hung"  # busy but silent past factor leases
+
+
+def test_a_member_silent_past_its_lease_is_restarted_only_when_it_uses_no_cpu(tmp_path):
+    """The 96-robot chaos runs on a loaded host spiralled: members starved of CPU missed their
+    leases, were all restarted at once, and the restarts starved the rest. A busy member is now
+    given up to starved_lease_factor leases; an idle (deadlocked) one is still killed at its lease."""
+    settings = with_free_ports(small_settings(tmp_path), lease_s=1.0, starved_lease_factor=3.0, starved_min_cpu_s=0.05)
+    coordinator = Coordinator(settings)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    starved, hung = coordinator.members["robot-0000"], coordinator.members["robot-0001"]
+    beat = time.monotonic()
+    try:
+        for member, proc in ((starved, busy), (hung, idle)):
+            member.proc, member.last_beat, member.cpu_at_beat = proc, beat, cpu_seconds(proc.pid)
+        deadline = time.monotonic() + 60.0  # bound only: the busy loop needs a few CPU ticks
+        while cpu_seconds(busy.pid) - starved.cpu_at_beat < 0.2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        hung.cpu_at_beat = cpu_seconds(idle.pid)  # the interpreter's start-up is not progress
+        with coordinator.lock:
+            coordinator.check(starved, beat + 2.0)  # two leases silent, but using CPU
+            coordinator.check(hung, beat + 2.0)  # two leases silent and idle
+        assert busy.poll() is None and starved.restart_at is None and starved.starved == 1
+        assert idle.poll() is not None and hung.restart_at is not None and hung.failures == 1
+        with coordinator.lock:
+            coordinator.check(starved, beat + 3.5)  # past starved_lease_factor leases: hung after all
+        assert busy.poll() is not None and starved.restart_at is not None
+    finally:
+        for proc in (busy, idle):
+            proc.kill()
+            proc.wait()
 
 
 def test_a_revoked_robot_is_restarted_with_capped_exponential_backoff_not_a_storm(tmp_path):

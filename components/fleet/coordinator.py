@@ -9,7 +9,9 @@
                            exited 0 is done, not dead
       lease expired?    -> robots/trainer renew theirs by POST /v1/heartbeat; silent longer
                            than lease_s (startup_grace_s before the first beat) = hung: SIGKILL
-                           + restart
+                           + restart. A member that used CPU since its last beat is starved (a
+                           busy host, a slow coordinator), not hung: it gets up to
+                           starved_lease_factor leases, so overload never turns into a restart storm
       service unhealthy -> /healthz failing for lease_s: SIGKILL + restart
       policy staleness  -> the version inference serves must match the registry alias within
                            max_staleness_s, else inference is restarted (it reloads on start)
@@ -59,6 +61,7 @@ from components.fleet.http_server import (
 )
 from components.fleet.identity import (
     ProcessIdentity,
+    cpu_seconds,
     remove_pid_file_if_mine,
     write_pid_file,
 )
@@ -101,6 +104,8 @@ class Member:
     restart_at: float | None = None  # a restart is scheduled for this monotonic time
     backoff_s: float = 0.0  # the last restart delay chosen
     delays: list[float] = field(default_factory=list)  # restart delays chosen, newest last (bounded)
+    cpu_at_beat: float | None = None  # its CPU seconds at the last beat (or start)
+    starved: int = 0  # lease checks it survived as starved, not hung (this run)
 
     @property
     def pid(self) -> int | None:
@@ -108,6 +113,16 @@ class Member:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+def lease_verdict(age_s: float, limit_s: float, cpu_used_s: float | None, factor: float, min_cpu_s: float) -> str:
+    """``ok`` within the lease; ``starved`` past it but still using CPU (up to ``factor`` leases);
+    else ``hung``. ``cpu_used_s``: CPU the process used since its last beat (None: unknown)."""
+    if age_s <= limit_s:
+        return "ok"
+    if cpu_used_s is not None and cpu_used_s >= min_cpu_s and age_s <= limit_s * factor:
+        return "starved"
+    return "hung"
 
 
 def restart_delay(failures: int, initial_s: float, max_s: float) -> float:
@@ -153,6 +168,7 @@ class Coordinator:
         member.identity = ProcessIdentity.of(member.proc.pid)
         member.started = time.monotonic()
         member.last_beat = None
+        member.cpu_at_beat = cpu_seconds(member.proc.pid)
         member.unhealthy_since = None
         member.restart_at = None
         del member.events[:-EVENTS_KEPT]
@@ -176,6 +192,8 @@ class Coordinator:
         """The member does its job: its lease is renewed and its failure streak ends."""
         member.last_beat = now
         member.failures = 0
+        if member.proc is not None:
+            member.cpu_at_beat = cpu_seconds(member.proc.pid)
 
     def start(self) -> None:
         with self.lock:
@@ -210,6 +228,11 @@ class Coordinator:
                 raise http_error(404, "name", f"{name!r} is not a member of this fleet", "check the robot id")
             self._beat(member, time.monotonic())
             member.info = info
+
+    @staticmethod
+    def _cpu_since_beat(member: Member) -> float | None:
+        now = cpu_seconds(member.proc.pid) if member.proc is not None else None
+        return None if now is None or member.cpu_at_beat is None else now - member.cpu_at_beat
 
     def _probe(self, member: Member) -> bool:
         """True while the service answers /healthz as able to work, or as degraded in a way a
@@ -251,8 +274,15 @@ class Coordinator:
         age = now - (member.last_beat if member.last_beat is not None else member.started)
         if member.spec.role in LEASED:
             limit = self.cfg.lease_s if member.last_beat is not None else self.cfg.startup_grace_s
-            if age > limit:
+            verdict = lease_verdict(age, limit, self._cpu_since_beat(member), self.cfg.starved_lease_factor,
+                                    self.cfg.starved_min_cpu_s)
+            if verdict == "hung":
                 self._restart(member, f"lease expired ({age:.1f}s without a heartbeat)", kill=True, now=now)
+            elif verdict == "starved":
+                member.starved += 1
+                if member.starved == 1 or member.starved % 20 == 0:
+                    log.warning("%s: %.1fs without a heartbeat but still using CPU: starved, not hung (%d checks)",
+                                member.spec.name, age, member.starved)
             return
         if self._probe(member):
             self._beat(member, now)
@@ -349,6 +379,7 @@ class Coordinator:
                     "restart_delays": m.delays[-STATUS_DELAYS:],  # newest last: a storm shows as no doubling
                     "done": m.done,
                     "restarts": m.restarts,
+                    "starved_checks": m.starved,  # lease checks passed as starved (using CPU), not hung
                     "last_exit": m.last_exit,
                     "heartbeat_age_s": None if m.last_beat is None else round(now - m.last_beat, 3),
                     "info": m.info,

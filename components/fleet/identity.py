@@ -80,6 +80,20 @@ class ProcessIdentity:
             return None
 
 
+STAT_UTIME_FIELD, STAT_STIME_FIELD = 14, 15  # 1-based: user and system CPU time, in clock ticks
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) ``pid`` has used so far; None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": field 3 onwards
+    ticks = int(fields[STAT_UTIME_FIELD - 3]) + int(fields[STAT_STIME_FIELD - 3])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def live_identity(recorded: ProcessIdentity | None, role: str | None = None) -> ProcessIdentity | None:
     """``recorded`` if that process still runs and is a fleet process (of ``role``); else None."""
     if recorded is None or not recorded.running():
