@@ -5,7 +5,9 @@ store is down or a URI carries a password."""
 from __future__ import annotations
 
 import json
+import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +20,10 @@ from tests.servers import free_port
 
 PASSWORD = "s3cret-never-shown"
 ARTIFACT_PREFIX = "fleetloop-runs"
+ROBOT = "robot-0000"
+REQUEST_TIMEOUT_S = 30.0
+SWAP_TIMEOUT_S = 60.0
+POLL_S = 0.1
 
 
 def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -81,17 +87,49 @@ def test_registry_on_a_tracking_server_with_postgres_and_s3(tmp_path, monkeypatc
     assert len([key for key in stored if "/models/" in key and key.endswith("/data/model.pth")]) == 2  # MLflow 3 logged models
     assert not (tmp_path / "mlruns").exists()
 
+    _inference_serves_the_champion_and_hot_swaps(settings, registry, v1.version, v2.version)
+
     during = capsys.readouterr()
     assert PASSWORD not in during.out + during.err  # MLflow's own prints (run links) never carry it
     assert main(["status", "--json"]) == 0
     out = capsys.readouterr().out
     status = json.loads(out)
-    assert status["champion"]["version"] == v1.version
+    assert status["champion"]["version"] == v2.version  # moved back by the hot-swap check
     assert status["registry"] == {"tracking_uri": redact_uri(tracking),
                                   "artifact_uri": f"s3://{REMOTE_BUCKET}/{ARTIFACT_PREFIX}"}
     assert main(["status"]) == 0
     assert PASSWORD not in out + capsys.readouterr().out
     assert not (tmp_path / "mlruns").exists()
+
+
+def _inference_serves_the_champion_and_hot_swaps(settings, registry: PolicyRegistry, champion: int, challenger: int) -> None:
+    """The fleet's inference service (its own process: the registry settings in its settings file,
+    the S3 keys in its inherited env) serves @champion from the server and follows the alias."""
+    from components.fleet.auth import issue_tokens
+    from components.fleet.clients import InferenceClient
+    from components.fleet.layout import RuntimeLayout
+    from components.fleet.local import running_service, service_url, with_free_ports
+    from components.pipeline.workspace import Workspace
+
+    fleet = with_free_ports(settings, alias_poll_s=0.2)
+    tokens = issue_tokens(RuntimeLayout.of(fleet).ensure().token_file, [ROBOT])
+    obs = np.random.default_rng(0).normal(size=Workspace(settings).obs_dim).astype(np.float32)
+    with running_service(fleet, "inference"):
+        client = InferenceClient(service_url(fleet, "inference"), tokens.robots[ROBOT], REQUEST_TIMEOUT_S)
+        served = client.act(obs)
+        assert served.version == champion
+        np.testing.assert_allclose(served.action, _action(registry, champion, obs), rtol=1e-5, atol=1e-6)
+        registry.set_champion(challenger)
+        deadline = time.monotonic() + SWAP_TIMEOUT_S
+        while (served := client.act(obs)).version != challenger and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        assert served.version == challenger, "the service never followed @champion"
+        np.testing.assert_allclose(served.action, _action(registry, challenger, obs), rtol=1e-5, atol=1e-6)
+
+
+def _action(registry: PolicyRegistry, version: int, obs: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return registry.load(version).eval()(torch.as_tensor(obs[None])).numpy()[0]
 
 
 def test_tracking_server_down_at_start_is_one_line_naming_the_store_and_the_fix(tmp_path, monkeypatch, capsys):
