@@ -69,15 +69,14 @@ def settings(tmp_path: Path) -> Settings:
 
 
 # -- remote stores (tests/servers.py): real servers on loopback, one of each per session -------------
-REMOTE_BUCKET = "fleetloop"
 
 
 @pytest.fixture(scope="session")
 def s3_server():
-    from tests.servers import start_s3
+    from tests.servers import ARTIFACT_BUCKET, start_s3
 
     server = start_s3()
-    server.create_bucket(REMOTE_BUCKET)
+    server.create_bucket(ARTIFACT_BUCKET)
     yield server
     server.stop()
 
@@ -94,9 +93,9 @@ def postgres_server():
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory, postgres_server, s3_server):
     """An MLflow tracking server on Postgres whose own artifact default is proxied to S3."""
-    from tests.servers import start_mlflow_server
+    from tests.servers import ARTIFACT_BUCKET, start_mlflow_server
 
-    server = start_mlflow_server(postgres_server.create_database("mlflow"), f"s3://{REMOTE_BUCKET}/proxied",
+    server = start_mlflow_server(postgres_server.create_database("mlflow"), f"s3://{ARTIFACT_BUCKET}/proxied",
                                  s3_server.env, tmp_path_factory.mktemp("mlflow-server"))
     yield server
     server.stop()

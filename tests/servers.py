@@ -26,6 +26,8 @@ S3_KEYS = {"AWS_ACCESS_KEY_ID": "fleetloop-test", "AWS_SECRET_ACCESS_KEY": "flee
            "AWS_DEFAULT_REGION": "us-east-1"}
 MLFLOW_START_S = 300.0  # a fresh Postgres store runs MLflow's migrations first: slow on a busy 2-core machine
 STOP_GRACE_S = 10.0
+ARTIFACT_BUCKET = "fleetloop"
+ARTIFACT_PREFIX = "fleetloop-runs"  # registry.artifact_uri = s3://ARTIFACT_BUCKET/ARTIFACT_PREFIX
 POLL_S = 0.25
 
 
@@ -155,3 +157,38 @@ def _wait_healthy(server: MlflowServer) -> None:
             pass
         time.sleep(POLL_S)
     raise RuntimeError(f"mlflow server not healthy after {MLFLOW_START_S:.0f} s; its log: {server.log}")
+
+
+def registry_env(mlflow: MlflowServer, s3: S3, bucket: str = ARTIFACT_BUCKET) -> dict[str, str]:
+    """The environment that points fleetloop's registry at these servers (docs: components/registry)."""
+    return {"FLEETLOOP_REGISTRY__TRACKING_URI": mlflow.url,
+            "FLEETLOOP_REGISTRY__ARTIFACT_URI": f"s3://{bucket}/{ARTIFACT_PREFIX}", **s3.env}
+
+
+def main() -> None:
+    """``python -m tests.servers``: the three servers on loopback until Ctrl-C, with the exports
+    that point fleetloop at them (try the team set-up on one machine)."""
+    folder = Path(tempfile.mkdtemp(prefix="fleetloop-servers-"))
+    postgres, s3 = start_postgres(), start_s3()
+    mlflow = None
+    try:
+        s3.create_bucket(ARTIFACT_BUCKET)
+        mlflow = start_mlflow_server(postgres.create_database("mlflow"), f"s3://{ARTIFACT_BUCKET}/proxied", s3.env, folder)
+        print("# Postgres, S3 and an MLflow tracking server run on 127.0.0.1; in another shell:")
+        for key, value in registry_env(mlflow, s3).items():
+            print(f"export {key}={value}")
+        print("# Ctrl-C stops them", flush=True)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        while mlflow.process.poll() is None:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for server in (mlflow, s3, postgres):
+            if server is not None:
+                server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -15,11 +15,10 @@ from cli.main import main
 from components.config import RegistryConfig, load_settings
 from components.registry.model_registry import PolicyRegistry
 from components.registry.tracking import TrackingStoreError, redact_uri
-from tests.conftest import REMOTE_BUCKET, small_settings
-from tests.servers import free_port
+from tests.conftest import small_settings
+from tests.servers import ARTIFACT_BUCKET, ARTIFACT_PREFIX, free_port, registry_env
 
 PASSWORD = "s3cret-never-shown"
-ARTIFACT_PREFIX = "fleetloop-runs"
 ROBOT = "robot-0000"
 REQUEST_TIMEOUT_S = 30.0
 SWAP_TIMEOUT_S = 60.0
@@ -35,12 +34,10 @@ def _point_at_remote_stores(monkeypatch, root, mlflow_server, s3_server) -> str:
     """Only env, as a team would set it; returns the tracking URI (with a password to be redacted:
     the test server ignores it, a server behind auth would check it)."""
     tracking = mlflow_server.url.replace("http://", f"http://fleetloop:{PASSWORD}@")
-    monkeypatch.setenv("FLEETLOOP_ROOT", str(root))
-    monkeypatch.setenv("FLEETLOOP_REGISTRY__TRACKING_URI", tracking)
-    monkeypatch.setenv("FLEETLOOP_REGISTRY__ARTIFACT_URI", f"s3://{REMOTE_BUCKET}/{ARTIFACT_PREFIX}")
-    # every challenger passes (alpha 1): the test owns the alias history; test_gate tests the statistics
-    monkeypatch.setenv("FLEETLOOP_REGISTRY__GATE_ALPHA", "1.0")
-    for key, value in s3_server.env.items():
+    env = {**registry_env(mlflow_server, s3_server), "FLEETLOOP_REGISTRY__TRACKING_URI": tracking,
+           # every challenger passes (alpha 1): the test owns the alias history; test_gate tests the statistics
+           "FLEETLOOP_REGISTRY__GATE_ALPHA": "1.0", "FLEETLOOP_ROOT": str(root)}
+    for key, value in env.items():
         monkeypatch.setenv(key, value)
     return tracking
 
@@ -80,7 +77,7 @@ def test_registry_on_a_tracking_server_with_postgres_and_s3(tmp_path, monkeypatc
 
     rows = postgres_server.query("mlflow", "SELECT version FROM model_versions WHERE name = 'fleetloop-policy' ORDER BY version")
     assert rows == [[str(v1.version)], [str(v2.version)]]  # the registry is the server's Postgres
-    stored = s3_server.keys(REMOTE_BUCKET, ARTIFACT_PREFIX)  # runs' files and models, under registry.artifact_uri
+    stored = s3_server.keys(ARTIFACT_BUCKET, ARTIFACT_PREFIX)  # runs' files and models, under registry.artifact_uri
     for version in (v1, v2):
         run_files = {key.split(f"/{version.run_id}/artifacts/", 1)[1] for key in stored if f"/{version.run_id}/artifacts/" in key}
         assert {"state_dict.pt", "evaluation.json", "training.json"} <= run_files
@@ -96,7 +93,7 @@ def test_registry_on_a_tracking_server_with_postgres_and_s3(tmp_path, monkeypatc
     status = json.loads(out)
     assert status["champion"]["version"] == v2.version  # moved back by the hot-swap check
     assert status["registry"] == {"tracking_uri": redact_uri(tracking),
-                                  "artifact_uri": f"s3://{REMOTE_BUCKET}/{ARTIFACT_PREFIX}"}
+                                  "artifact_uri": f"s3://{ARTIFACT_BUCKET}/{ARTIFACT_PREFIX}"}
     assert main(["status"]) == 0
     assert PASSWORD not in out + capsys.readouterr().out
     assert not (tmp_path / "mlruns").exists()
