@@ -14,7 +14,7 @@ import torch
 from cli.main import main
 from components.config import RegistryConfig, load_settings
 from components.registry.model_registry import PolicyRegistry
-from components.registry.tracking import TrackingStoreError, redact_uri
+from components.registry.tracking import TrackingStoreError, redact_uri, split_credentials
 from tests.conftest import small_settings
 from tests.servers import ARTIFACT_BUCKET, ARTIFACT_PREFIX, free_port, registry_env
 
@@ -32,13 +32,15 @@ def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 def _point_at_remote_stores(monkeypatch, root, mlflow_server, s3_server) -> str:
     """Only env, as a team would set it; returns the tracking URI (with a password to be redacted:
-    the test server ignores it, a server behind auth would check it)."""
+    MLflow sends it as basic auth, which the test server ignores and a server behind auth checks)."""
     tracking = mlflow_server.url.replace("http://", f"http://fleetloop:{PASSWORD}@")
     env = {**registry_env(mlflow_server, s3_server), "FLEETLOOP_REGISTRY__TRACKING_URI": tracking,
            # every challenger passes (alpha 1): the test owns the alias history; test_gate tests the statistics
            "FLEETLOOP_REGISTRY__GATE_ALPHA": "1.0", "FLEETLOOP_ROOT": str(root)}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):  # set from the URI by the registry:
+        monkeypatch.setenv(key, "")  # recorded here so that they are gone again after the test
     return tracking
 
 
@@ -164,6 +166,13 @@ def test_params_yaml_with_a_password_in_a_store_uri_is_refused(tmp_path, monkeyp
     with pytest.raises(ValueError, match="registry.tracking_uri holds a password") as raised:
         load_settings()
     assert PASSWORD not in str(raised.value)
+
+
+def test_http_credentials_leave_the_uri_for_mlflows_env():
+    assert split_credentials(f"https://ci:{PASSWORD}@mlflow.example.com/") == (
+        "https://mlflow.example.com/", {"MLFLOW_TRACKING_USERNAME": "ci", "MLFLOW_TRACKING_PASSWORD": PASSWORD})
+    database = f"postgresql://mlflow:{PASSWORD}@db:5432/mlflow"
+    assert split_credentials(database) == (database, {})  # a database driver takes them from the URI (or ~/.pgpass)
 
 
 @pytest.mark.parametrize(("uri", "shown"), [

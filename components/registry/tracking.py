@@ -14,7 +14,7 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from components.config import RegistryConfig
 
@@ -46,6 +46,16 @@ def scrub(text: str, uri: str) -> str:
     """``text`` (e.g. a driver's error) with ``uri``'s password taken out."""
     password = urlsplit(uri).password
     return text.replace(uri, redact_uri(uri)).replace(password, "***") if password else text
+
+
+def split_credentials(uri: str) -> tuple[str, dict[str, str]]:
+    """An http(s) tracking URI without its ``user:password@`` and MLflow's env vars for them, so the
+    password never travels in the URI MLflow prints (run links) or puts in its errors."""
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or parts.username is None:
+        return uri, {}
+    bare = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return bare, {"MLFLOW_TRACKING_USERNAME": unquote(parts.username), "MLFLOW_TRACKING_PASSWORD": unquote(parts.password or "")}
 
 
 @dataclass(frozen=True)
@@ -105,10 +115,10 @@ def configure_mlflow(mlruns: Path, cfg: RegistryConfig) -> str:
     logging.getLogger().setLevel(level)  # `import mlflow.pytorch` resets root logging (STACK-NOTES)
     if store.local_dir is not None:
         store.local_dir.mkdir(parents=True, exist_ok=True)
-    if urlsplit(store.uri).password:
-        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"  # run links would carry the password
-    mlflow.set_tracking_uri(store.uri)
-    mlflow.set_registry_uri(store.uri)
+    uri, credentials = split_credentials(store.uri)
+    os.environ.update(credentials)  # MLflow reads a server's basic-auth credentials from env only
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
     try:
         return _experiment_id(mlflow, cfg, store)
     except TrackingStoreError:
