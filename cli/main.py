@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -24,6 +25,7 @@ from rich.progress import (
 from rich.table import Table
 
 from cli.output import Blocks, emit, to_json
+from components.registry.tracking import TrackingStoreError
 
 app = typer.Typer(
     help="fleetloop: turn a robot fleet's own executions into a better shared policy.",
@@ -375,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         return result if isinstance(result, int) else 0
     except CliError as exc:
         err.print(f"[red]error:[/red] {exc}\n[dim]fix:[/dim] {exc.fix}")
+        return 1
+    except TrackingStoreError as exc:  # raised by the registry at start: already redacted, with its fix
+        err.print(f"[red]error:[/red] {escape(exc.problem)}\n[dim]fix:[/dim] {escape(exc.fix)}")
         return 1
     except typer.Exit as exc:
         return exc.exit_code

@@ -8,6 +8,7 @@ from typing import Any
 from components.config import Settings
 from components.episodes.snapshot import read_snapshot
 from components.pipeline.workspace import Workspace
+from components.registry.tracking import redact_uri, tracking_store
 
 
 class LineageNotFound(LookupError):
@@ -31,6 +32,7 @@ def status_report(settings: Settings, last_runs: int) -> dict[str, Any]:
         "root": str(settings.root),
         "champion": None if champion is None else {"version": champion.version, "success_rate": champion.success_rate, "trials": champion.trials},
         "aliases": registry.aliases(),
+        "registry": registry_location(settings),
         "last_runs": runs,
         "data": {
             "episodes": ws.dataset.num_episodes, "frames": ws.dataset.num_frames, "robots": len(ws.dataset.robots()),
@@ -38,6 +40,13 @@ def status_report(settings: Settings, last_runs: int) -> dict[str, Any]:
             "snapshot": snapshot.hash if snapshot else None,
         },
     }
+
+
+def registry_location(settings: Settings) -> dict[str, str]:
+    """Where the registry lives, as people may see it: passwords redacted."""
+    store = tracking_store(settings.paths.mlruns, settings.registry)
+    return {"tracking_uri": store.shown,
+            "artifact_uri": redact_uri(store.artifact_location) if store.artifact_location else "the tracking server's default"}
 
 
 def status_summary(report: dict[str, Any]) -> str:

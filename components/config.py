@@ -15,6 +15,7 @@ import math
 import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -318,7 +319,15 @@ class RegistryConfig(Section):
     # direct: a model that passes the offline gate becomes champion; canary: it first serves
     # runtime.canary_share of the live fleet and the fleet runtime promotes or rolls it back.
     rollout: Literal["direct", "canary"] = "direct"
-    tracking_uri: str = ""  # empty = sqlite under <root>/mlruns
+    # where runs and the registry live: empty = sqlite under <root>/mlruns; else a tracking server
+    # (http://host:5000, e.g. on Postgres) or a database URI. A password in it comes from the
+    # environment (FLEETLOOP_REGISTRY__TRACKING_URI), never params.yaml; it is shown redacted.
+    tracking_uri: str = ""
+    # where new experiments keep artifacts (e.g. s3://bucket/fleetloop; keys from AWS_* and
+    # MLFLOW_S3_ENDPOINT_URL): empty = <root>/mlruns/artifacts on the default store, else the
+    # tracking server's own default (its --artifacts-destination / --default-artifact-root)
+    artifact_uri: str = ""
+    connect_timeout_s: float = Field(default=5.0, gt=0)  # a tracking store not answering by then is down at start
 
 
 class SchedulerConfig(Section):
@@ -524,7 +533,24 @@ class _YamlSource(PydanticBaseSettingsSource):
         data = yaml.safe_load(path.read_text()) or {}
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a mapping of sections at the top level")
+        _refuse_passwords(data, path)
         return data
+
+
+SECRET_URI_FIELDS = ("tracking_uri", "artifact_uri")  # registry URIs that may carry user:password@
+
+
+def _refuse_passwords(data: dict[str, Any], path: Path) -> None:
+    """params.yaml is committed: a store URI with a password in it is an error (secrets come from env)."""
+    registry = data.get("registry") or {}
+    for key in SECRET_URI_FIELDS:
+        uri = registry.get(key) if isinstance(registry, dict) else None
+        if isinstance(uri, str) and urlsplit(uri).password:
+            raise ValueError(
+                f"{path}: registry.{key} holds a password; remove it from the file and set the URI in "
+                f"FLEETLOOP_REGISTRY__{key.upper()} (or the store's own secret: MLFLOW_TRACKING_PASSWORD, "
+                "~/.pgpass, ~/.aws/credentials)"
+            )
 
 
 def params_path() -> Path:

@@ -66,3 +66,36 @@ def small_settings(root: Path, **overrides) -> Settings:
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return small_settings(tmp_path)
+
+
+# -- remote stores (tests/servers.py): real servers on loopback, one of each per session -------------
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    from tests.servers import ARTIFACT_BUCKET, start_s3
+
+    server = start_s3()
+    server.create_bucket(ARTIFACT_BUCKET)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    from tests.servers import start_postgres
+
+    server = start_postgres()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory, postgres_server, s3_server):
+    """An MLflow tracking server on Postgres whose own artifact default is proxied to S3."""
+    from tests.servers import ARTIFACT_BUCKET, start_mlflow_server
+
+    server = start_mlflow_server(postgres_server.create_database("mlflow"), f"s3://{ARTIFACT_BUCKET}/proxied",
+                                 s3_server.env, tmp_path_factory.mktemp("mlflow-server"))
+    yield server
+    server.stop()

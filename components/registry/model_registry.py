@@ -22,7 +22,7 @@ from components.config import RegistryConfig
 from components.policy.normalizer import NormalizedPolicy
 from components.registry.gate import GateDecision, two_proportion_gate
 from components.registry.lineage import Lineage
-from components.registry.tracking import configure_mlflow
+from components.registry.tracking import configure_mlflow, redact_uri, scrub
 
 PIP_REQUIREMENTS = [f"torch=={torch.__version__.split('+')[0]}", "fleetloop"]
 REPLACED_TAG = "fleetloop.replaced_version"
@@ -212,8 +212,8 @@ class PolicyRegistry:
             return mlflow.pytorch.load_model(uri, map_location="cpu")
         except Exception as exc:  # noqa: BLE001 - MlflowException / OSError: one message with the fix
             raise RegistryError(
-                f"cannot load model {uri!r} from the tracking store {self._mlflow.get_tracking_uri()}: "
-                f"{str(exc).splitlines()[0]}"
+                f"cannot load model {uri!r} from the tracking store {redact_uri(self._mlflow.get_tracking_uri())}: "
+                f"{scrub(str(exc).splitlines()[0], self._mlflow.get_tracking_uri())}"
             ) from exc
 
     # -- promotion ---------------------------------------------------------------------------
