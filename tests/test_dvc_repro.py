@@ -33,6 +33,10 @@ ELSEWHERE = {
     "make ui": "long-running servers: tests/test_ops.py starts the same Prefect server and MLflow UI",
     "make deploy": "needs a running Prefect server: tests/test_ops.py deploys to one",
     ".venv/bin/prefect worker start --pool fleetloop-process": "a long-running worker: tests/test_ops.py runs a flow on a process pool",
+    ".venv/bin/python -m tests.servers": "long-running servers: tests/test_registry_remote.py starts the same ones "
+    "(tests/servers.py's fixtures)",
+    ".venv/bin/fleetloop status": "tests/test_registry_remote.py runs `fleetloop status` against the tracking server "
+    "it starts (tests/test_cli.py on a local root)",
     ".venv/bin/fleetloop lineage champion": "test_lineage_and_rollback_commands_verbatim below",
     ".venv/bin/fleetloop rollback": "test_lineage_and_rollback_commands_verbatim below",
     ".venv/bin/fleetloop explain champion --out explain-champion": "tests/test_explain.py (a fert version through the "
