@@ -183,3 +183,15 @@ def test_http_credentials_leave_the_uri_for_mlflows_env():
 ])
 def test_redact_uri(uri, shown):
     assert redact_uri(uri) == shown
+
+
+def test_the_fleet_settings_file_never_holds_a_store_password(tmp_path, monkeypatch):
+    """Fleet children read <root>/fleet-runtime/state/settings.json; a tracking URI with a password
+    stays out of it, and the children get it from the environment they inherit."""
+    from components.fleet.processes import read_settings, write_settings
+
+    uri = "postgresql://fleet:s3cret-pw@127.0.0.1:5432/mlflow"
+    monkeypatch.setenv("FLEETLOOP_REGISTRY__TRACKING_URI", uri)
+    path = write_settings(small_settings(tmp_path))
+    assert "s3cret-pw" not in path.read_text()
+    assert read_settings(path).registry.tracking_uri == uri

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 from pathlib import Path
 
 import httpx
@@ -30,9 +31,13 @@ POLL_S = 0.05
 
 
 def write_settings(settings: Settings) -> Path:
-    """The resolved settings for child processes (the token secret is left out)."""
+    """The resolved settings for child processes. Secrets are left out: the token secret, and a
+    tracking URI that carries a password (children inherit it from the environment it came from)."""
     layout = RuntimeLayout.of(settings).ensure()
-    body = settings.model_dump(mode="json", exclude={"runtime": {"tokens"}})
+    exclude: dict = {"runtime": {"tokens"}}
+    if urlsplit(settings.registry.tracking_uri).password is not None:
+        exclude["registry"] = {"tracking_uri"}
+    body = settings.model_dump(mode="json", exclude=exclude)
     atomic_write_bytes(layout.settings_file, json.dumps(body, indent=2).encode())
     return layout.settings_file
 
