@@ -32,6 +32,18 @@ PARENT_ENV = "FLEETLOOP_FLEET_PARENT"  # the coordinator's pid, set in every mem
 PR_SET_PDEATHSIG = 1
 ORPHAN_EXIT = 70  # exit code of a member that outlived its coordinator's grace period
 STAT_STARTTIME_FIELD = 22  # 1-based, in /proc/<pid>/stat (man 5 proc)
+STAT_UTIME_FIELD, STAT_STIME_FIELD = 14, 15  # 1-based: user and system CPU time, in clock ticks
+
+
+def _stat_field(rest: list[str], field: int) -> str:
+    """Field ``field`` (1-based, man 5 proc) of a /proc/<pid>/stat line split by ``_stat_rest``."""
+    return rest[field - 3]
+
+
+def _stat_rest(stat: str) -> list[str]:
+    """Fields 3 onwards of a /proc/<pid>/stat line: the command name (field 2) may hold spaces
+    and parentheses, so split after its last ')'."""
+    return stat[stat.rfind(")") + 2 :].split()
 
 
 @dataclass(frozen=True)
@@ -50,11 +62,10 @@ class ProcessIdentity:
             raw = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (OSError, ValueError):
             return None
-        # the command name (field 2) may hold spaces and parentheses: split after its last ')'
-        rest = stat[stat.rfind(")") + 2 :].split()
+        rest = _stat_rest(stat)
         if rest[0] == "Z":
             return None  # exited, not yet reaped: not running
-        start_time = int(rest[STAT_STARTTIME_FIELD - 3])
+        start_time = int(_stat_field(rest, STAT_STARTTIME_FIELD))
         return cls(pid, start_time, raw.replace(b"\0", b" ").decode(errors="replace").strip())
 
     def running(self) -> bool:
@@ -80,17 +91,14 @@ class ProcessIdentity:
             return None
 
 
-STAT_UTIME_FIELD, STAT_STIME_FIELD = 14, 15  # 1-based: user and system CPU time, in clock ticks
-
-
 def cpu_seconds(pid: int) -> float | None:
     """CPU time (user + system) ``pid`` has used so far; None when it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": field 3 onwards
-    ticks = int(fields[STAT_UTIME_FIELD - 3]) + int(fields[STAT_STIME_FIELD - 3])
+    rest = _stat_rest(stat)
+    ticks = int(_stat_field(rest, STAT_UTIME_FIELD)) + int(_stat_field(rest, STAT_STIME_FIELD))
     return ticks / os.sysconf("SC_CLK_TCK")
 
 

@@ -56,12 +56,11 @@ class StorePins:
     def live(self) -> SegmentStore | None:
         """The store, once the ingest has created it (the trainer never creates it)."""
         if self._store is None:
-            from components.pipeline.workspace import Workspace
-
-            ws = Workspace(self.settings)
             if not (self.settings.paths.store / f"{self.settings.store.table}.lance").exists():
                 return None
-            self._store = ws.store
+            from components.pipeline.workspace import Workspace
+
+            self._store = Workspace(self.settings).store
         return self._store
 
     def next_pin(self, consumed_ids: Sequence[str], last: BuildPin | None) -> BuildPin | None:
