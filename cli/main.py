@@ -322,6 +322,32 @@ def lineage(version: Annotated[str, typer.Argument(help="Model version number, o
 
 
 @app.command()
+def reproduce(
+    version: Annotated[str, typer.Argument(help="Model version number, or an alias such as champion.")],
+    scratch: Annotated[Optional[Path], typer.Option("--scratch", help="New folder to rebuild in, kept (default: a temporary one, removed).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Rebuild a version from its lineage (DVC snapshot, store version, champion, settings) in a scratch
+    root and compare the weights' digest with the registered model's; exit 1 when they differ."""
+    import tempfile
+
+    from components.pipeline.reproduce import ReproduceError, reproduce_version
+
+    settings = _settings()
+    with tempfile.TemporaryDirectory(prefix="fleetloop-reproduce-") as tmp:
+        try:
+            result = reproduce_version(settings, version, scratch or Path(tmp) / "root", log=err.print)
+        except ReproduceError as exc:
+            raise CliError(str(exc), "list versions with `fleetloop status`; see `fleetloop lineage VERSION`") from exc
+    report = {**result.to_dict(), "scratch": str(scratch) if scratch else None}  # a temporary one is gone
+    verdict = "reproduced: same weights" if result.matches else "NOT reproduced: the weights differ"
+    commit = "" if result.same_commit else f" (trained at {result.trained_at_commit[:12]}, rebuilt at {result.current_commit[:12]})"
+    emit(console, report, as_json, f"v{result.version} {verdict}, digest {result.rebuilt_digest[:16]}{commit}")
+    if not result.matches:
+        raise typer.Exit(1)
+
+
+@app.command()
 def explain(
     version: Annotated[str, typer.Argument(help="Model version number, or an alias such as champion.")],
     out: Annotated[Optional[Path], typer.Option("--out", help="Folder to write into (default: <root>/artifacts/explain/v<N>).")] = None,

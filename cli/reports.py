@@ -93,6 +93,8 @@ def lineage_report(settings: Settings, version: str) -> dict[str, Any]:
         "episodes": lin.episodes,
         "frames": lin.frames,
         "episodes_per_robot": lin.episodes_per_robot,
+        "champion_when_trained": lin.champion_version if lin.champion_version >= 0 else None,
+        "recipe": lin.recipe or None,  # "train-task": `fleetloop reproduce` rebuilds it
     }
 
 

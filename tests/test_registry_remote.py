@@ -13,6 +13,7 @@ import torch
 
 from cli.main import main
 from components.config import RegistryConfig, load_settings
+from components.pipeline.recipe import SETTINGS_ARTIFACT
 from components.registry.model_registry import PolicyRegistry
 from components.registry.tracking import TrackingStoreError, redact_uri, split_credentials
 from tests.conftest import small_settings
@@ -90,6 +91,9 @@ def test_registry_on_a_tracking_server_with_postgres_and_s3(tmp_path, monkeypatc
 
     during = capsys.readouterr()
     assert PASSWORD not in during.out + during.err  # MLflow's own prints (run links) never carry it
+    run = registry.client.get_run(v2.run_id)  # nor what the runs keep: params (shown in the UI), settings
+    assert run.data.params["registry.tracking_uri"] == redact_uri(tracking)
+    assert PASSWORD not in json.dumps(run.data.params) + json.dumps(registry.run_dict(v2.run_id, SETTINGS_ARTIFACT))
     assert main(["status", "--json"]) == 0
     out = capsys.readouterr().out
     status = json.loads(out)

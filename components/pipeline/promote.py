@@ -10,6 +10,11 @@ from pathlib import Path
 from components.config import Settings
 from components.evaluation.heldout import EvaluationReport
 from components.fert.retrieval_record import ARTIFACT as RETRIEVAL_ARTIFACT
+from components.pipeline.recipe import (
+    SETTINGS_ARTIFACT,
+    keep_store_version,
+    public_settings,
+)
 from components.pipeline.steps import TrainingSummary, TrainOutcome
 from components.pipeline.workspace import Workspace
 from components.registry.gate import GateDecision
@@ -30,7 +35,8 @@ class PromotionOutcome:
 def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: EvaluationReport, run_name: str,
                        tags: dict[str, str] | None = None) -> PolicyVersion:
     """One MLflow run (params, metrics, lineage, how it was trained, model) registered as a new version;
-    ``tags`` (e.g. the fleet trainer's run and step) go on the run and the version with the lineage."""
+    ``tags`` (e.g. the fleet trainer's run and step) go on the run and the version with the lineage.
+    What ``fleetloop reproduce`` needs is kept with it (``recipe.py``)."""
     summary = outcome.summary
     metrics = {"train_final_loss": outcome.result.final_loss, "train_seconds": outcome.result.seconds,
                "train_frames": outcome.frames, **(summary.metrics() if summary else {})}
@@ -41,19 +47,21 @@ def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: Ev
             if source and Path(source).exists():
                 images.append(Path(tmp) / name)
                 shutil.copyfile(source, images[-1])
-        return Workspace(settings).registry.log_candidate(
+        version = Workspace(settings).registry.log_candidate(
             outcome.result.policy,
             evaluation.to_dict(),
             outcome.lineage,
-            params=settings.model_dump(mode="json", exclude={"root"}),
+            params=public_settings(settings),
             metrics=metrics,
             loss_curve=outcome.result.losses,
             series=summary.series() if summary else None,
             run_name=run_name,
             tags={**(summary.tags() if summary else {}), **(tags or {})} or None,
             artifacts=images,
-            dicts=_run_dicts(outcome),
+            dicts={**_run_dicts(outcome), SETTINGS_ARTIFACT: public_settings(settings)},
         )
+    keep_store_version(settings, version.version, outcome.lineage)
+    return version
 
 
 def _run_dicts(outcome: TrainOutcome) -> dict[str, dict]:

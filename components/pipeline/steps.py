@@ -149,7 +149,11 @@ class TrainOutcome:
     retrieval: RetrievalRecord | None = None
 
 
-def current_lineage(settings: Settings, ws: Workspace, frames: int) -> Lineage:
+TRAIN_TASK_RECIPE = "train-task"  # Lineage.recipe of train_policy's models: `fleetloop reproduce` rebuilds them
+
+
+def current_lineage(settings: Settings, ws: Workspace, frames: int, champion: int | None = None,
+                    recipe: str = "") -> Lineage:
     snapshot = read_snapshot(settings.paths.episodes)
     return Lineage(
         git_commit=git_commit(Path(__file__).parent),
@@ -159,6 +163,8 @@ def current_lineage(settings: Settings, ws: Workspace, frames: int) -> Lineage:
         episodes=ws.dataset.num_episodes,
         frames=frames,
         episodes_per_robot=ws.dataset.robots(),
+        champion_version=-1 if champion is None else champion,
+        recipe=recipe,
     )
 
 
@@ -166,7 +172,11 @@ def starting_policy(settings: Settings, ws: Workspace) -> NormalizedPolicy | Non
     """The champion to fine-tune, when there is one of this policy's architecture."""
     if ws.registry.champion() is None:
         return None
-    champion = ws.registry.load("champion")
+    return fine_tunable(settings, ws, ws.registry.load("champion"))
+
+
+def fine_tunable(settings: Settings, ws: Workspace, champion: NormalizedPolicy) -> NormalizedPolicy | None:
+    """``champion`` when ``settings.policy`` has its architecture (it is then fine-tuned), else None."""
     from components.policy.factory import make_policy
 
     expected = make_policy(ws.obs_dim, ws.act_dim, settings.policy).state_dict()
@@ -218,13 +228,15 @@ def train_policy(settings: Settings, progress: ProgressFn | None = None,
 
         return train_expert_parallel(settings)
     ws = Workspace(settings)
+    champion = ws.registry.champion()
     built = training_set(settings, ws)
     trainer = make_trainer(settings, built.data, starting_policy(settings, ws), log)
     run = trainer.run(on_iteration=_progress_callback(progress, trainer.spec))
     result = TrainResult(policy=run.policy, losses=run.losses, steps=len(run.losses), seconds=run.seconds, device="cpu")
     frames = len(built.data.states)
     summary = summarize(built, run, settings.paths.artifacts / "schedules")
-    return TrainOutcome(result, current_lineage(settings, ws, frames), frames, summary, retrieval_record(settings, built))
+    lineage = current_lineage(settings, ws, frames, champion.version if champion else None, TRAIN_TASK_RECIPE)
+    return TrainOutcome(result, lineage, frames, summary, retrieval_record(settings, built))
 
 
 def retrieval_record(settings: Settings, built: MethodTrainingSet) -> RetrievalRecord | None:

@@ -18,6 +18,12 @@ class Lineage:
     episodes: int
     frames: int
     episodes_per_robot: dict[str, int] = field(default_factory=dict)
+    # the registered champion when it was trained (-1: none): the weights a train task fine-tunes
+    # and the version whose failures FERT queries (``fert.failures_from: champion``)
+    champion_version: int = -1
+    # how to rebuild it: "train-task" = the flow's train task on one process, which
+    # ``fleetloop reproduce`` repeats; "" = another path (the fleet's async trainer, torchrun)
+    recipe: str = ""
 
     def tags(self) -> dict[str, str]:
         tags = {f"fleetloop.{k}": str(v) for k, v in asdict(self).items() if k != "episodes_per_robot"}
@@ -37,6 +43,8 @@ class Lineage:
             episodes=int(get("episodes", "0")),
             frames=int(get("frames", "0")),
             episodes_per_robot=json.loads(get("episodes_per_robot", "{}")),
+            champion_version=int(get("champion_version", "-1")),
+            recipe=get("recipe"),
         )
 
 

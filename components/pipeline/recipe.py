@@ -1,0 +1,52 @@
+"""What a registered model needs kept so that ``fleetloop reproduce`` can rebuild it.
+
+    register_candidate --> lineage/settings.json on the MLflow run (the resolved settings, secrets out)
+                       --> store tag model-v<N> on the lineage's LanceDB version (upkeep never prunes it)
+    + the lineage tags (commit, DVC snapshot, store version, champion, recipe) and the model itself
+
+The dataset is not copied: its DVC snapshot hash is in the lineage and its files in the DVC cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from components.config import SECRET_URI_FIELDS, Settings
+from components.pipeline.steps import TRAIN_TASK_RECIPE
+from components.pipeline.workspace import Workspace
+from components.registry.lineage import Lineage
+from components.registry.tracking import redact_uri
+
+log = logging.getLogger(__name__)
+
+SETTINGS_ARTIFACT = "lineage/settings.json"
+STORE_TAG = "model-v{version}"
+
+
+def public_settings(settings: Settings) -> dict[str, Any]:
+    """The settings as logged (MLflow params, the settings artifact): no root, no robot tokens,
+    store URIs without their passwords."""
+    body = settings.model_dump(mode="json", exclude={"root": True, "runtime": {"tokens"}})
+    for key in SECRET_URI_FIELDS:
+        body["registry"][key] = redact_uri(body["registry"][key])
+    return body
+
+
+def keep_store_version(settings: Settings, version: int, lineage: Lineage) -> str | None:
+    """Tag the segment-store version ``lineage`` read as ``model-v<version>``, for the models
+    ``fleetloop reproduce`` can rebuild (the train task's: one per retrain, not one per fleet
+    candidate); None when there is nothing to keep. A failure is logged, not raised: the model is
+    registered already."""
+    tag = STORE_TAG.format(version=version)
+    ws = Workspace(settings)
+    table = settings.paths.store / f"{settings.store.table}.lance"
+    if lineage.recipe != TRAIN_TASK_RECIPE or lineage.lancedb_version < 0 or not table.exists():
+        return None
+    try:
+        ws.store.tag(tag, lineage.lancedb_version)
+    except Exception as exc:  # noqa: BLE001 - lancedb raises ValueError/OSError/RuntimeError by backend
+        log.warning("could not tag store version %d as %s (upkeep may prune it; `fleetloop reproduce %d` "
+                    "then cannot rebuild this model): %s", lineage.lancedb_version, tag, version, exc)
+        return None
+    return tag
