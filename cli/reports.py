@@ -89,6 +89,12 @@ def lineage_report(settings: Settings, version: str) -> dict[str, Any]:
         "params": {k: v for k, v in sorted(run.data.params.items()) if k.split(".")[0] in ("seed", "train", "policy", "fert")},
         "params_hash": lin.params_hash,
         "dvc_snapshot": lin.snapshot_hash,
+        # where the snapshot lives besides the root's DVC cache, and how to get exactly it back
+        "dvc_remote": lin.snapshot_remote or None,
+        "restore": (f"fleetloop reproduce {mv.version} --scratch DIR (DIR/datasets/episodes: the snapshot, "
+                    f"pulled from {lin.snapshot_remote or 'the DVC cache'})" if lin.recipe else
+                    f"write {{outs: [{{md5: {lin.snapshot_hash}, hash: md5, path: episodes}}]}} to datasets/episodes.dvc, "
+                    f"then `dvc {'pull -r fleetloop' if lin.snapshot_remote else 'checkout'} datasets/episodes.dvc`"),
         "lancedb_version": lin.lancedb_version,
         "episodes": lin.episodes,
         "frames": lin.frames,

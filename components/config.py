@@ -137,6 +137,10 @@ class EpisodesConfig(Section):
     codebase_version: str = "v3.0"
     robot_type: str = "fleetloop"  # info.json `robot_type`
     compression: Literal["snappy", "zstd", "gzip", "none"] = "snappy"  # Parquet codec
+    # every ingest pushes the dataset's DVC snapshot here ("" = the root's DVC cache only):
+    # s3://bucket/prefix (keys from env: AWS_ACCESS_KEY_ID, ...) or a shared path
+    dvc_remote: str = ""
+    dvc_remote_endpoint: str = ""  # an S3-compatible server (MinIO, Ceph, ...); "" = AWS S3
 
 
 class StoreConfig(Section):

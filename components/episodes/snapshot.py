@@ -3,6 +3,10 @@
 ``snapshot_dataset`` runs ``dvc add`` on the dataset folder (initialising DVC in the root when a
 scratch root has none) and returns the directory hash DVC recorded in ``<folder>.dvc``. That hash
 is what lineage logs; ``dvc checkout`` of the ``.dvc`` file restores exactly that data.
+
+With a DVC remote (``episodes.dvc_remote``: ``s3://bucket/prefix`` on S3 or any S3-compatible
+server, or a shared path) ``push_snapshot`` sends what the remote lacks of a snapshot, and
+``pull_snapshot`` brings one back into a root that has none of it (another host, a lost cache).
 """
 
 from __future__ import annotations
@@ -15,6 +19,17 @@ import yaml
 
 # The dataset's writer lock is not data.
 DVCIGNORE = ".fleetloop.lock\n"
+REMOTE_NAME = "fleetloop"  # the DVC remote fleetloop configures in a root (.dvc/config)
+
+
+class SnapshotPushError(RuntimeError):
+    """The snapshot is stored locally but the remote did not take it; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class DvcRemote:
+    url: str  # s3://bucket/prefix, or a path
+    endpoint: str = ""  # an S3-compatible server's URL ("" = AWS); keys come from the environment
 
 
 @dataclass(frozen=True)
@@ -58,3 +73,39 @@ def snapshot_dataset(root: Path, folder: Path) -> Snapshot:
         raise RuntimeError(f"dvc add {folder} wrote no {_dvc_file(folder).name}; check the DVC repo at {root}")
     changed = before is None or before.hash != after.hash
     return Snapshot(after.hash, after.dvc_file, after.nfiles, changed)
+
+
+def use_remote(root: Path, remote: DvcRemote) -> None:
+    """Point the DVC repo at ``root`` to ``remote`` (as ``REMOTE_NAME``, its default)."""
+    from dvc.repo import Repo
+
+    body = {"url": remote.url, **({"endpointurl": remote.endpoint} if remote.endpoint else {})}
+    with Repo(str(root)) as repo, repo.config.edit() as conf:
+        conf["remote"][REMOTE_NAME] = body
+        conf["core"]["remote"] = REMOTE_NAME
+
+
+def push_snapshot(root: Path, snapshot: Snapshot, remote: DvcRemote) -> int:
+    """Send the remote what it lacks of ``snapshot`` (0 files when it has it all)."""
+    from dvc.repo import Repo
+
+    use_remote(root, remote)
+    try:
+        with Repo(str(root)) as repo:
+            return int(repo.push(targets=[str(snapshot.dvc_file)], remote=REMOTE_NAME))
+    except Exception as exc:  # dvc, botocore and OSError alike: one message with the fix
+        where = remote.url + (f" at {remote.endpoint}" if remote.endpoint else "")
+        raise SnapshotPushError(
+            f"DVC snapshot {snapshot.hash} is stored in {root} but could not be pushed to {where} "
+            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); check the remote and its keys "
+            "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), then ingest again: every ingest pushes what the remote lacks"
+        ) from exc
+
+
+def pull_snapshot(root: Path, dvc_file: Path, remote: DvcRemote) -> None:
+    """Fetch ``dvc_file``'s snapshot from ``remote`` into ``root``'s cache and check it out."""
+    from dvc.repo import Repo
+
+    use_remote(root, remote)
+    with Repo(str(root)) as repo:
+        repo.pull(targets=[str(dvc_file)], remote=REMOTE_NAME)

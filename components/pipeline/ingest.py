@@ -18,7 +18,13 @@ from components.config import Settings
 from components.episodes.dataset import IncomingEpisode, IngestReport, read_incoming
 from components.episodes.quarantine import QuarantinedFile
 from components.episodes.record import Episode
-from components.episodes.snapshot import Snapshot, read_snapshot, snapshot_dataset
+from components.episodes.snapshot import (
+    DvcRemote,
+    Snapshot,
+    push_snapshot,
+    read_snapshot,
+    snapshot_dataset,
+)
 from components.fert.encoder import ActionPredictiveEncoder
 from components.pipeline.workspace import Workspace
 from components.store.encoder import NormalizedStateEncoder, WindowEncoder
@@ -60,12 +66,19 @@ def store_episodes(settings: Settings, items: list[IncomingEpisode | Quarantined
 
 
 def take_snapshot(settings: Settings, changed: bool) -> Snapshot | None:
-    """A DVC snapshot when the data changed (or none exists yet); otherwise the last one."""
+    """A DVC snapshot when the data changed (or none exists yet); otherwise the last one. With
+    ``episodes.dvc_remote`` it is pushed (every time: a push that failed before is completed)."""
     ws = Workspace(settings)
     last = read_snapshot(settings.paths.episodes)
     if (changed or last is None) and ws.dataset.num_episodes:
-        return snapshot_dataset(settings.root, settings.paths.episodes)
+        last = snapshot_dataset(settings.root, settings.paths.episodes)
+    if last is not None and settings.episodes.dvc_remote:
+        push_snapshot(settings.root, last, dvc_remote(settings))
     return last
+
+
+def dvc_remote(settings: Settings) -> DvcRemote:
+    return DvcRemote(settings.episodes.dvc_remote, settings.episodes.dvc_remote_endpoint)
 
 
 def store_encoder(settings: Settings) -> WindowEncoder:

@@ -1,7 +1,8 @@
 """Rebuild a registered model from what its lineage names, and check the weights: ``fleetloop reproduce``.
 
     version --registry--> lineage (recipe, DVC snapshot, store version, champion) + lineage/settings.json
-      -> a scratch root: the episode dataset checked out of the DVC cache at the snapshot hash
+      -> a scratch root: the episode dataset at the snapshot hash, pulled from the DVC remote it was
+         pushed to (``episodes.dvc_remote``), else checked out of the root's DVC cache
       -> the training set as the train task built it (``steps.method_training_set``): the segment
          store at the version kept for the model (tag ``model-v<N>``), the champion's failures
       -> the one trainer (sequential plan: every plan gives the same weights, tested), fine-tuning
@@ -25,6 +26,7 @@ import yaml
 from components.config import Settings
 from components.episodes.dataset import EpisodeDataset
 from components.episodes.record import Episode
+from components.episodes.snapshot import DvcRemote, pull_snapshot
 from components.pipeline.recipe import SETTINGS_ARTIFACT, STORE_TAG
 from components.pipeline.steps import (
     RETRIEVAL_METHODS,
@@ -82,8 +84,9 @@ def reproduce_version(settings: Settings, version: str, scratch: Path,
         raise ReproduceError(str(exc)) from exc
     lineage = mv.lineage
     build = _recipe_settings(registry, mv, lineage, scratch)
-    log(f"v{mv.version}: restoring DVC snapshot {lineage.snapshot_hash} into {scratch}")
-    episodes = restore_snapshot(settings, build, lineage.snapshot_hash)
+    log(f"v{mv.version}: restoring DVC snapshot {lineage.snapshot_hash} into {scratch}"
+        + (f" from {lineage.snapshot_remote}" if lineage.snapshot_remote else ""))
+    episodes = restore_snapshot(settings, build, lineage)
     if len(episodes) != lineage.episodes:
         raise ReproduceError(f"snapshot {lineage.snapshot_hash} holds {len(episodes)} episodes, lineage of v{mv.version} "
                              f"says {lineage.episodes}: the model was trained on data ingested without a snapshot")
@@ -121,29 +124,47 @@ def _recipe_settings(registry, mv: PolicyVersion, lineage: Lineage, scratch: Pat
     return Settings(**body, root=scratch)
 
 
-def restore_snapshot(source: Settings, build: Settings, snapshot_hash: str) -> list[Episode]:
-    """Check the dataset out at ``snapshot_hash`` from ``source``'s DVC cache into ``build``'s root."""
-    from dvc.exceptions import CheckoutError
+def restore_snapshot(source: Settings, build: Settings, lineage: Lineage) -> list[Episode]:
+    """The dataset at the lineage's snapshot hash, in ``build``'s root: pulled from the DVC remote
+    it was pushed to, else checked out of ``source``'s DVC cache."""
+    from dvc.exceptions import DvcException
     from dvc.repo import Repo
 
+    snapshot_hash = lineage.snapshot_hash
     if not snapshot_hash.endswith(".dir"):
         raise ReproduceError(f"lineage names no DVC snapshot ({snapshot_hash!r}): the data was ingested without one")
-    with Repo(str(source.root)) as repo:
-        cache = repo.cache.local_cache_dir
     folder = build.paths.episodes
     folder.parent.mkdir(parents=True, exist_ok=True)
     Repo.init(str(build.root), no_scm=True)
-    with Repo(str(build.root)) as repo, repo.config.edit() as conf:
-        conf["cache"]["dir"] = cache
     dvc_file = folder.with_name(folder.name + ".dvc")
     dvc_file.write_text(yaml.safe_dump({"outs": [{"md5": snapshot_hash, "hash": "md5", "path": folder.name}]}))
     try:
-        with Repo(str(build.root)) as repo:
-            repo.checkout(targets=[str(dvc_file)])
-    except CheckoutError as exc:
-        raise ReproduceError(f"snapshot {snapshot_hash} is not in the DVC cache {cache} (was it garbage-collected, or "
-                             f"is it on a remote? `dvc pull` it into that cache): {exc}") from exc
+        if lineage.snapshot_remote:
+            pull_snapshot(build.root, dvc_file, _remote_of(source, lineage.snapshot_remote))
+        else:
+            _checkout_from_cache(source, build, dvc_file)
+    except DvcException as exc:
+        where = lineage.snapshot_remote or f"the DVC cache of {source.root}"
+        raise ReproduceError(f"snapshot {snapshot_hash} could not be restored from {where} (garbage-collected, or "
+                             f"never pushed?): {str(exc).splitlines()[0]}") from exc
     return list(EpisodeDataset(folder, build.episodes).episodes())
+
+
+def _remote_of(source: Settings, url: str) -> DvcRemote:
+    """The remote at ``url``, with this root's endpoint when its configured remote is that one."""
+    endpoint = source.episodes.dvc_remote_endpoint if source.episodes.dvc_remote == url else ""
+    return DvcRemote(url, endpoint)
+
+
+def _checkout_from_cache(source: Settings, build: Settings, dvc_file: Path) -> None:
+    from dvc.repo import Repo
+
+    with Repo(str(source.root)) as repo:
+        cache = repo.cache.local_cache_dir
+    with Repo(str(build.root)) as repo, repo.config.edit() as conf:
+        conf["cache"]["dir"] = cache
+    with Repo(str(build.root)) as repo:
+        repo.checkout(targets=[str(dvc_file)])
 
 
 def kept_store(source: Settings, build: Settings, version: int, lineage: Lineage) -> SegmentStore:

@@ -165,6 +165,7 @@ def current_lineage(settings: Settings, ws: Workspace, frames: int, champion: in
         episodes_per_robot=ws.dataset.robots(),
         champion_version=-1 if champion is None else champion,
         recipe=recipe,
+        snapshot_remote=settings.episodes.dvc_remote if snapshot else "",
     )
 
 

@@ -24,6 +24,7 @@ class Lineage:
     # how to rebuild it: "train-task" = the flow's train task on one process, which
     # ``fleetloop reproduce`` repeats; "" = another path (the fleet's async trainer, torchrun)
     recipe: str = ""
+    snapshot_remote: str = ""  # the DVC remote the snapshot was pushed to ("" = the root's cache only)
 
     def tags(self) -> dict[str, str]:
         tags = {f"fleetloop.{k}": str(v) for k, v in asdict(self).items() if k != "episodes_per_robot"}
@@ -45,6 +46,7 @@ class Lineage:
             episodes_per_robot=json.loads(get("episodes_per_robot", "{}")),
             champion_version=int(get("champion_version", "-1")),
             recipe=get("recipe"),
+            snapshot_remote=get("snapshot_remote"),
         )
 
 
