@@ -14,7 +14,7 @@ from components.training.workloads.ppo import PPOSpec, ppo_runtime, ppo_workflow
 POLICY = PolicyConfig(hidden=32, layers=2)
 SIM = SimConfig(max_steps=12)
 CFG = SchedulerConfig(pipeline_stages=(1, 2), validate_iterations=1, validate_rounds=1, quota_max_steps=1,
-                      profile_iterations=2)
+                      profile_iterations=2, capacity_retry_wait_s=0.0)
 
 
 def _spec(robots: int = 16) -> PPOSpec:
@@ -159,3 +159,55 @@ def test_process_coarse_splits_cover_layouts_and_thread_counts():
     assert all(w.kind == "process" for p in splits for w in p.workers)
     assert {p.groups for p in splits} == set(CFG.pipeline_stages)
     assert any(("sim", "policy") in [w.components for w in p.workers] for p in splits)
+
+
+def test_rose_rollout_process_rewrite_is_bit_identical_and_its_pipe_is_measured(ppo_reference):
+    """Rose's rollout_process (env + inference in one process, as the best process split places
+    them) composed with side_process: same weights as sequential; every pipe crossing recorded."""
+    from components.scheduler.rose import rollout_in_process
+
+    spec = _spec()
+    rt = ppo_runtime(spec, CFG)
+    assert rt.roles.rollout == ("sim", "policy")
+    wf = rt.workflow_at(2)
+    base = rt.sequential(groups=2)
+    names = [t.name for t in candidate_transformations(wf, base, 2, rollout=rt.roles.rollout)]
+    assert "rollout_process" in names
+    assert "rollout_process" not in [t.name for t in candidate_transformations(wf, base, 2)]  # no group, no rewrite
+    moved = rollout_in_process(wf, base, rt.roles.rollout)
+    assert moved is not None and not legality(wf, moved, range(3))
+    assert [(w.components, w.kind) for w in moved.workers] == [(("learner", "evaluator"), "thread"),
+                                                              (("sim", "policy"), "process")]
+    assert rollout_in_process(wf, moved, rt.roles.rollout) is None  # already there: not offered again
+    both = next(t for t in candidate_transformations(wf, moved, 2, rt.roles.rollout) if t.name == "side_process").apply(moved)
+    for plan in (moved, both):
+        got = run_ppo(spec, CFG, iterations=3, plan=plan)
+        assert _same(got.weights, ppo_reference.weights), plan.name
+        assert [m.eval_successes for m in got.metrics] == [m.eval_successes for m in ppo_reference.metrics]
+    directions = {(t.worker, t.direction) for t in got.run.transfers}
+    assert {("rollout", "in"), ("rollout", "out"), ("side", "in"), ("side", "out")} <= directions
+    assert all(t.bytes > 0 and t.seconds >= 0 for t in got.run.transfers)
+
+
+def test_unqualified_capacity_is_noted_in_the_plan_and_priced_ipc_is_in_the_profile():
+    """A host that never shows the cores (fake probe: 1 of 2): the planner still plans, on the best
+    reading, and its plan says it was decided unqualified; the IPC probe priced the pipe."""
+    spec = _spec()
+    readings: list[int] = []
+
+    def probe(devices: int) -> float:
+        readings.append(devices)
+        return 1.0
+
+    cfg = CFG.model_copy(update={"devices": 2, "capacity_probe_attempts": 3})
+    rt = ppo_runtime(spec, cfg)
+    rt.capacity_probe = probe
+    plan = rt.plan().best.plan
+    prof = rt.profile()
+    assert readings == [2, 2, 2] and prof.capacity == 1.0 and not prof.capacity_reading.qualified
+    assert any("UNQUALIFIED" in n for n in plan.notes)
+    assert prof.ipc is not None and prof.ipc.latency_s > 0 and prof.ipc.out_bytes_per_row.get("infer", 0) > 0
+    rt.capacity_probe = lambda devices: 2.0
+    rt.profile(refresh=True)
+    assert rt.profile().capacity_reading.qualified
+    assert any("qualified capacity reading" in n for n in rt.plan().best.plan.notes)

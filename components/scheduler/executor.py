@@ -31,7 +31,7 @@ from components.scheduler.channels import Channel, ChannelStats
 from components.scheduler.devices import DeviceRegistry, LockEvent, MemoryBudgetError, SwitchStats
 from components.scheduler.graph import Graph, LegalityError, OpInstance, VersionKey, build_graph, slot_of
 from components.scheduler.plan import Plan, WorkerSpec
-from components.scheduler.profiler import ActivitySampler, GpuTelemetry, OpTimer, Span, Timeline
+from components.scheduler.profiler import ActivitySampler, GpuTelemetry, OpTimer, Span, Timeline, Transfer
 from components.scheduler.quotas import apply_blas_limit, mps_environment, set_worker_threads
 from components.scheduler.workflow import BuildContext, Workflow
 
@@ -59,6 +59,7 @@ class RunResult:
     channels: dict[str, ChannelStats]
     completion_order: list[int] = field(default_factory=list)
     process_requests: dict[str, int] = field(default_factory=dict)  # process worker -> requests sent to it
+    transfers: list[Transfer] = field(default_factory=list)  # every pipe crossing of a process worker (bytes, s)
 
 
 def plan_workflow(workflow: Workflow, plan: Plan) -> Workflow:
@@ -249,6 +250,10 @@ class _ProcessHost:
             raise ExecutionError(f"process worker {spec.name} failed to start")
 
     def _recv(self, what: str) -> tuple[str, Any]:
+        self._recv_wait(what)
+        return self.conn.recv()
+
+    def _recv_wait(self, what: str) -> None:
         """Wait for the child, failing clearly if it died (e.g. a main module without a __main__ guard)."""
         while not self.conn.poll(PROCESS_POLL_S):
             if not self.proc.is_alive():
@@ -256,23 +261,31 @@ class _ProcessHost:
                     f"process worker {self.name} died during {what} (exit code {self.proc.exitcode}); spawned "
                     "workers re-import the main module, so scripts need an `if __name__ == '__main__':` guard"
                 )
-        return self.conn.recv()
 
-    def send(self, calls: list[_Call]) -> None:
-        """Ask the process to run ``calls`` in order; results stream back one per call (``result``)."""
+    def send(self, calls: list[_Call]) -> tuple[int, float]:
+        """Ask the process to run ``calls`` in order; results stream back one per call (``result``).
+        Returns the request's size in bytes and when its pickling began (``perf_counter``)."""
+        t = time.perf_counter()
         # plain pickle, by value: Connection.send's ForkingPickler would move each CPU tensor's storage
         # into shared memory *in place* (torch's reduction), racing with the other workers that read
         # the same versioned state at that moment (seen: a learner loading params@i while they moved
         # gave different weights in 1 of 6 runs of the evaluator-in-a-side-process plan)
-        self.conn.send_bytes(pickle.dumps(("run", calls), protocol=pickle.HIGHEST_PROTOCOL))
+        body = pickle.dumps(("run", calls), protocol=pickle.HIGHEST_PROTOCOL)
+        self.conn.send_bytes(body)
         self.requests += 1
+        return len(body), t
 
-    def result(self, op: str) -> tuple[dict[str, Any], float, float]:
-        """The next streamed result: outputs and the op's start/end (``perf_counter``, system-wide)."""
-        kind, payload = self._recv(op)
+    def result(self, op: str) -> tuple[dict[str, Any], float, float, int, float]:
+        """The next streamed result: outputs, the op's start/end (``perf_counter``, system-wide), the
+        message's size in bytes and when it was unpickled here (what ``Connection.recv`` does, timed)."""
+        self._recv_wait(op)
+        body = self.conn.recv_bytes()
+        kind, payload = pickle.loads(body)
+        received = time.perf_counter()
         if kind == "error":
             raise ExecutionError(payload)
-        return payload
+        out, t0, t1 = payload
+        return out, t0, t1, len(body), received
 
     def stop(self) -> None:
         try:
@@ -405,6 +418,7 @@ def execute(
         if k is not None:
             slots[(key.state, key.part, slot_of(key, k))] = key
     spans: list[Span] = []
+    transfers: list[Transfer] = []
     completion: list[int] = []
     errors: list[BaseException] = []
     origin = time.perf_counter()
@@ -614,9 +628,13 @@ def execute(
                 lock = (devs, wf.component(inst.component))
         t_lock = registry.acquire(lock[0], lock[1].name, lock[1].memory_mb, None, None) if lock else 0.0
         try:
-            worker.host.send(calls)
-            for uid, call in zip(batch, calls):
-                out, t0, t1 = worker.host.result(call.op)
+            sent, t_sent = worker.host.send(calls)
+            for k, (uid, call) in enumerate(zip(batch, calls)):
+                out, t0, t1, size, received = worker.host.result(call.op)
+                with meta:
+                    if k == 0:  # the request crossed before the first op could start
+                        transfers.append(Transfer(call.op, worker.spec.name, "in", sent, t0 - t_sent))
+                    transfers.append(Transfer(call.op, worker.spec.name, "out", size, received - t1))
                 finish(worker, uid, out or {}, t0, t1, None)
         finally:
             if lock:
@@ -700,6 +718,7 @@ def execute(
         channels={k: c.stats() for k, c in channels.items()},
         completion_order=completion,
         process_requests={name: h.requests for name, h in hosts.items()},
+        transfers=transfers,
     )
 
 

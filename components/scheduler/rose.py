@@ -14,6 +14,10 @@ Transformations (all plan rewrites; the workflow never changes):
 * ``side_worker`` / ``side_process`` — side work (evaluation with the previous weights, retrieval)
   on its own worker thread, or in its own process (no GIL sharing; pays pickling per op),
   overlapping the rollout tail and the learner;
+* ``rollout_process`` — the rollout group (env + inference, the components a cyclic stream joins)
+  in one worker process of its own (RLinf's collocated mode, the best process split by hand): the
+  rollout leaves the parent's interpreter lock to the learner and side work; pays the pipe (priced
+  from the measured IPC cost);
 * ``replicate_rollout`` — the replicable components (env groups and their policy copy) replicated
   on one process per core, each serving its share of the env groups: the rollout itself runs in
   parallel (data-parallel, as RLinf's env/rollout workers), the learner gathers every group;
@@ -158,9 +162,25 @@ def replicate_rollout(workflow: Workflow, plan: Plan, replicas: int) -> Plan | N
     return plan.with_(workers=(*_workers_without(plan, comps), *rollout), groups=groups, threads=threads)
 
 
-def candidate_transformations(workflow: Workflow, plan: Plan, replicas: int = 2) -> list[Transformation]:
+def rollout_in_process(workflow: Workflow, plan: Plan, rollout: tuple[str, ...]) -> Plan | None:
+    """``plan`` with the ``rollout`` components together on one process worker (the executor's
+    process worker, as ``SchedulerRuntime.coarse_processes(colocate_rollout=True)`` places them),
+    their quotas kept; None if there is no such group, one may not leave the parent process, it is
+    replicated, or it already has a process of its own."""
+    if not rollout or not all(workflow.component(c).process_ok for c in rollout):
+        return None
+    if any(len(plan.hosts(c)) > 1 for c in rollout):
+        return None
+    if any(w.kind == "process" and set(w.components) == set(rollout) for w in plan.workers):
+        return None
+    return plan.with_(workers=(*_workers_without(plan, rollout), WorkerSpec("rollout", rollout, kind="process")))
+
+
+def candidate_transformations(workflow: Workflow, plan: Plan, replicas: int = 2,
+                              rollout: tuple[str, ...] = ()) -> list[Transformation]:
     """Every rewrite Rose may try on ``plan`` (legality is checked separately); ``replicas``: how
-    many rollout replicas ``replicate_rollout`` makes (the cores there are)."""
+    many rollout replicas ``replicate_rollout`` makes (the cores there are); ``rollout``: the
+    env + inference group ``rollout_process`` may move into a process (``Roles.rollout``)."""
     out: list[Transformation] = []
     if GROUP_LOOP in workflow.loops and (plan.groups or workflow.loops[GROUP_LOOP]) == 1:
         def pipeline(p: Plan) -> Plan:
@@ -182,6 +202,8 @@ def candidate_transformations(workflow: Workflow, plan: Plan, replicas: int = 2)
                 return p.with_(workers=(*_workers_without(p, side), WorkerSpec("side", side, kind="process")),
                                threads=threads)
             out.append(Transformation("side_process", side_process))
+    if rollout_in_process(workflow, plan, rollout) is not None:
+        out.append(Transformation("rollout_process", lambda p: rollout_in_process(workflow, p, rollout) or p))
     if replicate_rollout(workflow, plan, replicas) is not None:
         out.append(Transformation("replicate_rollout",
                                   lambda p: replicate_rollout(workflow, p, replicas) or p))
@@ -224,7 +246,8 @@ class RoseOptimizer:
 
     def __init__(self, workflow: Workflow, cfg: SchedulerConfig, capacity: int,
                  measure: Callable[[list[Plan]], list[float]], predict: Callable[[Plan, Plan], float],
-                 timeline: Callable[[Plan], Timeline], check_iterations: range = range(3)) -> None:
+                 timeline: Callable[[Plan], Timeline], check_iterations: range = range(3),
+                 rollout: tuple[str, ...] = ()) -> None:
         self.workflow = workflow
         self.cfg = cfg
         self.capacity = capacity
@@ -232,6 +255,7 @@ class RoseOptimizer:
         self.predict = predict
         self.timeline = timeline
         self.check_iterations = check_iterations
+        self.rollout = rollout
 
     def optimize(self, plan: Plan, max_rounds: int = 3) -> RoseResult:
         result = RoseResult(plan)
@@ -246,7 +270,8 @@ class RoseOptimizer:
                 break
             current_pred = self.predict(current, current)
             scored: list[tuple[float, Transformation, Plan]] = []
-            for t in candidate_transformations(self.workflow, current, replicas=max(int(self.capacity), 1)):
+            for t in candidate_transformations(self.workflow, current, replicas=max(int(self.capacity), 1),
+                                               rollout=self.rollout):
                 if t.name in tried:
                     continue
                 tried.add(t.name)

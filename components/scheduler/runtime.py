@@ -17,10 +17,11 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from components.config import SchedulerConfig
+from components.scheduler.costmodel import IpcCost, fit_ipc
 from components.scheduler.executor import GROUP_LOOP, RunResult, execute, plan_workflow
 from components.scheduler.graph import build_graph
 from components.scheduler.plan import Plan, WorkerSpec, sequential_plan
@@ -33,10 +34,15 @@ from components.scheduler.planner import (
     profile_workflow,
     thread_slowdown,
 )
-from components.scheduler.profiler import GpuTelemetry, Timeline, effective_cores
+from components.scheduler.profiler import (
+    GpuTelemetry,
+    Timeline,
+    effective_cores,
+    qualified_capacity,
+)
 from components.scheduler.quotas import Branch, ForkJoin, QuotaResult, SlackQuotaManager
 from components.scheduler.rose import RoseOptimizer, RoseResult
-from components.scheduler.simulate import simulate
+from components.scheduler.simulate import simulate, transfer_seconds
 from components.scheduler.workflow import Workflow
 
 PLAN_KINDS = ("sequential", "coarse", "planner", "rose")
@@ -55,6 +61,13 @@ class Roles:
     def sim(self) -> str:
         return self.chain[0]
 
+    @property
+    def rollout(self) -> tuple[str, ...]:
+        """The components a cyclic stream joins (env ↔ inference): the group Rose may move into one
+        process, as the collocated process split does; empty when nothing streams in a cycle."""
+        pair = next((p for p, kind in self.streaming.items() if kind == "cyclic"), ())
+        return tuple(pair)
+
 
 @dataclass
 class OptimizeResult:
@@ -68,7 +81,8 @@ class SchedulerRuntime:
 
     def __init__(self, workflow_at: Callable[[int], Workflow], roles: Roles, cfg: SchedulerConfig, payload: Any,
                  inputs: dict[str, Any], record: tuple[str, ...] = (), gpu: GpuTelemetry | None = None,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None,
+                 capacity_probe: Callable[[int], float] = effective_cores) -> None:
         self.workflow_at = workflow_at
         self.roles = roles
         self.cfg = cfg
@@ -78,7 +92,9 @@ class SchedulerRuntime:
         self.gpu = gpu
         self.devices = cfg.devices or (os.cpu_count() or 1)
         self.log = log or (lambda _: None)
+        self.capacity_probe = capacity_probe
         self._profile: Profile | None = None
+        self._ipc: IpcCost | None = None
         self._timelines: dict[str, Timeline] = {}
 
     # ------------------------------------------------------------------ running
@@ -193,9 +209,33 @@ class SchedulerRuntime:
                                     self.cfg.pipeline_stages, [self.op_threads], self.inputs,
                                     iterations=self.cfg.profile_iterations)
             prof.thread_slowdown = self._probe_thread_slowdown(prof)
-            prof.capacity = effective_cores(self.devices)
+            prof.ipc = self._ipc = self._ipc or self._probe_ipc()
+            reading = qualified_capacity(lambda: self.capacity_probe(self.devices), self.devices,
+                                         self.cfg.capacity_qualify_fraction, self.cfg.capacity_probe_attempts,
+                                         self.cfg.capacity_retry_wait_s)
+            prof.capacity, prof.capacity_reading = reading.cores, reading
+            if not reading.qualified:
+                self.log(reading.note())
             self._profile = prof
         return self._profile
+
+    def _probe_ipc(self) -> IpcCost | None:
+        """Pipe cost of process workers, measured once per runtime (process start-up is slow): one
+        run of the process split with every component in a process of its own (most crossings), its
+        per-message bytes and seconds fitted (``fit_ipc``). None where no component may leave the
+        parent process."""
+        plan = self.coarse_processes(threads=self.op_threads)
+        if not any(w.kind == "process" for w in plan.workers):
+            return None
+        res = self.run(plan, self.cfg.ipc_probe_iterations)
+        if not res.transfers:
+            return None
+        wf = self.workflow_at(plan.groups or 1)
+        rows = {op.name: op_size(wf, op.name, self.roles.envs) for op, _ in wf.ops_with_scope()}
+        ipc = fit_ipc([(t.op, t.direction, t.bytes, t.seconds) for t in res.transfers], rows)
+        self.log(f"IPC probe ({plan.name}): {ipc.latency_s * 1e3:.2f} ms per message + "
+                 f"{ipc.s_per_byte * 1e9:.2f} ns per byte ({len(res.transfers)} crossings)")
+        return ipc
 
     def _probe_thread_slowdown(self, prof: Profile) -> float:
         m = 2 if 2 in self.cfg.pipeline_stages else max(self.cfg.pipeline_stages)
@@ -218,7 +258,14 @@ class SchedulerRuntime:
         return M2FlowPlanner(self.workflow_at, spec, self.profile(), self.cfg, self.devices)
 
     def plan(self) -> PlannerResult:
+        """The planner's search on the current profile; the chosen plan's notes say which capacity
+        reading it was decided on (and if that reading never qualified)."""
         result = self.planner().plan(replay=self.predict)
+        reading = self.profile().capacity_reading
+        if reading is not None:
+            best = result.best
+            best = replace(best, plan=best.plan.with_(notes=(*best.plan.notes, reading.note())))
+            result = replace(result, best=best, candidates=tuple(best if c is result.best else c for c in result.candidates))
         self.log(result.best.plan.describe())
         return result
 
@@ -241,8 +288,12 @@ class SchedulerRuntime:
             return float(min(threads, self.devices))
 
         capacity = min(prof.capacity or float(self.devices), float(self.devices))
+        transfer = {}
+        if prof.ipc is not None:
+            ipc = prof.ipc
+            transfer = transfer_seconds(graph, plan, ipc, lambda op: ipc.out_bytes(op, op_size(wf, op, self.roles.envs)))
         return simulate(graph, self._pin(plan), duration, demand, capacity,
-                        thread_slowdown=prof.thread_slowdown).iteration
+                        thread_slowdown=prof.thread_slowdown, transfer=transfer).iteration
 
     def optimize(self, plan: Plan, quotas: bool = True) -> OptimizeResult:
         self.timeline(plan)
@@ -251,6 +302,7 @@ class SchedulerRuntime:
             measure=lambda plans: self.measure(plans),
             predict=lambda p, basis: self.predict(p, basis),
             timeline=self.timeline,
+            rollout=self.roles.rollout,
         )
         result = rose.optimize(plan)
         self.log(result.report())
