@@ -589,7 +589,8 @@ def rose_steps(rt: Any, planner_plan: Plan, opt: Any) -> list[Plan]:
     for decision in (d for d in opt.rose.decisions if d.kept):
         workflow = rt.workflow_at(current.groups or 1)
         replicas = max(int(rt.profile().capacity or rt.devices), 1)
-        rewrite = next(t for t in candidate_transformations(workflow, current, replicas, rt.roles.rollout)
+        rewrite = next(t for t in candidate_transformations(workflow, current, replicas, rt.roles.rollout,
+                                                           rt.cfg.pipeline_stages)
                        if t.name == decision.name)
         current = rewrite.apply(current).with_(name=f"{current.name}+{rewrite.name}")
         rows.append(current)

@@ -180,7 +180,18 @@ def test_rose_rollout_process_rewrite_is_bit_identical_and_its_pipe_is_measured(
                                                               (("sim", "policy"), "process")]
     assert rollout_in_process(wf, moved, rt.roles.rollout) is None  # already there: not offered again
     both = next(t for t in candidate_transformations(wf, moved, 2, rt.roles.rollout) if t.name == "side_process").apply(moved)
-    for plan in (moved, both):
+    # with the profiled env-group counts, Rose may also move the rollout at another count (m = 1 here)
+    regroup = {t.name: t for t in candidate_transformations(wf, base, 2, rt.roles.rollout, CFG.pipeline_stages)}
+    assert "rollout_process(m=1)" in regroup and "rollout_process(m=2)" not in regroup  # m = 2 is the plan's own
+    at_one = regroup["rollout_process(m=1)"].apply(base)
+    assert at_one.groups == 1 and not legality(wf, at_one, range(3))
+    assert [(w.components, w.kind) for w in at_one.workers] == [(("learner", "evaluator"), "thread"),
+                                                               (("sim", "policy"), "process")]
+    later = [t.name for t in candidate_transformations(wf, at_one, 2, rt.roles.rollout, CFG.pipeline_stages)]
+    assert "rollout_process(m=2)" in later and "rollout_process" not in later and "rollout_process(m=1)" not in later
+    at_one_side = next(t for t in candidate_transformations(wf, at_one, 2, rt.roles.rollout, CFG.pipeline_stages)
+                       if t.name == "side_process").apply(at_one)
+    for plan in (moved, both, at_one_side):
         got = run_ppo(spec, CFG, iterations=3, plan=plan)
         assert _same(got.weights, ppo_reference.weights), plan.name
         assert [m.eval_successes for m in got.metrics] == [m.eval_successes for m in ppo_reference.metrics]

@@ -303,6 +303,7 @@ class SchedulerRuntime:
             predict=lambda p, basis: self.predict(p, basis),
             timeline=self.timeline,
             rollout=self.roles.rollout,
+            stages=self.cfg.pipeline_stages,
         )
         result = rose.optimize(plan)
         self.log(result.report())
