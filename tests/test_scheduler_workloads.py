@@ -222,3 +222,23 @@ def test_unqualified_capacity_is_noted_in_the_plan_and_priced_ipc_is_in_the_prof
     rt.profile(refresh=True)
     assert rt.profile().capacity_reading.qualified
     assert any("qualified capacity reading" in n for n in rt.plan().best.plan.notes)
+
+
+def test_train_task_ppo_layouts_use_only_the_env_groups_it_offers(tmp_path):
+    """Regression (#19): the train task's PPO on 2 fleet robots offers only m = 1 (groups of at least
+    MIN_GROUP_ENVS) with infer_chunk = 2, yet profiling ran the IPC probe's process split at m = 2:
+    1-row groups, refused by the chunk rule. Every layout the runtime builds on its own (the probes'
+    and the coarse baselines') now takes an offered stage count, and runs."""
+    from components.pipeline.scheduled import ppo_spec
+    from tests.conftest import small_settings
+
+    settings = small_settings(tmp_path, sim=SimConfig(max_steps=4), policy=PolicyConfig(hidden=8, layers=1),
+                              scheduler=CFG.model_copy(update={"ppo_steps": 2, "ppo_epochs": 1, "ppo_minibatches": 1,
+                                                               "ppo_eval_steps": 1}))
+    spec, cfg = ppo_spec(settings)
+    assert cfg.pipeline_stages == (1,) and spec.infer_chunk == spec.envs == 2  # m = 2 would give 1-row groups
+    rt = ppo_runtime(spec, cfg)
+    layouts = (rt.coarse(), rt.coarse_processes(), *rt.coarse_process_splits())
+    assert {p.groups for p in layouts} == {1}
+    assert len(rt.run(rt.coarse(), 1).iteration_s) == 1  # a thread layout: no process start-up in this test
+    assert rt.ipc_probe_plan().groups == rt.default_groups == 1

@@ -46,6 +46,7 @@ from components.scheduler.simulate import simulate, transfer_seconds
 from components.scheduler.workflow import Workflow
 
 PLAN_KINDS = ("sequential", "coarse", "planner", "rose")
+PIPELINED_GROUPS = 2  # RLinf's env/inference pipeline: two env groups, so one steps while the other infers
 
 
 @dataclass(frozen=True)
@@ -142,11 +143,21 @@ class SchedulerRuntime:
         """Per-op thread quota of the baselines and of the planner's profile (0 in config: all cores)."""
         return self.cfg.op_threads or self.devices
 
+    @property
+    def default_groups(self) -> int:
+        """The env-group count of the layouts that do not name one (the coarse baselines, the IPC
+        and interpreter-lock probes): ``PIPELINED_GROUPS`` where ``pipeline_stages`` offers it, else
+        the largest count offered. Never a count outside ``pipeline_stages``: a workload narrows them
+        to the group sizes it accepts (the train task's PPO: groups its inference chunk divides)."""
+        stages = self.cfg.pipeline_stages
+        return PIPELINED_GROUPS if PIPELINED_GROUPS in stages else max(stages)
+
     def coarse(self) -> Plan:
-        """RLinf-style hybrid: env and rollout pipelined in 2 stages on separate halves; the
-        learner (and everything else) then runs on all devices. Same per-op thread quota as
-        ``sequential(tuned=True)``."""
-        wf = self.workflow_at(2)
+        """RLinf-style hybrid: env and rollout pipelined in ``default_groups`` stages (2 where
+        offered) on separate halves; the learner (and everything else) then runs on all devices.
+        Same per-op thread quota as ``sequential(tuned=True)``."""
+        m = self.default_groups
+        wf = self.workflow_at(m)
         sim, policy = self.roles.chain[0], self.roles.chain[1]
         rest = tuple(c.name for c in wf.components if c.name not in (sim, policy))
         half = max(self.devices // 2, 1)
@@ -160,19 +171,19 @@ class SchedulerRuntime:
         workers = (WorkerSpec("env", (sim,), cores=lo if pin else None),
                    WorkerSpec("rollout", (policy,), cores=hi if pin else None),
                    WorkerSpec("actor", rest))
-        return self._pin(Plan("coarse-pipeline(m=2)", workers, groups=2, placement=placement, threads=threads,
+        return self._pin(Plan(f"coarse-pipeline(m={m})", workers, groups=m, placement=placement, threads=threads,
                               blas_threads=1))
 
     def coarse_processes(self, threads: int | None = None, groups: int | None = None,
                          colocate_rollout: bool = False) -> Plan:
         """RLinf's natural form: every component in a worker process of its own (env, inference,
         learner, evaluator, ...), env groups pipelined in ``groups`` stages between env and inference
-        (default 2 where the workflow has groups); each op at ``threads`` (default: the per-op quota
-        of every plan). ``colocate_rollout`` puts env and inference in one rollout process (RLinf's
-        collocated mode: no per-step exchange between processes). Components that cannot leave the
-        parent process (``process_ok`` false) stay on a thread."""
+        (default ``default_groups`` where the workflow has groups); each op at ``threads`` (default:
+        the per-op quota of every plan). ``colocate_rollout`` puts env and inference in one rollout
+        process (RLinf's collocated mode: no per-step exchange between processes). Components that
+        cannot leave the parent process (``process_ok`` false) stay on a thread."""
         grouped = GROUP_LOOP in self.workflow_at(1).loops
-        m = (groups or 2) if grouped else 1
+        m = (groups or self.default_groups) if grouped else 1
         wf = self.workflow_at(m)
         t = threads or self.op_threads
         sim, policy = self.roles.chain[0], self.roles.chain[1]
@@ -219,12 +230,16 @@ class SchedulerRuntime:
             self._profile = prof
         return self._profile
 
+    def ipc_probe_plan(self) -> Plan:
+        """The run the IPC probe measures: the process split at the per-op quota of every plan."""
+        return self.coarse_processes(threads=self.op_threads)
+
     def _probe_ipc(self) -> IpcCost | None:
         """Pipe cost of process workers, measured once per runtime (process start-up is slow): one
         run of the process split with every component in a process of its own (most crossings), its
-        per-message bytes and seconds fitted (``fit_ipc``). None where no component may leave the
-        parent process."""
-        plan = self.coarse_processes(threads=self.op_threads)
+        per-message bytes and seconds fitted (``fit_ipc``), at ``default_groups`` env groups (a count
+        the workload accepts). None where no component may leave the parent process."""
+        plan = self.ipc_probe_plan()
         if not any(w.kind == "process" for w in plan.workers):
             return None
         res = self.run(plan, self.cfg.ipc_probe_iterations)
@@ -238,7 +253,7 @@ class SchedulerRuntime:
         return ipc
 
     def _probe_thread_slowdown(self, prof: Profile) -> float:
-        m = 2 if 2 in self.cfg.pipeline_stages else max(self.cfg.pipeline_stages)
+        m = self.default_groups
         wf = self.workflow_at(m)
         t = self.op_threads
         probe = Plan("probe:thread-per-component", tuple(WorkerSpec(c.name, (c.name,)) for c in wf.components),
