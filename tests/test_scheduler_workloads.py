@@ -242,3 +242,33 @@ def test_train_task_ppo_layouts_use_only_the_env_groups_it_offers(tmp_path):
     assert {p.groups for p in layouts} == {1}
     assert len(rt.run(rt.coarse(), 1).iteration_s) == 1  # a thread layout: no process start-up in this test
     assert rt.ipc_probe_plan().groups == rt.default_groups == 1
+
+
+def test_rose_refuses_rewrites_to_env_group_counts_not_offered():
+    """Rose's regrouping rewrites (pipeline_env_groups, replicate_rollout) choose a count without the
+    workload: with ``stages`` (scheduler.pipeline_stages) given, a proposal outside it is refused,
+    never predicted or measured."""
+    from components.scheduler.profiler import Span, Timeline
+    from components.scheduler.rose import RoseOptimizer
+
+    spec = _spec(robots=8)
+    rt = ppo_runtime(spec, CFG)
+    wf = rt.workflow_at(1)
+    base = rt.sequential(groups=1).with_(placement={"policy": ("cpu0", "cpu1"), "learner": ("cpu0", "cpu1")})
+    seen: list[int | None] = []
+
+    def predict(plan, basis=None):
+        seen.append(plan.groups)
+        return 1.0 if plan is base or plan.groups == base.groups else 0.5  # regrouping "looks" faster
+
+    def measure(plans):
+        seen.extend(p.groups for p in plans)
+        return [1.0 for _ in plans]
+
+    spans = [Span("learn", "learn", "learner", "main", 0, 0.0, 0.01, 1)]
+    cfg = CFG.model_copy(update={"activity_threshold": 0.99, "min_window_ms": 0.0})
+    result = RoseOptimizer(wf, cfg, 2, measure, predict, lambda p: Timeline(spans), stages=(1,)).optimize(base)
+    refused = {d.name: d.refusal for d in result.decisions if not d.legal}
+    assert "not an offered stage count (1,)" in refused["pipeline_env_groups"]
+    assert "not an offered stage count (1,)" in refused["replicate_rollout"]
+    assert set(seen) == {1} and result.plan.groups == 1

@@ -260,6 +260,19 @@ def candidate_transformations(workflow: Workflow, plan: Plan, replicas: int = 2,
     return out
 
 
+def unoffered_groups(workflow: Workflow, plan: Plan, stages: tuple[int, ...]) -> str:
+    """Why ``plan``'s env-group count is not one of ``stages`` (``scheduler.pipeline_stages``: the
+    counts the profile covers and the workload accepts, e.g. PPO's inference chunk must divide each
+    group), else empty. Rewrites that regroup (``pipeline_env_groups``, ``replicate_rollout``) pick
+    their count without the workload, so each proposal is checked here; no ``stages``: any count."""
+    if not stages or GROUP_LOOP not in workflow.loops:
+        return ""
+    m = plan.groups or workflow.loops[GROUP_LOOP]
+    if m in stages:
+        return ""
+    return f"{m} env groups is not an offered stage count {tuple(stages)} (scheduler.pipeline_stages)"
+
+
 def legality(workflow: Workflow, plan: Plan, iterations: range) -> str:
     """Empty string if ``plan`` is legal for ``workflow``, else why not."""
     try:
@@ -312,7 +325,8 @@ class RoseOptimizer:
                     continue
                 tried.add(t.name)
                 proposal = t.apply(current).with_(name=f"{current.name}+{t.name}")
-                why = legality(self.workflow, proposal, self.check_iterations)
+                why = (unoffered_groups(self.workflow, proposal, self.stages)
+                       or legality(self.workflow, proposal, self.check_iterations))
                 if why:
                     result.decisions.append(Decision(t.name, False, refusal=why[:160]))
                     continue
