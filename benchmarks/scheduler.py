@@ -304,7 +304,7 @@ def main() -> None:
     if tiny:
         cfg = cfg.model_copy(update={"pipeline_stages": (1, 2), "validate_iterations": 1, "validate_rounds": 1,
                                      "quota_max_steps": 1, "profile_iterations": 2,
-                                     "capacity_probe_attempts": 1})
+                                     "capacity_probe_attempts": 1, "ipc_probe_iterations": 1})
     started = time.time()
     load_start = load()
     gpu = GpuTelemetry() if cfg.gpu_telemetry else None
