@@ -224,7 +224,9 @@ class _Call:
 
 
 class _ProcessHost:
-    """Parent-side handle of a spawned worker process (spawn: safe after LanceDB/torch threads)."""
+    """Parent-side handle of a spawned worker process (spawn: safe after LanceDB/torch threads).
+    Construction launches it; ``wait_ready`` waits for it to build its components, so a plan's
+    workers start up side by side (each re-imports torch and the workload: seconds of CPU)."""
 
     def __init__(self, spec: WorkerSpec, workflow: Workflow, contexts: dict[str, BuildContext], threads: int | None,
                  env: dict[str, str], blas_threads: int | None = None) -> None:
@@ -245,9 +247,11 @@ class _ProcessHost:
                     os.environ[k] = v
         self.name = spec.name
         self.requests = 0
+
+    def wait_ready(self) -> None:
         kind, _ = self._recv("start")
         if kind != "ready":  # pragma: no cover
-            raise ExecutionError(f"process worker {spec.name} failed to start")
+            raise ExecutionError(f"process worker {self.name} failed to start")
 
     def _recv(self, what: str) -> tuple[str, Any]:
         self._recv_wait(what)
@@ -293,6 +297,17 @@ class _ProcessHost:
         except (BrokenPipeError, OSError):  # pragma: no cover
             pass
         self.proc.join(timeout=10)
+
+
+def _wait_ready(hosts: dict[str, _ProcessHost]) -> None:
+    """Wait until every launched process worker has built its components; if one fails, stop them all."""
+    try:
+        for h in hosts.values():
+            h.wait_ready()
+    except BaseException:
+        for h in hosts.values():
+            h.stop()
+        raise
 
 
 # ----------------------------------------------------------------------------------------- executor
@@ -442,6 +457,7 @@ def execute(
             for c in w.components:
                 replicated = len(plan.hosts(c)) > 1
                 states[(w.name, c)] = prebuilt[c] if c in prebuilt and not replicated else wf.component(c).factory(context_of(c, w))
+    _wait_ready(hosts)
 
     def fail(exc: BaseException) -> None:
         with meta:
