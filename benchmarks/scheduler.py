@@ -64,7 +64,6 @@ NAME = "scheduler"
 EVAL_STEPS_PER_ROLLOUT_STEP = 5  # held-out evaluation: this many env steps per training rollout step
 BRUTE_FORCE = {True: 4, False: 6}  # candidates measured against the planner's choice (quick, full)
 HOST_PROBE_LOOPS = 200_000  # ~20 ms of pure Python on this machine when its host is quiet
-QUALIFY_CORE_FRACTION = 0.9  # a round counts when the capacity probe saw >= this share of the cores, before and after
 CAPACITY_SETTLE_S = 1.0  # pause before the after-round capacity probe
 MIN_QUALIFIED_ROUNDS = 3  # fewer qualified rounds than this: figures come from every round, flagged unqualified
 PROCESS_SPLITS_KEPT = 2  # process-based coarse splits (fastest in the calibration run) that join the rounds
@@ -128,12 +127,13 @@ def interleaved(rt: Any, plans: list[Plan], iterations: int, rounds: int,
     return out
 
 
-def qualify(meas: dict[str, dict[str, Any]], capacity: list[tuple[float, float]], devices: int) -> dict[str, Any]:
-    """Which rounds ran with the cores the plans need (capacity probe >= QUALIFY_CORE_FRACTION of
-    ``devices`` before *and* after the round), and every plan's median over those rounds only
+def qualify(meas: dict[str, dict[str, Any]], capacity: list[tuple[float, float]], devices: int,
+            fraction: float) -> dict[str, Any]:
+    """Which rounds ran with the cores the plans need (capacity probe >= ``fraction`` of ``devices``,
+    ``scheduler.capacity_qualify_fraction``, before *and* after the round), and every plan's median over those rounds only
     (``median_s`` is replaced; the all-round median stays as ``median_all_s``). With fewer than
     MIN_QUALIFIED_ROUNDS qualified rounds the figures come from every round and say so."""
-    need = QUALIFY_CORE_FRACTION * devices
+    need = fraction * devices
     good = [r for r, (before, after) in enumerate(capacity) if min(before, after) >= need]
     used = good if len(good) >= MIN_QUALIFIED_ROUNDS else list(range(len(capacity)))
     for o in meas.values():
@@ -303,7 +303,8 @@ def main() -> None:
     rounds = args.rounds or rounds
     if tiny:
         cfg = cfg.model_copy(update={"pipeline_stages": (1, 2), "validate_iterations": 1, "validate_rounds": 1,
-                                     "quota_max_steps": 1, "profile_iterations": 2})
+                                     "quota_max_steps": 1, "profile_iterations": 2,
+                                     "capacity_probe_attempts": 1, "ipc_probe_iterations": 1})
     started = time.time()
     load_start = load()
     gpu = GpuTelemetry() if cfg.gpu_telemetry else None
@@ -373,11 +374,13 @@ def main() -> None:
     round_predictions: list[dict[str, float]] = []
     probes: list[float] = []
     capacity: list[tuple[float, float]] = []  # effective cores measured before and after each round
+    capacity_probes: list[list[float]] = []  # the probes behind each round's "before" reading (re-probed until qualified)
 
     def reprofile(r: int) -> None:
         probes.append(host_speed_probe())
         prof = rt.profile(refresh=True)
         capacity.append((prof.capacity, prof.capacity))
+        capacity_probes.append(list(prof.capacity_reading.readings) if prof.capacity_reading else [prof.capacity])
         round_predictions.append({p.name: rt.predict(p) for p in predictable})
         log(f"round {r + 1}: re-profiled (kappa {prof.thread_slowdown:.2f}, effective cores {prof.capacity:.2f}, "
             f"host probe {probes[-1] * 1e3:.1f} ms); predicted ms: "
@@ -394,7 +397,7 @@ def main() -> None:
         log(f"round {r + 1}: capacity probe {capacity[r][0]:.2f} -> {capacity[r][1]:.2f} cores")
 
     meas = interleaved(rt, plans, iterations, rounds, slow_rows, before_round=reprofile, after_round=probe_after)
-    qualified = qualify(meas, capacity, rt.devices)
+    qualified = qualify(meas, capacity, rt.devices, cfg.capacity_qualify_fraction)
     log(f"{qualified['qualified_count']}/{rounds} rounds had >= {qualified['cores_needed']:.1f} cores before and after; "
         f"figures from {qualified['figures_from']}")
     prof = rt.profile()
@@ -500,6 +503,12 @@ def main() -> None:
                                 "max_over_min": max(probes) / min(probes)},
         "prediction": {"kappa_thread_slowdown": prof.thread_slowdown, "dispatch_ms_per_op": prof.dispatch_s * 1e3,
                        "effective_cores": prof.capacity, "effective_cores_at_planning": planning_profile.capacity,
+                       "capacity_at_planning": asdict(planning_profile.capacity_reading)
+                       if planning_profile.capacity_reading else None,
+                       "planning_qualified": bool(planning_profile.capacity_reading
+                                                  and planning_profile.capacity_reading.qualified),
+                       "capacity_probes_before_each_round": capacity_probes,
+                       "ipc": asdict(prof.ipc) if prof.ipc else None,
                        "kappa_at_planning": planning_profile.thread_slowdown,
                        "predicted_ms": {k: v * 1e3 for k, v in predicted.items()},
                        "predicted_ms_per_round": [{k: v * 1e3 for k, v in rp.items()} for rp in round_predictions],
@@ -580,7 +589,9 @@ def rose_steps(rt: Any, planner_plan: Plan, opt: Any) -> list[Plan]:
     for decision in (d for d in opt.rose.decisions if d.kept):
         workflow = rt.workflow_at(current.groups or 1)
         replicas = max(int(rt.profile().capacity or rt.devices), 1)
-        rewrite = next(t for t in candidate_transformations(workflow, current, replicas) if t.name == decision.name)
+        rewrite = next(t for t in candidate_transformations(workflow, current, replicas, rt.roles.rollout,
+                                                           rt.cfg.pipeline_stages)
+                       if t.name == decision.name)
         current = rewrite.apply(current).with_(name=f"{current.name}+{rewrite.name}")
         rows.append(current)
     return rows

@@ -349,6 +349,13 @@ class SchedulerConfig(Section):
     sample_interval_ms: float = 20.0  # /proc CPU times tick every 10 ms: sample slower than that
     profile_iterations: int = 3  # per profiled stage count; the first is warm-up and dropped
     gpu_telemetry: bool = True
+    # planning only on a qualified capacity reading: re-probe until the probe shows this share of
+    # the cores (a host that steals a core for a moment must not decide the plan), else plan on the
+    # best reading seen and say so in the plan's notes
+    capacity_qualify_fraction: float = Field(default=0.9, gt=0.0, le=1.0)
+    capacity_probe_attempts: int = Field(default=5, ge=1)
+    capacity_retry_wait_s: float = Field(default=2.0, ge=0.0)
+    ipc_probe_iterations: int = Field(default=2, ge=1)  # process-worker run that measures IPC per op (bytes, s)
     # M2Flow planner
     pipeline_stages: tuple[int, ...] = (1, 2, 4)  # candidate env-group counts m
     cost_curves: tuple[str, ...] = ("power", "exponential", "log", "quadratic")

@@ -296,3 +296,87 @@ def test_effective_cores_is_between_one_and_the_core_count():
 
     assert 1.0 <= effective_cores(2, seconds=0.05) <= 2.0
     assert effective_cores(1) == 1.0
+
+
+# ------------------------------------------------------------------ planning on a qualified capacity reading
+class _FakeProbe:
+    """Capacity readings in a fixed order (what a host stealing a core, then giving it back, reads)."""
+
+    def __init__(self, readings: list[float]) -> None:
+        self.readings = list(readings)
+        self.calls = 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return self.readings.pop(0)
+
+
+def test_capacity_is_reprobed_until_a_reading_qualifies():
+    from components.scheduler.profiler import qualified_capacity
+
+    probe, waits = _FakeProbe([1.02, 1.4, 1.95, 2.0]), []
+    reading = qualified_capacity(probe, devices=2, fraction=0.9, attempts=5, wait_s=2.0, sleep=waits.append)
+    assert reading.qualified and reading.cores == 1.95
+    assert reading.readings == (1.02, 1.4, 1.95) and probe.calls == 3  # stops at the first qualified reading
+    assert waits == [2.0, 2.0]  # a wait between probes, none before the first
+    assert "qualified capacity reading: 1.95" in reading.note()
+
+
+def test_capacity_never_qualifying_plans_on_the_best_reading_and_says_so():
+    from components.scheduler.profiler import qualified_capacity
+
+    probe, waits = _FakeProbe([1.02, 1.5, 1.1]), []
+    reading = qualified_capacity(probe, devices=2, fraction=0.9, attempts=3, wait_s=0.5, sleep=waits.append)
+    assert not reading.qualified and reading.cores == 1.5 and reading.needed == pytest.approx(1.8)
+    assert probe.calls == 3 and waits == [0.5, 0.5]  # bounded: attempts, no more
+    assert "UNQUALIFIED" in reading.note() and "1.50" in reading.note()
+    first = qualified_capacity(_FakeProbe([2.0]), devices=2, fraction=0.9, attempts=3, wait_s=1.0, sleep=waits.append)
+    assert first.qualified and first.readings == (2.0,) and waits == [0.5, 0.5]  # qualified at once: no wait
+
+
+# ------------------------------------------------------------------ process IPC in the cost model
+def test_fit_ipc_recovers_latency_and_per_byte_cost_from_per_op_medians():
+    from components.scheduler.costmodel import fit_ipc
+
+    latency, per_byte = 2e-4, 1e-9
+    samples = []
+    for op, nbytes in (("infer", 10_000), ("env_step", 50_000), ("learn", 400_000)):
+        for direction in ("in", "out"):
+            samples += [(op, direction, nbytes, latency + nbytes * per_byte)] * 4
+            samples.append((op, direction, nbytes, 0.5))  # one crossing that waited for a busy core
+    ipc = fit_ipc(samples, rows={"infer": 100.0, "env_step": 100.0, "learn": 1.0})
+    assert ipc.latency_s == pytest.approx(latency, rel=1e-6) and ipc.s_per_byte == pytest.approx(per_byte, rel=1e-6)
+    assert ipc.out_bytes("infer", 50.0) == pytest.approx(5_000)  # bytes scale with the rows an op processes
+    assert ipc.out_bytes("unknown", 10.0) == 0.0
+    with pytest.raises(ValueError, match="process worker"):
+        fit_ipc([], rows={})
+
+
+def test_replay_charges_pipe_crossings_to_process_workers_only():
+    from components.scheduler.costmodel import IpcCost
+    from components.scheduler.executor import plan_workflow
+    from components.scheduler.graph import build_graph
+    from components.scheduler.simulate import simulate, transfer_seconds
+
+    wf = synthetic_workflow(SPEC, groups=1)
+    threads = Plan("side-thread", (WorkerSpec("main", ("sim", "policy", "learner", "retriever")),
+                                   WorkerSpec("side", ("evaluator",))), default_threads=1)
+    process = threads.with_(name="side-process",
+                            workers=(threads.workers[0], WorkerSpec("side", ("evaluator",), kind="process")))
+    g = build_graph(plan_workflow(wf, process), range(3), {})
+    ipc = IpcCost(latency_s=0.001, s_per_byte=0.0, out_bytes_per_row={})
+    assert transfer_seconds(g, threads, ipc, lambda op: 0.0) == {}
+    costs = transfer_seconds(g, process, ipc, lambda op: 0.0)
+    evals = [i.uid for i in g.instances if i.name == "eval"]
+    assert set(costs) == set(evals)  # only the evaluator's ops cross a pipe
+    # each eval returns its result (one message) and receives the weights made by the learner on
+    # another worker once (a second message), except where it reads only graph inputs
+    assert all(costs[u] in (pytest.approx(0.001), pytest.approx(0.002)) for u in evals)
+    assert any(costs[u] == pytest.approx(0.002) for u in evals)
+    durations = {"learn": 0.010, "eval": 0.010}
+
+    def run(transfer: dict[int, float] | None) -> float:
+        return simulate(g, process, lambda i, t: durations.get(i.name, 0.0), lambda i, t: 1.0, 2.0,
+                        transfer=transfer).iteration
+
+    assert run(costs) > run(None)  # priced crossings lengthen the process plan's replay

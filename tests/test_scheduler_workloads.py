@@ -14,7 +14,7 @@ from components.training.workloads.ppo import PPOSpec, ppo_runtime, ppo_workflow
 POLICY = PolicyConfig(hidden=32, layers=2)
 SIM = SimConfig(max_steps=12)
 CFG = SchedulerConfig(pipeline_stages=(1, 2), validate_iterations=1, validate_rounds=1, quota_max_steps=1,
-                      profile_iterations=2)
+                      profile_iterations=2, capacity_retry_wait_s=0.0)
 
 
 def _spec(robots: int = 16) -> PPOSpec:
@@ -159,3 +159,116 @@ def test_process_coarse_splits_cover_layouts_and_thread_counts():
     assert all(w.kind == "process" for p in splits for w in p.workers)
     assert {p.groups for p in splits} == set(CFG.pipeline_stages)
     assert any(("sim", "policy") in [w.components for w in p.workers] for p in splits)
+
+
+def test_rose_rollout_process_rewrite_is_bit_identical_and_its_pipe_is_measured(ppo_reference):
+    """Rose's rollout_process (env + inference in one process, as the best process split places
+    them) composed with side_process: same weights as sequential; every pipe crossing recorded."""
+    from components.scheduler.rose import rollout_in_process
+
+    spec = _spec()
+    rt = ppo_runtime(spec, CFG)
+    assert rt.roles.rollout == ("sim", "policy")
+    wf = rt.workflow_at(2)
+    base = rt.sequential(groups=2)
+    names = [t.name for t in candidate_transformations(wf, base, 2, rollout=rt.roles.rollout)]
+    assert "rollout_process" in names
+    assert "rollout_process" not in [t.name for t in candidate_transformations(wf, base, 2)]  # no group, no rewrite
+    moved = rollout_in_process(wf, base, rt.roles.rollout)
+    assert moved is not None and not legality(wf, moved, range(3))
+    assert [(w.components, w.kind) for w in moved.workers] == [(("learner", "evaluator"), "thread"),
+                                                              (("sim", "policy"), "process")]
+    assert rollout_in_process(wf, moved, rt.roles.rollout) is None  # already there: not offered again
+    both = next(t for t in candidate_transformations(wf, moved, 2, rt.roles.rollout) if t.name == "side_process").apply(moved)
+    # with the profiled env-group counts, Rose may also move the rollout at another count (m = 1 here)
+    regroup = {t.name: t for t in candidate_transformations(wf, base, 2, rt.roles.rollout, CFG.pipeline_stages)}
+    assert "rollout_process(m=1)" in regroup and "rollout_process(m=2)" not in regroup  # m = 2 is the plan's own
+    at_one = regroup["rollout_process(m=1)"].apply(base)
+    assert at_one.groups == 1 and not legality(wf, at_one, range(3))
+    assert [(w.components, w.kind) for w in at_one.workers] == [(("learner", "evaluator"), "thread"),
+                                                               (("sim", "policy"), "process")]
+    later = [t.name for t in candidate_transformations(wf, at_one, 2, rt.roles.rollout, CFG.pipeline_stages)]
+    assert "rollout_process(m=2)" in later and "rollout_process" not in later and "rollout_process(m=1)" not in later
+    at_one_side = next(t for t in candidate_transformations(wf, at_one, 2, rt.roles.rollout, CFG.pipeline_stages)
+                       if t.name == "side_process").apply(at_one)
+    for plan in (moved, both, at_one_side):
+        got = run_ppo(spec, CFG, iterations=3, plan=plan)
+        assert _same(got.weights, ppo_reference.weights), plan.name
+        assert [m.eval_successes for m in got.metrics] == [m.eval_successes for m in ppo_reference.metrics]
+    directions = {(t.worker, t.direction) for t in got.run.transfers}
+    assert {("rollout", "in"), ("rollout", "out"), ("side", "in"), ("side", "out")} <= directions
+    assert all(t.bytes > 0 and t.seconds >= 0 for t in got.run.transfers)
+
+
+def test_unqualified_capacity_is_noted_in_the_plan_and_priced_ipc_is_in_the_profile():
+    """A host that never shows the cores (fake probe: 1 of 2): the planner still plans, on the best
+    reading, and its plan says it was decided unqualified; the IPC probe priced the pipe."""
+    spec = _spec()
+    readings: list[int] = []
+
+    def probe(devices: int) -> float:
+        readings.append(devices)
+        return 1.0
+
+    cfg = CFG.model_copy(update={"devices": 2, "capacity_probe_attempts": 3})
+    rt = ppo_runtime(spec, cfg)
+    rt.capacity_probe = probe
+    plan = rt.plan().best.plan
+    prof = rt.profile()
+    assert readings == [2, 2, 2] and prof.capacity == 1.0 and not prof.capacity_reading.qualified
+    assert any("UNQUALIFIED" in n for n in plan.notes)
+    assert prof.ipc is not None and prof.ipc.latency_s > 0 and prof.ipc.out_bytes_per_row.get("infer", 0) > 0
+    rt.capacity_probe = lambda devices: 2.0
+    rt.profile(refresh=True)
+    assert rt.profile().capacity_reading.qualified
+    assert any("qualified capacity reading" in n for n in rt.plan().best.plan.notes)
+
+
+def test_train_task_ppo_layouts_use_only_the_env_groups_it_offers(tmp_path):
+    """Regression (#19): the train task's PPO on 2 fleet robots offers only m = 1 (groups of at least
+    MIN_GROUP_ENVS) with infer_chunk = 2, yet profiling ran the IPC probe's process split at m = 2:
+    1-row groups, refused by the chunk rule. Every layout the runtime builds on its own (the probes'
+    and the coarse baselines') now takes an offered stage count, and runs."""
+    from components.pipeline.scheduled import ppo_spec
+    from tests.conftest import small_settings
+
+    settings = small_settings(tmp_path, sim=SimConfig(max_steps=4), policy=PolicyConfig(hidden=8, layers=1),
+                              scheduler=CFG.model_copy(update={"ppo_steps": 2, "ppo_epochs": 1, "ppo_minibatches": 1,
+                                                               "ppo_eval_steps": 1}))
+    spec, cfg = ppo_spec(settings)
+    assert cfg.pipeline_stages == (1,) and spec.infer_chunk == spec.envs == 2  # m = 2 would give 1-row groups
+    rt = ppo_runtime(spec, cfg)
+    layouts = (rt.coarse(), rt.coarse_processes(), *rt.coarse_process_splits())
+    assert {p.groups for p in layouts} == {1}
+    assert len(rt.run(rt.coarse(), 1).iteration_s) == 1  # a thread layout: no process start-up in this test
+    assert rt.ipc_probe_plan().groups == rt.default_groups == 1
+
+
+def test_rose_refuses_rewrites_to_env_group_counts_not_offered():
+    """Rose's regrouping rewrites (pipeline_env_groups, replicate_rollout) choose a count without the
+    workload: with ``stages`` (scheduler.pipeline_stages) given, a proposal outside it is refused,
+    never predicted or measured."""
+    from components.scheduler.profiler import Span, Timeline
+    from components.scheduler.rose import RoseOptimizer
+
+    spec = _spec(robots=8)
+    rt = ppo_runtime(spec, CFG)
+    wf = rt.workflow_at(1)
+    base = rt.sequential(groups=1).with_(placement={"policy": ("cpu0", "cpu1"), "learner": ("cpu0", "cpu1")})
+    seen: list[int | None] = []
+
+    def predict(plan, basis=None):
+        seen.append(plan.groups)
+        return 1.0 if plan is base or plan.groups == base.groups else 0.5  # regrouping "looks" faster
+
+    def measure(plans):
+        seen.extend(p.groups for p in plans)
+        return [1.0 for _ in plans]
+
+    spans = [Span("learn", "learn", "learner", "main", 0, 0.0, 0.01, 1)]
+    cfg = CFG.model_copy(update={"activity_threshold": 0.99, "min_window_ms": 0.0})
+    result = RoseOptimizer(wf, cfg, 2, measure, predict, lambda p: Timeline(spans), stages=(1,)).optimize(base)
+    refused = {d.name: d.refusal for d in result.decisions if not d.legal}
+    assert "not an offered stage count (1,)" in refused["pipeline_env_groups"]
+    assert "not an offered stage count (1,)" in refused["replicate_rollout"]
+    assert set(seen) == {1} and result.plan.groups == 1

@@ -109,3 +109,42 @@ def fit_curve(sizes: Sequence[float], seconds: Sequence[float], forms: Sequence[
     if not fits:
         return CostCurve("constant", (float(np.median(y)),), 0.0, len(x))
     return max(fits, key=lambda f: (round(f.r2, 6), -_NPARAMS[f.kind]))
+
+
+# ----------------------------------------------------------------------------- process IPC
+@dataclass(frozen=True)
+class IpcCost:
+    """What crossing a process worker's pipe costs, measured (``fit_ipc``): each message
+    ``latency_s + bytes · s_per_byte``, and how many bytes each op's result carries per row it
+    processes (so a plan with other env-group sizes is priced too)."""
+
+    latency_s: float
+    s_per_byte: float
+    out_bytes_per_row: dict[str, float]
+
+    def message_s(self, nbytes: float) -> float:
+        return self.latency_s + nbytes * self.s_per_byte
+
+    def out_bytes(self, op: str, rows: float) -> float:
+        return self.out_bytes_per_row.get(op, 0.0) * rows
+
+
+def fit_ipc(samples: Sequence[tuple[str, str, int, float]], rows: dict[str, float]) -> IpcCost:
+    """Fit ``seconds = latency + bytes · s_per_byte`` to measured pipe crossings
+    ``(op, direction, bytes, seconds)``, one point per (op, direction) at its medians (a few
+    crossings that waited for a busy core must not set the line); ``rows``: rows each op processed
+    per call in the measured run."""
+    groups: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for op, direction, nbytes, seconds in samples:
+        groups.setdefault((op, direction), []).append((nbytes, seconds))
+    if not groups:
+        raise ValueError("fit_ipc needs at least one measured pipe crossing (a run with a process worker)")
+    pts = [(float(np.median([b for b, _ in v])), float(np.median([s for _, s in v]))) for v in groups.values()]
+    xs, ys = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+    slope = 0.0
+    if len(set(xs.tolist())) > 1:
+        slope = max(float(np.polyfit(xs, ys, 1)[0]), 0.0)
+    latency = max(float(np.median(ys - slope * xs)), 0.0)
+    per_row = {op: float(np.median([b for b, _ in v])) / max(rows.get(op, 1.0), 1e-9)
+               for (op, direction), v in groups.items() if direction == "out"}
+    return IpcCost(latency, slope, per_row)

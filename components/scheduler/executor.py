@@ -31,7 +31,7 @@ from components.scheduler.channels import Channel, ChannelStats
 from components.scheduler.devices import DeviceRegistry, LockEvent, MemoryBudgetError, SwitchStats
 from components.scheduler.graph import Graph, LegalityError, OpInstance, VersionKey, build_graph, slot_of
 from components.scheduler.plan import Plan, WorkerSpec
-from components.scheduler.profiler import ActivitySampler, GpuTelemetry, OpTimer, Span, Timeline
+from components.scheduler.profiler import ActivitySampler, GpuTelemetry, OpTimer, Span, Timeline, Transfer
 from components.scheduler.quotas import apply_blas_limit, mps_environment, set_worker_threads
 from components.scheduler.workflow import BuildContext, Workflow
 
@@ -59,6 +59,7 @@ class RunResult:
     channels: dict[str, ChannelStats]
     completion_order: list[int] = field(default_factory=list)
     process_requests: dict[str, int] = field(default_factory=dict)  # process worker -> requests sent to it
+    transfers: list[Transfer] = field(default_factory=list)  # every pipe crossing of a process worker (bytes, s)
 
 
 def plan_workflow(workflow: Workflow, plan: Plan) -> Workflow:
@@ -223,7 +224,9 @@ class _Call:
 
 
 class _ProcessHost:
-    """Parent-side handle of a spawned worker process (spawn: safe after LanceDB/torch threads)."""
+    """Parent-side handle of a spawned worker process (spawn: safe after LanceDB/torch threads).
+    Construction launches it; ``wait_ready`` waits for it to build its components, so a plan's
+    workers start up side by side (each re-imports torch and the workload: seconds of CPU)."""
 
     def __init__(self, spec: WorkerSpec, workflow: Workflow, contexts: dict[str, BuildContext], threads: int | None,
                  env: dict[str, str], blas_threads: int | None = None) -> None:
@@ -244,11 +247,17 @@ class _ProcessHost:
                     os.environ[k] = v
         self.name = spec.name
         self.requests = 0
+
+    def wait_ready(self) -> None:
         kind, _ = self._recv("start")
         if kind != "ready":  # pragma: no cover
-            raise ExecutionError(f"process worker {spec.name} failed to start")
+            raise ExecutionError(f"process worker {self.name} failed to start")
 
     def _recv(self, what: str) -> tuple[str, Any]:
+        self._recv_wait(what)
+        return self.conn.recv()
+
+    def _recv_wait(self, what: str) -> None:
         """Wait for the child, failing clearly if it died (e.g. a main module without a __main__ guard)."""
         while not self.conn.poll(PROCESS_POLL_S):
             if not self.proc.is_alive():
@@ -256,23 +265,31 @@ class _ProcessHost:
                     f"process worker {self.name} died during {what} (exit code {self.proc.exitcode}); spawned "
                     "workers re-import the main module, so scripts need an `if __name__ == '__main__':` guard"
                 )
-        return self.conn.recv()
 
-    def send(self, calls: list[_Call]) -> None:
-        """Ask the process to run ``calls`` in order; results stream back one per call (``result``)."""
+    def send(self, calls: list[_Call]) -> tuple[int, float]:
+        """Ask the process to run ``calls`` in order; results stream back one per call (``result``).
+        Returns the request's size in bytes and when its pickling began (``perf_counter``)."""
+        t = time.perf_counter()
         # plain pickle, by value: Connection.send's ForkingPickler would move each CPU tensor's storage
         # into shared memory *in place* (torch's reduction), racing with the other workers that read
         # the same versioned state at that moment (seen: a learner loading params@i while they moved
         # gave different weights in 1 of 6 runs of the evaluator-in-a-side-process plan)
-        self.conn.send_bytes(pickle.dumps(("run", calls), protocol=pickle.HIGHEST_PROTOCOL))
+        body = pickle.dumps(("run", calls), protocol=pickle.HIGHEST_PROTOCOL)
+        self.conn.send_bytes(body)
         self.requests += 1
+        return len(body), t
 
-    def result(self, op: str) -> tuple[dict[str, Any], float, float]:
-        """The next streamed result: outputs and the op's start/end (``perf_counter``, system-wide)."""
-        kind, payload = self._recv(op)
+    def result(self, op: str) -> tuple[dict[str, Any], float, float, int, float]:
+        """The next streamed result: outputs, the op's start/end (``perf_counter``, system-wide), the
+        message's size in bytes and when it was unpickled here (what ``Connection.recv`` does, timed)."""
+        self._recv_wait(op)
+        body = self.conn.recv_bytes()
+        kind, payload = pickle.loads(body)
+        received = time.perf_counter()
         if kind == "error":
             raise ExecutionError(payload)
-        return payload
+        out, t0, t1 = payload
+        return out, t0, t1, len(body), received
 
     def stop(self) -> None:
         try:
@@ -280,6 +297,17 @@ class _ProcessHost:
         except (BrokenPipeError, OSError):  # pragma: no cover
             pass
         self.proc.join(timeout=10)
+
+
+def _wait_ready(hosts: dict[str, _ProcessHost]) -> None:
+    """Wait until every launched process worker has built its components; if one fails, stop them all."""
+    try:
+        for h in hosts.values():
+            h.wait_ready()
+    except BaseException:
+        for h in hosts.values():
+            h.stop()
+        raise
 
 
 # ----------------------------------------------------------------------------------------- executor
@@ -405,6 +433,7 @@ def execute(
         if k is not None:
             slots[(key.state, key.part, slot_of(key, k))] = key
     spans: list[Span] = []
+    transfers: list[Transfer] = []
     completion: list[int] = []
     errors: list[BaseException] = []
     origin = time.perf_counter()
@@ -428,6 +457,7 @@ def execute(
             for c in w.components:
                 replicated = len(plan.hosts(c)) > 1
                 states[(w.name, c)] = prebuilt[c] if c in prebuilt and not replicated else wf.component(c).factory(context_of(c, w))
+    _wait_ready(hosts)
 
     def fail(exc: BaseException) -> None:
         with meta:
@@ -614,9 +644,13 @@ def execute(
                 lock = (devs, wf.component(inst.component))
         t_lock = registry.acquire(lock[0], lock[1].name, lock[1].memory_mb, None, None) if lock else 0.0
         try:
-            worker.host.send(calls)
-            for uid, call in zip(batch, calls):
-                out, t0, t1 = worker.host.result(call.op)
+            sent, t_sent = worker.host.send(calls)
+            for k, (uid, call) in enumerate(zip(batch, calls)):
+                out, t0, t1, size, received = worker.host.result(call.op)
+                with meta:
+                    if k == 0:  # the request crossed before the first op could start
+                        transfers.append(Transfer(call.op, worker.spec.name, "in", sent, t0 - t_sent))
+                    transfers.append(Transfer(call.op, worker.spec.name, "out", size, received - t1))
                 finish(worker, uid, out or {}, t0, t1, None)
         finally:
             if lock:
@@ -700,6 +734,7 @@ def execute(
         channels={k: c.stats() for k, c in channels.items()},
         completion_order=completion,
         process_requests={name: h.requests for name, h in hosts.items()},
+        transfers=transfers,
     )
 
 

@@ -29,10 +29,10 @@ from functools import lru_cache
 from typing import Any
 
 from components.config import SchedulerConfig
-from components.scheduler.costmodel import CostCurve, fit_curve
+from components.scheduler.costmodel import CostCurve, IpcCost, fit_curve
 from components.scheduler.executor import GROUP_LOOP, RunResult, execute
 from components.scheduler.plan import Plan, WorkerSpec, sequential_plan
-from components.scheduler.profiler import Span
+from components.scheduler.profiler import CapacityReading, Span
 from components.scheduler.workflow import Workflow
 
 STEP_LOOP = "step"
@@ -58,6 +58,8 @@ class Profile:
     dispatch_s: float = 0.0  # executor overhead per op (iteration time not covered by op spans)
     thread_slowdown: float = 1.0  # κ: slowdown of ops overlapping on thread workers (shared interpreter lock)
     capacity: float = 0.0  # cores this process could get when profiled (profiler.effective_cores); 0 = all
+    capacity_reading: CapacityReading | None = None  # the probes behind ``capacity`` and whether they qualified
+    ipc: IpcCost | None = None  # measured pipe cost of process workers (None: not measured, priced at 0)
     forms: tuple[str, ...] = ("power", "exponential", "log", "quadratic")
     curves: dict[tuple[str, int], CostCurve] = field(default_factory=dict, repr=False)  # fitted, memoized
 

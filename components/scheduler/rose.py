@@ -14,6 +14,12 @@ Transformations (all plan rewrites; the workflow never changes):
 * ``side_worker`` / ``side_process`` — side work (evaluation with the previous weights, retrieval)
   on its own worker thread, or in its own process (no GIL sharing; pays pickling per op),
   overlapping the rollout tail and the learner;
+* ``rollout_process`` / ``rollout_process(m=k)`` — the rollout group (env + inference, the
+  components a cyclic stream joins) in one worker process of its own (RLinf's collocated mode, the
+  best process split by hand), at the plan's env-group count or at another profiled count ``k``
+  (its pipe carries one message per op, so fewer groups mean fewer messages): the rollout leaves
+  the parent's interpreter lock to the learner and side work; pays the pipe (priced from the
+  measured IPC cost);
 * ``replicate_rollout`` — the replicable components (env groups and their policy copy) replicated
   on one process per core, each serving its share of the env groups: the rollout itself runs in
   parallel (data-parallel, as RLinf's env/rollout workers), the learner gathers every group;
@@ -158,9 +164,59 @@ def replicate_rollout(workflow: Workflow, plan: Plan, replicas: int) -> Plan | N
     return plan.with_(workers=(*_workers_without(plan, comps), *rollout), groups=groups, threads=threads)
 
 
-def candidate_transformations(workflow: Workflow, plan: Plan, replicas: int = 2) -> list[Transformation]:
+def rollout_in_process(workflow: Workflow, plan: Plan, rollout: tuple[str, ...], groups: int | None = None) -> Plan | None:
+    """``plan`` with the ``rollout`` components together on one process worker (the executor's
+    process worker, as ``SchedulerRuntime.coarse_processes(colocate_rollout=True)`` places them),
+    their quotas kept, at ``groups`` env groups (default: the plan's own count); None if there is
+    no such group, one may not leave the parent process, it is replicated, or the plan already has
+    that process at that group count."""
+    if not rollout or not all(workflow.component(c).process_ok for c in rollout):
+        return None
+    if any(len(plan.hosts(c)) > 1 for c in rollout):
+        return None
+    m = _group_count(workflow, plan, groups)
+    if m is None:
+        return None
+    placed = any(w.kind == "process" and set(w.components) == set(rollout) for w in plan.workers)
+    if placed and m == plan.groups:
+        return None
+    moved = plan.with_(workers=(*_workers_without(plan, rollout), WorkerSpec("rollout", rollout, kind="process")))
+    return moved.with_(groups=m) if m != plan.groups else moved
+
+
+def _group_count(workflow: Workflow, plan: Plan, groups: int | None) -> int | None:
+    """The env-group count a rewrite asking for ``groups`` gives ``plan`` (its own when None);
+    None when the workflow has no group loop but a count was asked for."""
+    if groups is None:
+        return plan.groups
+    if GROUP_LOOP not in workflow.loops:
+        return None
+    return groups
+
+
+def _rollout_process_rewrites(workflow: Workflow, plan: Plan, rollout: tuple[str, ...],
+                              stages: tuple[int, ...]) -> list[Transformation]:
+    """``rollout_process`` at the plan's env-group count, and ``rollout_process(m=k)`` for every
+    other candidate count ``k`` in ``stages`` (the counts the profile covers): a process rollout
+    exchanges one message per op, so its best group count is not the thread plan's."""
+    current = plan.groups or workflow.loops.get(GROUP_LOOP)
+    out: list[Transformation] = []
+    if rollout_in_process(workflow, plan, rollout) is not None:
+        out.append(Transformation("rollout_process", lambda p: rollout_in_process(workflow, p, rollout) or p))
+    for m in stages if GROUP_LOOP in workflow.loops else ():
+        if m == current or rollout_in_process(workflow, plan, rollout, groups=m) is None:
+            continue
+        out.append(Transformation(f"rollout_process(m={m})",
+                                  lambda p, m=m: rollout_in_process(workflow, p, rollout, groups=m) or p))
+    return out
+
+
+def candidate_transformations(workflow: Workflow, plan: Plan, replicas: int = 2,
+                              rollout: tuple[str, ...] = (), stages: tuple[int, ...] = ()) -> list[Transformation]:
     """Every rewrite Rose may try on ``plan`` (legality is checked separately); ``replicas``: how
-    many rollout replicas ``replicate_rollout`` makes (the cores there are)."""
+    many rollout replicas ``replicate_rollout`` makes (the cores there are); ``rollout``: the
+    env + inference group ``rollout_process`` may move into a process (``Roles.rollout``);
+    ``stages``: the env-group counts it may move it at (``scheduler.pipeline_stages``)."""
     out: list[Transformation] = []
     if GROUP_LOOP in workflow.loops and (plan.groups or workflow.loops[GROUP_LOOP]) == 1:
         def pipeline(p: Plan) -> Plan:
@@ -182,6 +238,7 @@ def candidate_transformations(workflow: Workflow, plan: Plan, replicas: int = 2)
                 return p.with_(workers=(*_workers_without(p, side), WorkerSpec("side", side, kind="process")),
                                threads=threads)
             out.append(Transformation("side_process", side_process))
+    out += _rollout_process_rewrites(workflow, plan, rollout, stages)
     if replicate_rollout(workflow, plan, replicas) is not None:
         out.append(Transformation("replicate_rollout",
                                   lambda p: replicate_rollout(workflow, p, replicas) or p))
@@ -201,6 +258,19 @@ def candidate_transformations(workflow: Workflow, plan: Plan, replicas: int = 2)
             out.append(Transformation(f"double_buffer:{s.name}",
                                       lambda p, n=s.name: p.with_(buffers={**p.buffers, n: 2})))
     return out
+
+
+def unoffered_groups(workflow: Workflow, plan: Plan, stages: tuple[int, ...]) -> str:
+    """Why ``plan``'s env-group count is not one of ``stages`` (``scheduler.pipeline_stages``: the
+    counts the profile covers and the workload accepts, e.g. PPO's inference chunk must divide each
+    group), else empty. Rewrites that regroup (``pipeline_env_groups``, ``replicate_rollout``) pick
+    their count without the workload, so each proposal is checked here; no ``stages``: any count."""
+    if not stages or GROUP_LOOP not in workflow.loops:
+        return ""
+    m = plan.groups or workflow.loops[GROUP_LOOP]
+    if m in stages:
+        return ""
+    return f"{m} env groups is not an offered stage count {tuple(stages)} (scheduler.pipeline_stages)"
 
 
 def legality(workflow: Workflow, plan: Plan, iterations: range) -> str:
@@ -224,7 +294,8 @@ class RoseOptimizer:
 
     def __init__(self, workflow: Workflow, cfg: SchedulerConfig, capacity: int,
                  measure: Callable[[list[Plan]], list[float]], predict: Callable[[Plan, Plan], float],
-                 timeline: Callable[[Plan], Timeline], check_iterations: range = range(3)) -> None:
+                 timeline: Callable[[Plan], Timeline], check_iterations: range = range(3),
+                 rollout: tuple[str, ...] = (), stages: tuple[int, ...] = ()) -> None:
         self.workflow = workflow
         self.cfg = cfg
         self.capacity = capacity
@@ -232,6 +303,8 @@ class RoseOptimizer:
         self.predict = predict
         self.timeline = timeline
         self.check_iterations = check_iterations
+        self.rollout = rollout
+        self.stages = stages
 
     def optimize(self, plan: Plan, max_rounds: int = 3) -> RoseResult:
         result = RoseResult(plan)
@@ -246,12 +319,14 @@ class RoseOptimizer:
                 break
             current_pred = self.predict(current, current)
             scored: list[tuple[float, Transformation, Plan]] = []
-            for t in candidate_transformations(self.workflow, current, replicas=max(int(self.capacity), 1)):
+            for t in candidate_transformations(self.workflow, current, replicas=max(int(self.capacity), 1),
+                                               rollout=self.rollout, stages=self.stages):
                 if t.name in tried:
                     continue
                 tried.add(t.name)
                 proposal = t.apply(current).with_(name=f"{current.name}+{t.name}")
-                why = legality(self.workflow, proposal, self.check_iterations)
+                why = (unoffered_groups(self.workflow, proposal, self.stages)
+                       or legality(self.workflow, proposal, self.check_iterations))
                 if why:
                     result.decisions.append(Decision(t.name, False, refusal=why[:160]))
                     continue

@@ -17,10 +17,11 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from components.config import SchedulerConfig
+from components.scheduler.costmodel import IpcCost, fit_ipc
 from components.scheduler.executor import GROUP_LOOP, RunResult, execute, plan_workflow
 from components.scheduler.graph import build_graph
 from components.scheduler.plan import Plan, WorkerSpec, sequential_plan
@@ -33,13 +34,19 @@ from components.scheduler.planner import (
     profile_workflow,
     thread_slowdown,
 )
-from components.scheduler.profiler import GpuTelemetry, Timeline, effective_cores
+from components.scheduler.profiler import (
+    GpuTelemetry,
+    Timeline,
+    effective_cores,
+    qualified_capacity,
+)
 from components.scheduler.quotas import Branch, ForkJoin, QuotaResult, SlackQuotaManager
 from components.scheduler.rose import RoseOptimizer, RoseResult
-from components.scheduler.simulate import simulate
+from components.scheduler.simulate import simulate, transfer_seconds
 from components.scheduler.workflow import Workflow
 
 PLAN_KINDS = ("sequential", "coarse", "planner", "rose")
+PIPELINED_GROUPS = 2  # RLinf's env/inference pipeline: two env groups, so one steps while the other infers
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,13 @@ class Roles:
     def sim(self) -> str:
         return self.chain[0]
 
+    @property
+    def rollout(self) -> tuple[str, ...]:
+        """The components a cyclic stream joins (env ↔ inference): the group Rose may move into one
+        process, as the collocated process split does; empty when nothing streams in a cycle."""
+        pair = next((p for p, kind in self.streaming.items() if kind == "cyclic"), ())
+        return tuple(pair)
+
 
 @dataclass
 class OptimizeResult:
@@ -68,7 +82,8 @@ class SchedulerRuntime:
 
     def __init__(self, workflow_at: Callable[[int], Workflow], roles: Roles, cfg: SchedulerConfig, payload: Any,
                  inputs: dict[str, Any], record: tuple[str, ...] = (), gpu: GpuTelemetry | None = None,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None,
+                 capacity_probe: Callable[[int], float] = effective_cores) -> None:
         self.workflow_at = workflow_at
         self.roles = roles
         self.cfg = cfg
@@ -78,7 +93,9 @@ class SchedulerRuntime:
         self.gpu = gpu
         self.devices = cfg.devices or (os.cpu_count() or 1)
         self.log = log or (lambda _: None)
+        self.capacity_probe = capacity_probe
         self._profile: Profile | None = None
+        self._ipc: IpcCost | None = None
         self._timelines: dict[str, Timeline] = {}
 
     # ------------------------------------------------------------------ running
@@ -126,11 +143,21 @@ class SchedulerRuntime:
         """Per-op thread quota of the baselines and of the planner's profile (0 in config: all cores)."""
         return self.cfg.op_threads or self.devices
 
+    @property
+    def default_groups(self) -> int:
+        """The env-group count of the layouts that do not name one (the coarse baselines, the IPC
+        and interpreter-lock probes): ``PIPELINED_GROUPS`` where ``pipeline_stages`` offers it, else
+        the largest count offered. Never a count outside ``pipeline_stages``: a workload narrows them
+        to the group sizes it accepts (the train task's PPO: groups its inference chunk divides)."""
+        stages = self.cfg.pipeline_stages
+        return PIPELINED_GROUPS if PIPELINED_GROUPS in stages else max(stages)
+
     def coarse(self) -> Plan:
-        """RLinf-style hybrid: env and rollout pipelined in 2 stages on separate halves; the
-        learner (and everything else) then runs on all devices. Same per-op thread quota as
-        ``sequential(tuned=True)``."""
-        wf = self.workflow_at(2)
+        """RLinf-style hybrid: env and rollout pipelined in ``default_groups`` stages (2 where
+        offered) on separate halves; the learner (and everything else) then runs on all devices.
+        Same per-op thread quota as ``sequential(tuned=True)``."""
+        m = self.default_groups
+        wf = self.workflow_at(m)
         sim, policy = self.roles.chain[0], self.roles.chain[1]
         rest = tuple(c.name for c in wf.components if c.name not in (sim, policy))
         half = max(self.devices // 2, 1)
@@ -144,19 +171,19 @@ class SchedulerRuntime:
         workers = (WorkerSpec("env", (sim,), cores=lo if pin else None),
                    WorkerSpec("rollout", (policy,), cores=hi if pin else None),
                    WorkerSpec("actor", rest))
-        return self._pin(Plan("coarse-pipeline(m=2)", workers, groups=2, placement=placement, threads=threads,
+        return self._pin(Plan(f"coarse-pipeline(m={m})", workers, groups=m, placement=placement, threads=threads,
                               blas_threads=1))
 
     def coarse_processes(self, threads: int | None = None, groups: int | None = None,
                          colocate_rollout: bool = False) -> Plan:
         """RLinf's natural form: every component in a worker process of its own (env, inference,
         learner, evaluator, ...), env groups pipelined in ``groups`` stages between env and inference
-        (default 2 where the workflow has groups); each op at ``threads`` (default: the per-op quota
-        of every plan). ``colocate_rollout`` puts env and inference in one rollout process (RLinf's
-        collocated mode: no per-step exchange between processes). Components that cannot leave the
-        parent process (``process_ok`` false) stay on a thread."""
+        (default ``default_groups`` where the workflow has groups); each op at ``threads`` (default:
+        the per-op quota of every plan). ``colocate_rollout`` puts env and inference in one rollout
+        process (RLinf's collocated mode: no per-step exchange between processes). Components that
+        cannot leave the parent process (``process_ok`` false) stay on a thread."""
         grouped = GROUP_LOOP in self.workflow_at(1).loops
-        m = (groups or 2) if grouped else 1
+        m = (groups or self.default_groups) if grouped else 1
         wf = self.workflow_at(m)
         t = threads or self.op_threads
         sim, policy = self.roles.chain[0], self.roles.chain[1]
@@ -193,12 +220,40 @@ class SchedulerRuntime:
                                     self.cfg.pipeline_stages, [self.op_threads], self.inputs,
                                     iterations=self.cfg.profile_iterations)
             prof.thread_slowdown = self._probe_thread_slowdown(prof)
-            prof.capacity = effective_cores(self.devices)
+            prof.ipc = self._ipc = self._ipc or self._probe_ipc()
+            reading = qualified_capacity(lambda: self.capacity_probe(self.devices), self.devices,
+                                         self.cfg.capacity_qualify_fraction, self.cfg.capacity_probe_attempts,
+                                         self.cfg.capacity_retry_wait_s)
+            prof.capacity, prof.capacity_reading = reading.cores, reading
+            if not reading.qualified:
+                self.log(reading.note())
             self._profile = prof
         return self._profile
 
+    def ipc_probe_plan(self) -> Plan:
+        """The run the IPC probe measures: the process split at the per-op quota of every plan."""
+        return self.coarse_processes(threads=self.op_threads)
+
+    def _probe_ipc(self) -> IpcCost | None:
+        """Pipe cost of process workers, measured once per runtime (process start-up is slow): one
+        run of the process split with every component in a process of its own (most crossings), its
+        per-message bytes and seconds fitted (``fit_ipc``), at ``default_groups`` env groups (a count
+        the workload accepts). None where no component may leave the parent process."""
+        plan = self.ipc_probe_plan()
+        if not any(w.kind == "process" for w in plan.workers):
+            return None
+        res = self.run(plan, self.cfg.ipc_probe_iterations)
+        if not res.transfers:
+            return None
+        wf = self.workflow_at(plan.groups or 1)
+        rows = {op.name: op_size(wf, op.name, self.roles.envs) for op, _ in wf.ops_with_scope()}
+        ipc = fit_ipc([(t.op, t.direction, t.bytes, t.seconds) for t in res.transfers], rows)
+        self.log(f"IPC probe ({plan.name}): {ipc.latency_s * 1e3:.2f} ms per message + "
+                 f"{ipc.s_per_byte * 1e9:.2f} ns per byte ({len(res.transfers)} crossings)")
+        return ipc
+
     def _probe_thread_slowdown(self, prof: Profile) -> float:
-        m = 2 if 2 in self.cfg.pipeline_stages else max(self.cfg.pipeline_stages)
+        m = self.default_groups
         wf = self.workflow_at(m)
         t = self.op_threads
         probe = Plan("probe:thread-per-component", tuple(WorkerSpec(c.name, (c.name,)) for c in wf.components),
@@ -218,7 +273,14 @@ class SchedulerRuntime:
         return M2FlowPlanner(self.workflow_at, spec, self.profile(), self.cfg, self.devices)
 
     def plan(self) -> PlannerResult:
+        """The planner's search on the current profile; the chosen plan's notes say which capacity
+        reading it was decided on (and if that reading never qualified)."""
         result = self.planner().plan(replay=self.predict)
+        reading = self.profile().capacity_reading
+        if reading is not None:
+            best = result.best
+            best = replace(best, plan=best.plan.with_(notes=(*best.plan.notes, reading.note())))
+            result = replace(result, best=best, candidates=tuple(best if c is result.best else c for c in result.candidates))
         self.log(result.best.plan.describe())
         return result
 
@@ -241,8 +303,12 @@ class SchedulerRuntime:
             return float(min(threads, self.devices))
 
         capacity = min(prof.capacity or float(self.devices), float(self.devices))
+        transfer = {}
+        if prof.ipc is not None:
+            ipc = prof.ipc
+            transfer = transfer_seconds(graph, plan, ipc, lambda op: ipc.out_bytes(op, op_size(wf, op, self.roles.envs)))
         return simulate(graph, self._pin(plan), duration, demand, capacity,
-                        thread_slowdown=prof.thread_slowdown).iteration
+                        thread_slowdown=prof.thread_slowdown, transfer=transfer).iteration
 
     def optimize(self, plan: Plan, quotas: bool = True) -> OptimizeResult:
         self.timeline(plan)
@@ -251,6 +317,8 @@ class SchedulerRuntime:
             measure=lambda plans: self.measure(plans),
             predict=lambda p, basis: self.predict(p, basis),
             timeline=self.timeline,
+            rollout=self.roles.rollout,
+            stages=self.cfg.pipeline_stages,
         )
         result = rose.optimize(plan)
         self.log(result.report())

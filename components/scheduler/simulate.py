@@ -12,10 +12,11 @@ core of the SM model (``sm_model.py``).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from components.scheduler.executor import instance_devices, programs
+from components.scheduler.costmodel import IpcCost
+from components.scheduler.executor import instance_devices, programs, worker_of_instance
 from components.scheduler.graph import Graph, OpInstance
 from components.scheduler.plan import Plan
 
@@ -49,13 +50,15 @@ class SimResult:
 def simulate(graph: Graph, plan: Plan, duration: Callable[[OpInstance, int], float],
              demand: Callable[[OpInstance, int], float], capacity: float,
              rate: Callable[[float, float, float], float] | None = None,
-             thread_slowdown: float = 1.0) -> SimResult:
+             thread_slowdown: float = 1.0, transfer: Mapping[int, float] | None = None) -> SimResult:
     """Replay ``plan`` over ``graph``.
 
     ``duration(inst, threads)``: seconds alone on the machine; ``demand(inst, threads)``: cores (or
     SMs) it occupies; ``rate(demand, total_demand, capacity)``: its speed relative to running alone
-    (default processor sharing); ``thread_slowdown``: κ for ops overlapping on thread workers.
+    (default processor sharing); ``thread_slowdown``: κ for ops overlapping on thread workers;
+    ``transfer``: seconds an op instance (by uid) spends crossing a process pipe (``transfer_seconds``).
     """
+    transfer = transfer or {}
     rate = rate or (lambda d, total, cap: min(1.0, cap / total) if total > 0 else 1.0)
     progs = programs(graph, plan)
     threaded = {w.name for w in plan.workers if w.kind == "thread"}
@@ -105,7 +108,7 @@ def simulate(graph: Graph, plan: Plan, duration: Callable[[OpInstance, int], flo
                 q = threads[inst.component]
                 if not inst.op.quota_invariant and inst.component in plan.pinned_threads:
                     q = plan.pinned_threads[inst.component]
-                running[w] = (uid, duration(inst, q), demand(inst, q), now)
+                running[w] = (uid, duration(inst, q) + transfer.get(uid, 0.0), demand(inst, q), now)
                 progressed = True
         if not running:
             break
@@ -142,6 +145,31 @@ def simulate(graph: Graph, plan: Plan, duration: Callable[[OpInstance, int], flo
     ends = [iter_end[i] for i in sorted(iter_end)]
     starts = [0.0, *ends[:-1]]
     return SimResult(now, [e - s for s, e in zip(starts, ends)], spans)
+
+
+def transfer_seconds(graph: Graph, plan: Plan, ipc: IpcCost, out_bytes: Callable[[str], float]) -> dict[int, float]:
+    """Seconds each op instance on a process worker spends on its pipe, moved as the executor moves
+    data: every op's outputs stream back to the parent (one message of ``out_bytes(op)``), and a
+    version made on another worker crosses into the process once, on its first read there (one
+    request). Thread workers pay nothing; graph inputs cross once per run and are not charged."""
+    process = {w.name for w in plan.workers if w.kind == "process"}
+    if not process:
+        return {}
+    where = [worker_of_instance(plan, i) for i in graph.instances]
+    delivered: set[tuple[str, object]] = set()
+    out: dict[int, float] = {}
+    for inst in graph.instances:
+        w = where[inst.uid]
+        if w not in process:
+            continue
+        seconds = ipc.message_s(out_bytes(inst.name))
+        fresh = [k for k in inst.reads if k in graph.producer and where[graph.producer[k]] != w
+                 and (w, k) not in delivered]
+        if fresh:
+            delivered.update((w, k) for k in fresh)
+            seconds += ipc.message_s(sum(out_bytes(graph.instances[graph.producer[k]].name) for k in fresh))
+        out[inst.uid] = seconds
+    return out
 
 
 def durations_from_medians(medians: dict[tuple[str, int], float], fallback: dict[str, float]) -> Callable[[OpInstance, int], float]:

@@ -118,7 +118,11 @@ class Trainer:
         if cached is not None:
             return cached
         choice = self._measure_auto()
-        self._store(choice)
+        reading = self.runtime.profile().capacity_reading
+        if reading is None or reading.qualified:
+            self._store(choice)
+        else:  # a plan decided while the host held a core is used once, not cached for this machine
+            self.log(f"plan auto: not cached ({reading.note()})")
         return choice
 
     def _measure_auto(self) -> PlanChoice:
