@@ -175,6 +175,10 @@ class StoreConfig(Section):
     # upkeep/optimize prune versions older than this; tagged versions (lineage) are always kept
     # (0 keeps only the latest: only when no other process reads the table)
     retain_versions_days: float = Field(default=7, ge=0)
+    # `fleetloop reproduce` needs the store version a model read: registration tags it model-v<N>
+    # for the newest this-many train-task models and untags older ones (a tag stops pruning from
+    # its version on, so keeping every model's would grow the store without bound)
+    model_versions_kept: int = Field(default=10, ge=1)
     upkeep_cron: str = "30 3 * * *"  # when the store-upkeep flow runs once deployed (flows/upkeep.py)
 
 

@@ -11,7 +11,7 @@ import json
 import yaml
 
 from cli.main import main
-from components.config import FertConfig, TrainConfig
+from components.config import FertConfig, StoreConfig, TrainConfig
 from components.pipeline import steps
 from components.pipeline.collect import collect_expert_demos, collect_fleet
 from components.pipeline.evaluate import evaluate_policy
@@ -26,7 +26,8 @@ from tests.conftest import small_settings
 def test_reproduce_rebuilds_each_version_from_its_lineage(tmp_path, monkeypatch, capsys):
     root = tmp_path / "root"
     settings = small_settings(root, train=TrainConfig(method="fert", epochs=2, batch_size=64, steps_per_iteration=10,
-                                                      validation_robots=1), fert=FertConfig(calibration_episodes=20))
+                                                      validation_robots=1), fert=FertConfig(calibration_episodes=20),
+                              store=StoreConfig(model_versions_kept=2))
     (root / "params.yaml").parent.mkdir(parents=True)
     (root / "params.yaml").write_text(yaml.safe_dump(public_settings(settings)))
     monkeypatch.setenv("FLEETLOOP_ROOT", str(root))
@@ -71,6 +72,10 @@ def test_reproduce_rebuilds_each_version_from_its_lineage(tmp_path, monkeypatch,
     v3 = register(swapped, "swapped")
     assert main(["reproduce", str(v3)]) == 1
     assert f"v{v3} NOT reproduced" in capsys.readouterr().out
+    # only the newest store.model_versions_kept models pin their store version (a tag stops pruning)
+    assert sorted(n for n in Workspace(settings).store.tags() if n.startswith("model-v")) == ["model-v2", "model-v3"]
+    assert main(["reproduce", str(v1)]) == 1
+    assert "is no longer kept" in capsys.readouterr().err
 
     # a version the train task did not build (the fleet's trainer, torchrun): one line naming why
     lineage = Lineage(git_commit="abc", snapshot_hash="d41d8.dir", lancedb_version=3, params_hash="p", episodes=10, frames=100)

@@ -1,7 +1,8 @@
 """What a registered model needs kept so that ``fleetloop reproduce`` can rebuild it.
 
     register_candidate --> lineage/settings.json on the MLflow run (the resolved settings, secrets out)
-                       --> store tag model-v<N> on the lineage's LanceDB version (upkeep never prunes it)
+                       --> store tag model-v<N> on the lineage's LanceDB version (upkeep never prunes
+                           it), for the newest ``store.model_versions_kept`` train-task models
     + the lineage tags (commit, DVC snapshot, store version, champion, recipe) and the model itself
 
 The dataset is not copied: its DVC snapshot hash is in the lineage and its files in the DVC cache.
@@ -45,8 +46,17 @@ def keep_store_version(settings: Settings, version: int, lineage: Lineage) -> st
         return None
     try:
         ws.store.tag(tag, lineage.lancedb_version)
+        for old in model_tags(ws.store.tags())[: -settings.store.model_versions_kept]:
+            ws.store.untag(old)
     except Exception as exc:  # noqa: BLE001 - lancedb raises ValueError/OSError/RuntimeError by backend
         log.warning("could not tag store version %d as %s (upkeep may prune it; `fleetloop reproduce %d` "
                     "then cannot rebuild this model): %s", lineage.lancedb_version, tag, version, exc)
         return None
     return tag
+
+
+def model_tags(tags: dict[str, int]) -> list[str]:
+    """The store's model-v<N> tags, oldest model first."""
+    prefix = STORE_TAG.format(version="")
+    numbered = [(int(name[len(prefix):]), name) for name in tags if name.startswith(prefix) and name[len(prefix):].isdigit()]
+    return [name for _, name in sorted(numbered)]

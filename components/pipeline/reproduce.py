@@ -176,8 +176,9 @@ def kept_store(source: Settings, build: Settings, version: int, lineage: Lineage
         raise ReproduceError(f"no segment store at {table}; v{version} read store version {lineage.lancedb_version}")
     store = SegmentStore.open(source.paths.store, build.store, Workspace(build).embedding_dim)
     if store.tags().get(tag) is None:
-        raise ReproduceError(f"store version {lineage.lancedb_version} of v{version} was not kept (no tag {tag!r}; "
-                             f"upkeep may have pruned it)")
+        raise ReproduceError(f"store version {lineage.lancedb_version} of v{version} is no longer kept (no tag {tag!r}: "
+                             f"only the newest store.model_versions_kept train-task models' versions are; upkeep "
+                             f"may have pruned it)")
     view = store.checkout(tag)
     if view.version != lineage.lancedb_version:
         raise ReproduceError(f"store tag {tag!r} points at version {view.version}, lineage says {lineage.lancedb_version}")
