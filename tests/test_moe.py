@@ -63,8 +63,17 @@ def _layer_worker(rank: int, world: int) -> dict:
         y, losses = layer(xs)
         ((y * grad[shard]).sum() + losses.balance + losses.z).backward()
         out[name] = (y.detach(), (float(losses.balance), float(losses.z)), xs.grad, layer.router.weight.grad,
-                     layer.experts.w1.grad, (layer.usage.assigned, layer.usage.kept))
+                     layer.experts.w1.grad, (layer.usage.assigned, layer.usage.kept),
+                     layer.dispatcher.transport.meter.bytes_sent)
     return out
+
+
+def _served_expert_ranks(layer: MoEFeedForward, x: torch.Tensor, world: int) -> torch.Tensor:
+    """(T, k) expert rank of each pair the dense layer serves on the global batch, -1 where dropped."""
+    with torch.no_grad():
+        top_i = torch.softmax(layer.router(x), dim=-1).topk(layer.top_k, dim=-1).indices
+        keep, _ = layer._capacity(top_i, layer._global_counts(top_i), len(x))
+    return (top_i // (layer.num_experts // world)).masked_fill(~keep, -1)
 
 
 def test_expert_parallel_layer_matches_dense_layer() -> None:
@@ -83,7 +92,7 @@ def test_expert_parallel_layer_matches_dense_layer() -> None:
             assert torch.equal(r[name][5][0], layer.usage.assigned) and torch.equal(r[name][5][1], layer.usage.kept)
         router_grad = sum(r[name][3] for r in results)  # dense grads: each rank holds its share
         torch.testing.assert_close(router_grad, layer.router.weight.grad, rtol=1e-5, atol=1e-6, msg=name)
-        for rank, (ys, _, gx, _, gw1, _) in enumerate(results[i][name] for i in range(world)):
+        for rank, (ys, _, gx, _, gw1, _, _) in enumerate(results[i][name] for i in range(world)):
             shard = slice(rank * TOKENS_PER_RANK, (rank + 1) * TOKENS_PER_RANK)
             if name in ("fused", "megatron"):  # same rows in the same order as the dense loop
                 assert torch.equal(ys, y.detach()[shard]), name
@@ -91,6 +100,17 @@ def test_expert_parallel_layer_matches_dense_layer() -> None:
             torch.testing.assert_close(gx, x.grad[shard], rtol=1e-5, atol=1e-6, msg=name)
             torch.testing.assert_close(gw1, layer.experts.w1.grad[rank * 2 : (rank + 1) * 2], rtol=1e-5, atol=1e-6,
                                        msg=name)
+    # pairs over capacity do not travel: Megatron and the default fused path send only served pairs
+    served = _served_expert_ranks(layer, x, world)
+    row_bytes = x.shape[1] * x.element_size()
+    for rank, r in enumerate(results):
+        mine = served[rank * TOKENS_PER_RANK : (rank + 1) * TOKENS_PER_RANK]
+        pairs_out = int(((mine != rank) & (mine >= 0)).sum())
+        rows_out = sum(int((mine == d).any(dim=1).sum()) for d in range(world) if d != rank)  # per-rank dedup
+        rows_back = sum(int((served[s * TOKENS_PER_RANK : (s + 1) * TOKENS_PER_RANK] == rank).any(dim=1).sum())
+                        for s in range(world) if s != rank)
+        assert r["megatron"][6] == 2 * pairs_out * row_bytes, rank
+        assert r["fused_auto"][6] == (rows_out + rows_back) * row_bytes, rank
 
 
 def _dataset(path: Path) -> Path:

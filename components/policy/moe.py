@@ -22,7 +22,9 @@ baseline by config). Routing counts are exchanged once per layer (one all-gather
 counts), so capacity, drops, both aux losses and the utilisation are those of the global batch
 on every rank: a model trained expert-parallel trains like the single-process model and loads
 into it unchanged (after ``full_expert_state`` gathers the shards). On the expert-parallel path a
-dropped pair still travels with combine weight 0 (the dispatchers move k rows per token).
+dropped pair does not travel: the routing carries the keep mask, and the default fused paths
+(permute, rank_dedup) and the Megatron baseline leave dropped pairs out of the shuffle (the
+pair-level plans one_level / two_level / dedup_permute still move them, with combine weight 0).
 """
 
 from __future__ import annotations
@@ -130,10 +132,11 @@ class MoEFeedForward(nn.Module):
         assigned = counts[:, :-1].sum(0).view(self.top_k, self.num_experts).sum(0)
         self.usage = ExpertUsage(assigned, kept)
         probs = top_p / top_p.sum(dim=-1, keepdim=True)
+        routing = Routing(top_i, probs, keep)
         if self.dispatcher is None:
-            out = self._dense(x, top_i, probs, keep)
+            out = self._dense(x, routing)
         else:
-            d = self.dispatcher.dispatch(x, Routing(top_i, probs * keep))
+            d = self.dispatcher.dispatch(x, routing)
             out = self.dispatcher.combine(self.experts(d.x, d.tokens_per_expert), d.handle)
         return out, self._losses(logits, scores, assigned, tokens)
 
@@ -147,8 +150,9 @@ class MoEFeedForward(nn.Module):
         dist.all_gather(parts, local, group=self.group)
         return torch.stack(parts)
 
-    def _capacity(self, top_i: Tensor, counts: Tensor, tokens: int) -> tuple[Tensor, Tensor]:
-        """(T, k) keep mask of this rank's pairs and (E,) pairs each expert keeps (global batch).
+    def _capacity(self, top_i: Tensor, counts: Tensor, tokens: int) -> tuple[Tensor | None, Tensor]:
+        """(T, k) keep mask of this rank's pairs (None: no capacity limit) and (E,) pairs each expert
+        keeps (global batch).
 
         A pair's place in its expert's queue: pairs of earlier choices (all ranks), then pairs of
         the same choice on lower ranks (their tokens come first in the global batch), then this
@@ -158,7 +162,7 @@ class MoEFeedForward(nn.Module):
         per_rank = counts[:, :-1].view(-1, k, e)
         assigned = per_rank.sum((0, 1))
         if not (self.training and self.capacity_factor > 0):
-            return torch.ones_like(top_i, dtype=torch.bool), assigned
+            return None, assigned
         capacity = math.ceil(self.capacity_factor * tokens * k / e)
         slot_totals = per_rank.sum(0)  # (k, E)
         rank = 0 if self.group is None else dist.get_rank(self.group)
@@ -167,13 +171,14 @@ class MoEFeedForward(nn.Module):
         place = ((one_hot.cumsum(0) - one_hot + offset) * one_hot).sum(-1)  # (T, k)
         return place < capacity, assigned.clamp_max(capacity)
 
-    def _dense(self, x: Tensor, top_i: Tensor, probs: Tensor, keep: Tensor) -> Tensor:
+    def _dense(self, x: Tensor, routing: Routing) -> Tensor:
         """Every expert local, in ascending expert order (the order the fused shuffle reproduces)."""
         out = torch.zeros_like(x)
+        served = routing.expert_ids if routing.keep is None else routing.expert_ids.masked_fill(~routing.keep, -1)
         for e in range(self.num_experts):
-            tok, k = ((top_i == e) & keep).nonzero(as_tuple=True)
+            tok, k = (served == e).nonzero(as_tuple=True)
             if tok.numel():
-                out = out.index_add(0, tok, self.experts.expert(e, x[tok]) * probs[tok, k].unsqueeze(1))
+                out = out.index_add(0, tok, self.experts.expert(e, x[tok]) * routing.probs[tok, k].unsqueeze(1))
         return out
 
     def _losses(self, logits: Tensor, scores: Tensor, assigned: Tensor, tokens: int) -> RouterLosses:

@@ -120,7 +120,7 @@ class FusedDispatcher:
         plan = build_plan(routing, self.placement, self.rank, self.group, kind, rounds,
                           self.cfg.grouping, self.cfg.dedup_threshold)
         self.last_plan = plan
-        rows, probs = x, routing.probs.reshape(-1, 1)
+        rows, probs = x, routing.served_probs().reshape(-1, 1)  # pair-level plans move dropped pairs, weight 0
         for tok_stage, pair_stage, shared in zip(plan.token_stages, plan.pair_stages, plan.shared_hops):
             if shared:  # rows and their probabilities travel in the same messages
                 rows, probs = shuffle((rows, probs), ((tok_stage, pair_stage),), "copy", self.transport)
@@ -187,11 +187,13 @@ class MegatronDispatcher:
         W, L, E = self.placement.world_size, self.placement.local_experts, self.placement.num_experts
         T, K = routing.num_tokens, routing.top_k
         meter = self.transport.meter
-        e = routing.expert_ids.reshape(-1)
-        tok = torch.arange(T * K, device=e.device) // K
+        e, tok, probs = routing.expert_ids.reshape(-1), torch.arange(T * K, device=x.device) // K, routing.probs.reshape(-1)
+        pairs = routing.kept_pairs()
+        if pairs is not None:  # Megatron's routing_map holds only the pairs within capacity
+            e, tok, probs = e[pairs], tok[pairs], probs[pairs]
         order = torch.argsort(e * max(T, 1) + tok)  # routing_map.T.masked_select: expert-major
         sorted_tokens = tok[order]
-        sorted_probs = routing.probs.reshape(-1)[order]
+        sorted_probs = probs[order]
         permuted = x.index_select(0, sorted_tokens)  # permute
         meter.copied(permuted)
         counts = torch.bincount(e, minlength=E)  # tokens per expert, this rank
