@@ -58,12 +58,21 @@ class Experts(nn.Module):
             nn.init.uniform_(w, -bound, bound)
             nn.init.uniform_(b, -bound, bound)
 
-    def expert(self, local: int, x: Tensor) -> Tensor:
-        return F.gelu(x @ self.w1[local] + self.b1[local]) @ self.w2[local] + self.b2[local]
+    def per_expert(self) -> list[tuple[Tensor, Tensor, Tensor, Tensor]]:
+        """(w1, b1, w2, b2) of each local expert, split once per forward with ``unbind``: its backward
+        stacks the experts' gradients in one pass, where indexing ``w1[l]`` per expert would zero-fill
+        and add a full-size (L, ...) gradient per expert (L^2 memory traffic per step)."""
+        return list(zip(*(p.unbind(0) for p in (self.w1, self.b1, self.w2, self.b2)), strict=True))
+
+    @staticmethod
+    def mlp(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
+        return F.gelu(x @ w1 + b1) @ w2 + b2
 
     def forward(self, x: Tensor, tokens_per_expert: tuple[int, ...]) -> Tensor:
         """Expert-major rows: the first tokens_per_expert[0] rows go to local expert 0, and so on."""
-        parts = [self.expert(l, rows) for l, rows in enumerate(x.split(list(tokens_per_expert))) if rows.shape[0]]
+        weights = self.per_expert()
+        parts = [self.mlp(rows, *weights[l]) for l, rows in enumerate(x.split(list(tokens_per_expert)))
+                 if rows.shape[0]]
         return torch.cat(parts) if parts else x.new_zeros(0, self.w2.shape[2]) + 0 * x.sum()
 
     def shard(self, rank: int, world: int) -> None:
@@ -175,10 +184,12 @@ class MoEFeedForward(nn.Module):
         """Every expert local, in ascending expert order (the order the fused shuffle reproduces)."""
         out = torch.zeros_like(x)
         served = routing.expert_ids if routing.keep is None else routing.expert_ids.masked_fill(~routing.keep, -1)
+        weights = self.experts.per_expert()
         for e in range(self.num_experts):
             tok, k = (served == e).nonzero(as_tuple=True)
             if tok.numel():
-                out = out.index_add(0, tok, self.experts.expert(e, x[tok]) * routing.probs[tok, k].unsqueeze(1))
+                y = self.experts.mlp(x[tok], *weights[e])
+                out = out.index_add(0, tok, y * routing.probs[tok, k].unsqueeze(1))
         return out
 
     def _losses(self, logits: Tensor, scores: Tensor, assigned: Tensor, tokens: int) -> RouterLosses:
