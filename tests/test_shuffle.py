@@ -296,3 +296,15 @@ def test_cost_model_needs_costly_links_and_dedup() -> None:
     top1 = torch.tensor([4 * 768, 4 * 512, 4 * 768, 4 * 512, 4 * 512])  # node dedup factor 1
     assert not prefer_two_level(top1, placement, costly, row_bytes=4096)
     assert not prefer_two_level(None, placement, costly, row_bytes=4096)
+
+
+def test_expected_rank_dedup_saving_follows_the_uniform_dedup_factor() -> None:
+    """Auto's estimate (from global counts, so every rank agrees): nothing at top-1 or on one rank; at
+    top-8 over 8 experts on 2 ranks a token's 4 off-rank pairs share one row: 3/4 of their bytes saved."""
+    from components.shuffle.rank_dedup import expected_saved_bytes
+
+    placement = Placement(8, 2, 2)
+    counts = torch.tensor([[10, 10, 10, 10, 10, 10, 10, 10], [10, 10, 10, 10, 10, 10, 10, 10]])  # 40 off-rank pairs each
+    assert expected_saved_bytes(counts, placement, 1, 64) == 0.0
+    assert expected_saved_bytes(counts[:1], Placement(8, 1, 1), 8, 64) == 0.0
+    assert expected_saved_bytes(counts, placement, 8, 64) == pytest.approx(2 * 64 * 80 * 0.75 / 2)

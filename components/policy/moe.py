@@ -137,11 +137,11 @@ class MoEFeedForward(nn.Module):
         top_p, top_i = scores.topk(self.top_k, dim=-1)
         counts = self._global_counts(top_i)
         tokens = int(counts[:, -1].sum())
-        keep, kept = self._capacity(top_i, counts, tokens)
+        keep, served = self._capacity(top_i, counts, tokens)
         assigned = counts[:, :-1].sum(0).view(self.top_k, self.num_experts).sum(0)
-        self.usage = ExpertUsage(assigned, kept)
+        self.usage = ExpertUsage(assigned, served.sum(0))
         probs = top_p / top_p.sum(dim=-1, keepdim=True)
-        routing = Routing(top_i, probs, keep)
+        routing = Routing(top_i, probs, keep, served)
         if self.dispatcher is None:
             out = self._dense(x, routing)
         else:
@@ -160,25 +160,25 @@ class MoEFeedForward(nn.Module):
         return torch.stack(parts)
 
     def _capacity(self, top_i: Tensor, counts: Tensor, tokens: int) -> tuple[Tensor | None, Tensor]:
-        """(T, k) keep mask of this rank's pairs (None: no capacity limit) and (E,) pairs each expert
-        keeps (global batch).
+        """(T, k) keep mask of this rank's pairs (None: no capacity limit) and (world, E) pairs each
+        rank has served per expert (global batch: the same on every rank).
 
         A pair's place in its expert's queue: pairs of earlier choices (all ranks), then pairs of
         the same choice on lower ranks (their tokens come first in the global batch), then this
         rank's earlier tokens. Kept iff the place is below the capacity.
         """
         k, e = self.top_k, self.num_experts
-        per_rank = counts[:, :-1].view(-1, k, e)
-        assigned = per_rank.sum((0, 1))
+        per_rank = counts[:, :-1].view(-1, k, e)  # (world, k, E)
         if not (self.training and self.capacity_factor > 0):
-            return None, assigned
+            return None, per_rank.sum(1)
         capacity = math.ceil(self.capacity_factor * tokens * k / e)
         slot_totals = per_rank.sum(0)  # (k, E)
+        queued_before = slot_totals.cumsum(0) - slot_totals + per_rank.cumsum(0) - per_rank  # (world, k, E)
+        served = (capacity - queued_before).clamp_min(0).minimum(per_rank).sum(1)  # (world, E)
         rank = 0 if self.group is None else dist.get_rank(self.group)
-        offset = slot_totals.cumsum(0) - slot_totals + per_rank[:rank].sum(0)  # (k, E)
         one_hot = F.one_hot(top_i, e)  # (T, k, E)
-        place = ((one_hot.cumsum(0) - one_hot + offset) * one_hot).sum(-1)  # (T, k)
-        return place < capacity, assigned.clamp_max(capacity)
+        place = ((one_hot.cumsum(0) - one_hot + queued_before[rank]) * one_hot).sum(-1)  # (T, k)
+        return place < capacity, served
 
     def _dense(self, x: Tensor, routing: Routing) -> Tensor:
         """Every expert local, in ascending expert order (the order the fused shuffle reproduces)."""

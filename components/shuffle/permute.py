@@ -1,4 +1,5 @@
-"""The plain permute shuffle with reused staging: what ``shuffle.plan: auto`` runs at top-1.
+"""The plain permute shuffle with reused staging: what ``shuffle.plan: auto`` runs at top-1 (and at
+top-k > 1 when per-rank dedup would save less than ``shuffle.dedup_min_saved_kib``).
 
     dispatch  permute (tokens -> expert-major pairs, gathered into a reused send buffer)
               -> count all-to-all -> all_to_all_single (into a reused receive buffer)
@@ -10,14 +11,20 @@ The op sequence is Megatron's (``dispatchers.MegatronDispatcher``); what differs
 overhead around it: staging buffers come from the engine's ``Workspace`` instead of fresh
 allocations, the pair order is one stable sort of the expert ids, the count exchange is one
 async ``all_to_all_single`` of this rank's (peer, local expert) counts that travels while the
-permute runs, the split sizes come back in one host sync, and at top-1 the unpermute is a
+permute runs -- or none at all when the routing carries the group's counts
+(``Routing.pairs_per_rank``: the MoE layer already all-gathers them for capacity and its
+losses, so in the policy the fused forward has one collective fewer per layer than Megatron's)
+-- the split sizes come back in one host sync, and at top-1 the unpermute is a
 copy plus an in-place scale (every token has exactly one pair: no zero fill, no scatter-add).
 Pairs the routing drops (``Routing.keep``: over an expert's capacity) are left out of the permute,
 so they never travel; tokens left without a pair come back as zeros.
 
 Why it exists: with top-1 (rank dedup factor 1 by construction) there is nothing to
 deduplicate, so rank_dedup's per-pair metadata rows and ``embedding_bag`` reductions are pure
-overhead; nothing can move fewer bytes or make fewer passes than this sequence.
+overhead; nothing can move fewer bytes or make fewer passes than this sequence. At top-k > 1 with
+a small payload (the policy's few hundred 64-wide tokens per rank) the same holds in practice:
+rank_dedup's fixed cost (metadata packing, index expansions, bag reductions: ~1.5-2.5 ms CPU per
+layer forward + backward here) exceeds what the rows it saves cost to move.
 
 Exactness: the rows and additions are in Megatron's order -- expert-major, tokens ascending;
 a token's pairs added in ascending expert order -- so it equals the single-process reference
@@ -127,6 +134,22 @@ def _post_counts(send: Tensor, group: dist.ProcessGroup | None):
     return recv, work
 
 
+def _counts(e: Tensor, routing: Routing, placement: Placement, rank: int, group: dist.ProcessGroup | None):
+    """(W, L) served pairs this rank sends to each peer's experts, (W, L) it receives, pending work.
+
+    With ``routing.pairs_per_rank`` (the MoE layer's global counts) both are read from it: no
+    collective. Otherwise the count all-to-all is started here.
+    """
+    W, L = placement.world_size, placement.local_experts
+    known = routing.pairs_per_rank
+    if known is not None:
+        if known.shape != (W, W * L):
+            raise ValueError(f"Routing.pairs_per_rank: expected ({W}, {W * L}), got {tuple(known.shape)}")
+        return known[rank].view(W, L), known[:, rank * L : (rank + 1) * L], None
+    counts = torch.bincount(e, minlength=W * L).view(W, L)
+    return (counts, *_post_counts(counts, group))
+
+
 class _Dispatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, routing: Routing, placement: Placement, rank: int, t: Transport, holder: dict,  # type: ignore[override]
@@ -137,8 +160,7 @@ class _Dispatch(torch.autograd.Function):
         pairs = routing.kept_pairs()  # capacity drops: only served pairs travel
         if pairs is not None:
             e = e[pairs]
-        counts = torch.bincount(e, minlength=W * L).view(W, L)
-        recv, work = _post_counts(counts, t.group)
+        counts, recv, work = _counts(e, routing, placement, rank, t.group)
         # while the counts travel: the permute, straight into the reused send buffer
         order = torch.sort(e, stable=True).indices  # flat index is token-major: tokens ascending per expert
         if pairs is not None:

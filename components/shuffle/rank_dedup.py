@@ -29,6 +29,7 @@ fp32 rounding (bit for bit on dyadic data, where every sum is exact -- the tests
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -169,6 +170,26 @@ def routing_stats(routing: Routing, placement: Placement, rank: int) -> Tensor:
         occ_r[:, ranks_remote_node].sum(),
         occ_n.sum(),
     ]).to(COUNT_DTYPE)
+
+
+def expected_saved_bytes(pairs_per_rank: Tensor, placement: Placement, top_k: int, row_bytes: int) -> float:
+    """Bytes per-rank dedup is expected to save per rank and call (dispatch + combine), from the group's
+    (W, E) served-pair counts and the dedup factor of uniform routing.
+
+    Off-rank pairs come from the counts; per (token, other rank) a uniform top-k token sends
+    ``top_k (E - L) / E`` pairs but hits each other rank with probability ``1 - C(E-L, k) / C(E, k)``,
+    so rank dedup sends pairs / factor rows, factor = pairs per token / ((W - 1) x that probability).
+    Every rank computes the same number (the counts are global), so all pick the same plan.
+    """
+    W, L, E = placement.world_size, placement.local_experts, placement.num_experts
+    if W == 1 or top_k == 1:
+        return 0.0
+    pairs_per_token = top_k * (E - L) / E
+    rows_per_token = (W - 1) * (1 - math.comb(E - L, top_k) / math.comb(E, top_k))
+    dev = pairs_per_rank.device
+    off_rank = torch.arange(E, device=dev).unsqueeze(0) // L != torch.arange(W, device=dev).unsqueeze(1)  # (W, E)
+    off_rank_pairs = int(pairs_per_rank[off_rank].sum())
+    return 2 * row_bytes * off_rank_pairs * (1 - rows_per_token / pairs_per_token) / W
 
 
 _TOKEN_OF_PAIR: dict[tuple, Tensor] = {}

@@ -59,11 +59,17 @@ class Placement:
 @dataclass(frozen=True)
 class Routing:
     """Top-k routing of T tokens: ``expert_ids`` (T, K) int64 distinct per row, ``probs`` (T, K),
-    ``keep`` (T, K) bool: the pairs served (None = all; a dropped pair adds nothing to its token)."""
+    ``keep`` (T, K) bool: the pairs served (None = all; a dropped pair adds nothing to its token).
+
+    ``pairs_per_rank`` (W, E) int64, optional: served pairs per (source rank, expert) of the whole
+    group, identical on every rank. The MoE layer knows it from its own routing count exchange
+    (capacity needs the global counts anyway); given it, the permute path needs no count exchange.
+    """
 
     expert_ids: Tensor
     probs: Tensor
     keep: Tensor | None = None
+    pairs_per_rank: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.expert_ids.dim() != 2 or self.expert_ids.shape != self.probs.shape:
