@@ -25,6 +25,8 @@ into it unchanged (after ``full_expert_state`` gathers the shards). On the exper
 dropped pair does not travel: the routing carries the keep mask, and the default fused paths
 (permute, rank_dedup) and the Megatron baseline leave dropped pairs out of the shuffle (the
 pair-level plans one_level / two_level / dedup_permute still move them, with combine weight 0).
+The routing also carries the served pairs per (source rank, expert) that every rank derives from
+the count all-gather, so the fused permute path skips its own count exchange.
 """
 
 from __future__ import annotations
