@@ -4,6 +4,8 @@
     python -m benchmarks.moe_policy --quick    # smoke run: tiny sizes, same code (a few minutes)
     python -m benchmarks.moe_policy --probe    # one seed: `retrain --bootstrap`'s steps at params.yaml settings, MLP vs MoE
     python -m benchmarks.moe_policy --probe --seed 1   # the same with another seed (demos, trials)
+    python -m benchmarks.moe_policy --scaling  # only the expert-scaling grid (experts 8-64 x top-k 1/2/8 x 1/2/4 processes)
+    python -m benchmarks.moe_policy --scaling --experts 64 --worlds 4  # a subset of the grid (same keys)
 
 **Success** (``success.mlp``, ``success.moe``, ``success.moe_minus_mlp``). Per seed and policy kind
 (``mlp`` = ``policy:`` of params.yaml with ``kind: mlp``; ``moe`` = the same with
@@ -24,8 +26,12 @@ every step), each step timed as its slowest rank. Split: *shuffle* = dispatch + 
 an estimate, not a measurement); *compute* = step - shuffle. Bytes = row payload sent to other
 ranks per step, mean over ranks. ``step_speedup_fused_vs_megatron`` = median over top-k of the
 median per-step ratio megatron / fused at the largest expert count on the most processes.
+Per cell also: ``losses_bit_identical`` (fused and Megatron trained the same losses bit for bit),
+and the 1-minute load average before and after the cell (``load``: 2 shared cores, so read the
+figures next to it).
 
-Writes benchmarks/results/moe_policy[_quick].json + .png (``--probe``: moe_policy_probe.json).
+Writes benchmarks/results/moe_policy[_quick].json + .png (``--probe``: moe_policy_probe.json;
+``--scaling``: moe_scaling.json + .png, the scaling keys only).
 """
 
 from __future__ import annotations
@@ -199,14 +205,15 @@ def _scaling_worker(rank: int, world: int, policy: PolicyConfig, batch: int, ste
     trainers = {n: ExpertParallelTrainer(data, policy, train, DISPATCHERS.get(n, ShuffleConfig()), seed=0, group=group)
                 for n in names}
     clocks = {n: ShuffleClock(t.model) for n, t in trainers.items()}
-    rows: dict[str, dict[str, list[float]]] = {n: {"step": [], "shuffle": [], "bytes": []} for n in names}
+    rows: dict[str, dict[str, list[float]]] = {n: {"step": [], "shuffle": [], "bytes": [], "loss": []} for n in names}
     for i in range(warmup + steps):
         order = names if i % 2 == 0 else names[::-1]
         for n in order:
             if group is not None:
                 dist.barrier(group)
             clocks[n].seconds, sent = 0.0, trainers[n].shuffle_bytes_sent() if group is not None else 0
-            _, seconds = trainers[n].step()
+            loss, seconds = trainers[n].step()
+            rows[n]["loss"].append(loss)
             step_s, shuffle_s = _slowest(seconds, group), _slowest(clocks[n].seconds, group)
             moved = (trainers[n].shuffle_bytes_sent() - sent) if group is not None else 0
             if i >= warmup:
@@ -218,9 +225,11 @@ def _scaling_worker(rank: int, world: int, policy: PolicyConfig, batch: int, ste
 
 def scaling_cell(base: PolicyConfig, experts: int, k: int, world: int, plan: ScalingPlan) -> dict:
     policy = base.model_copy(update={"kind": KINDS["moe"], "num_experts": experts, "top_k": k})
+    load_before = os.getloadavg()[0]
     rows = run_local_group(_scaling_worker, world, policy, plan.batch_size, plan.steps, plan.warmup)[0]
     cell: dict = {"experts": experts, "top_k": k, "world": world, "batch_size": plan.batch_size,
-                  "tokens_per_step": plan.batch_size * policy.history, "variants": {}}
+                  "tokens_per_step": plan.batch_size * policy.history, "variants": {},
+                  "load": {"before": load_before, "after": os.getloadavg()[0]}}
     for name, r in rows.items():
         step = statistics.median(r["step"])
         shuffle = min(statistics.median(r["shuffle"]), step)
@@ -229,6 +238,7 @@ def scaling_cell(base: PolicyConfig, experts: int, k: int, world: int, plan: Sca
     if "fused" in rows:
         cell["speedup_fused_vs_megatron"] = statistics.median(
             m / f for m, f in zip(rows["megatron"]["step"], rows["fused"]["step"], strict=True))
+        cell["losses_bit_identical"] = rows["fused"]["loss"] == rows["megatron"]["loss"]
     return cell
 
 
@@ -313,7 +323,26 @@ def plot(result: dict, path: Path) -> None:
     left.set_ylabel("test-robot success (mean over seeds; bars: pooled Wilson; dots: seeds)")
     left.set_title(f"MLP vs MoE, {result['plan']['seeds']} seeds")
     left.legend()
+    _plot_scaling(right, result)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
+
+def plot_scaling(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(8, 0.22 * sum(len(c["variants"]) for c in result["scaling"])), 5))
+    _plot_scaling(ax, result)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_scaling(right, result: dict) -> None:
     cells = result["scaling"]
     labels, x = [], 0
     for cell in cells:
@@ -328,9 +357,6 @@ def plot(result: dict, path: Path) -> None:
     head = result["step_speedup_detail"]
     value = "n/a" if head["value"] is None else f"{head['value']:.2f}x"
     right.set_title(f"MoE step, fused vs Megatron-style: {value} at E={head.get('experts')} on W={head.get('world')}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def run(study: StudyPlan, out_name: str, settings: Settings | None = None) -> dict:
@@ -358,11 +384,34 @@ def run(study: StudyPlan, out_name: str, settings: Settings | None = None) -> di
     return result
 
 
+def run_scaling(plan: ScalingPlan, out_name: str = "moe_scaling", settings: Settings | None = None) -> dict:
+    """Only the expert-scaling grid (``--scaling``), with the scaling keys of the full run."""
+    torch.set_num_threads(1)
+    settings = settings or load_settings()
+    started = time.perf_counter()
+    cells = scaling_study(settings, plan)
+    headline = headline_speedup(cells)
+    loads = [v for c in cells for v in c["load"].values()]
+    result = {
+        "plan": {"scaling": plan.__dict__, "policy_moe": with_kind(settings, "moe").policy.model_dump()},
+        "scaling": cells,
+        "step_speedup_fused_vs_megatron": headline["value"],
+        "step_speedup_detail": headline,
+        "load_1min": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)} if loads else None,
+        "seconds": time.perf_counter() - started,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__},
+    }
+    write(result, out_name)
+    return result
+
+
 def write(result: dict, out_name: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{out_name}.json").write_text(json.dumps(result, indent=2, default=list) + "\n")
     if "success" in result:
         plot(result, RESULTS / f"{out_name}.png")
+    elif "scaling" in result:
+        plot_scaling(result, RESULTS / f"{out_name}.png")
     log(f"wrote {RESULTS / (out_name + '.json')}")
 
 
@@ -371,6 +420,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke sizes (a few minutes)")
     parser.add_argument("--probe", action="store_true", help="only the bootstrap comparison at params.yaml settings")
     parser.add_argument("--seed", type=int, default=None, help="--probe: this seed instead of params.yaml's")
+    parser.add_argument("--scaling", action="store_true", help="only the expert-scaling grid -> moe_scaling.json")
+    parser.add_argument("--experts", type=int, nargs="+", default=None, help="--scaling: these expert counts")
+    parser.add_argument("--top-k", type=int, nargs="+", default=None, help="--scaling: these top-k")
+    parser.add_argument("--worlds", type=int, nargs="+", default=None, help="--scaling: these process counts")
+    parser.add_argument("--steps", type=int, default=None, help="--scaling: timed steps per cell")
     args = parser.parse_args()
     torch.set_num_threads(1)  # one thread per process: on a busy 2-core machine threaded tiny ops stall
     if args.probe:
@@ -383,6 +437,12 @@ def main() -> None:
         write({"probe": bootstrap_probe(settings), "policy": settings.policy.model_dump(),
                "demo": settings.demo.model_dump(), "train": settings.train.model_dump(), "seed": seed},
               "moe_policy_probe" if args.seed is None else f"moe_policy_probe_seed{seed}")
+        return
+    if args.scaling:
+        grid = (QUICK_PLAN if args.quick else FULL).scaling
+        overrides = {"experts": args.experts, "top_k": args.top_k, "worlds": args.worlds, "steps": args.steps}
+        grid = replace(grid, **{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items() if v})
+        run_scaling(grid, "moe_scaling_quick" if args.quick else "moe_scaling")
         return
     run(QUICK_PLAN if args.quick else FULL, "moe_policy_quick" if args.quick else "moe_policy")
 

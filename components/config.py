@@ -225,6 +225,11 @@ class ShuffleConfig(Section):
     dedup_threshold: float = 1.5  # auto considers two-level only at >= this many pairs per node crossing
     internode_cost: float = 1.0  # cost of an inter-node byte / an intra-node byte; 1 = one host (two-level never pays)
     collective_cost_kib: int = 256  # auto's price of one extra collective, in KiB of intra-node traffic
+    # auto at top-k > 1, when the MoE layer passes the group's pair counts: rank_dedup only if it is
+    # expected to save at least this many KiB per rank and layer call (both directions); below, its
+    # fixed cost outweighs the rows it saves and the permute sequence runs (SHUFFLE-NOTES: at top-2,
+    # ~4 MiB saved per rank, dedup's overhead ate the gain)
+    dedup_min_saved_kib: int = 4096
     min_segment_kib: int = 1024  # per-expert messages (zero-copy slots) when segments are this big
     ranks_per_node: int = 0  # 0 = every rank on one node (torchrun --standalone)
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: NCCL when CUDA is present

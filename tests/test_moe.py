@@ -20,7 +20,8 @@ POLICY = PolicyConfig(kind="moe_transformer", d_model=16, heads=2, hidden=32, la
 EPISODE = 16  # frames per synthetic episode
 LAYER_SHUFFLES = {
     "fused": ShuffleConfig(plan="one_level", chunks=2),
-    "fused_auto": ShuffleConfig(),  # rank_dedup: one coalesced all-to-all each way, per-rank dedup
+    "fused_auto": ShuffleConfig(),  # permute with the layer's counts: rank dedup would save too little here
+    "fused_auto_dedup": ShuffleConfig(dedup_min_saved_kib=0),  # rank_dedup: one coalesced all-to-all each way
     "fused_two_level": ShuffleConfig(plan="two_level", ranks_per_node=2),
     "megatron": ShuffleConfig(dispatcher="megatron"),
     "dedup_permute": ShuffleConfig(dispatcher="dedup_permute", ranks_per_node=2),
@@ -63,8 +64,17 @@ def _layer_worker(rank: int, world: int) -> dict:
         y, losses = layer(xs)
         ((y * grad[shard]).sum() + losses.balance + losses.z).backward()
         out[name] = (y.detach(), (float(losses.balance), float(losses.z)), xs.grad, layer.router.weight.grad,
-                     layer.experts.w1.grad, (layer.usage.assigned, layer.usage.kept))
+                     layer.experts.w1.grad, (layer.usage.assigned, layer.usage.kept),
+                     layer.dispatcher.transport.meter.bytes_sent, getattr(layer.dispatcher, "last_plan", None))
     return out
+
+
+def _served_expert_ranks(layer: MoEFeedForward, x: torch.Tensor, world: int) -> torch.Tensor:
+    """(T, k) expert rank of each pair the dense layer serves on the global batch, -1 where dropped."""
+    with torch.no_grad():
+        top_i = torch.softmax(layer.router(x), dim=-1).topk(layer.top_k, dim=-1).indices
+        keep, _ = layer._capacity(top_i, layer._global_counts(top_i), len(x))
+    return (top_i // (layer.num_experts // world)).masked_fill(~keep, -1)
 
 
 def test_expert_parallel_layer_matches_dense_layer() -> None:
@@ -83,14 +93,29 @@ def test_expert_parallel_layer_matches_dense_layer() -> None:
             assert torch.equal(r[name][5][0], layer.usage.assigned) and torch.equal(r[name][5][1], layer.usage.kept)
         router_grad = sum(r[name][3] for r in results)  # dense grads: each rank holds its share
         torch.testing.assert_close(router_grad, layer.router.weight.grad, rtol=1e-5, atol=1e-6, msg=name)
-        for rank, (ys, _, gx, _, gw1, _) in enumerate(results[i][name] for i in range(world)):
+        for rank, (ys, _, gx, _, gw1, *_) in enumerate(results[i][name] for i in range(world)):
             shard = slice(rank * TOKENS_PER_RANK, (rank + 1) * TOKENS_PER_RANK)
-            if name in ("fused", "megatron"):  # same rows in the same order as the dense loop
+            if name in ("fused", "fused_auto", "megatron"):  # same rows in the same order as the dense loop
                 assert torch.equal(ys, y.detach()[shard]), name
             torch.testing.assert_close(ys, y.detach()[shard], rtol=1e-5, atol=1e-6, msg=name)
             torch.testing.assert_close(gx, x.grad[shard], rtol=1e-5, atol=1e-6, msg=name)
             torch.testing.assert_close(gw1, layer.experts.w1.grad[rank * 2 : (rank + 1) * 2], rtol=1e-5, atol=1e-6,
                                        msg=name)
+    # pairs over capacity do not travel: Megatron and the default fused paths send only served pairs;
+    # auto picks permute here (tiny payload) and rank_dedup when told any saving pays
+    served = _served_expert_ranks(layer, x, world)
+    row_bytes = x.shape[1] * x.element_size()
+    for rank, r in enumerate(results):
+        mine = served[rank * TOKENS_PER_RANK : (rank + 1) * TOKENS_PER_RANK]
+        pairs_out = int(((mine != rank) & (mine >= 0)).sum())
+        rows_out = sum(int((mine == d).any(dim=1).sum()) for d in range(world) if d != rank)  # per-rank dedup
+        theirs = [served[s * TOKENS_PER_RANK : (s + 1) * TOKENS_PER_RANK] for s in range(world) if s != rank]
+        pairs_back = sum(int((t == rank).sum()) for t in theirs)
+        rows_back = sum(int((t == rank).any(dim=1).sum()) for t in theirs)
+        assert r["megatron"][6] == 2 * pairs_out * row_bytes, rank
+        assert r["fused_auto"][7].kind == "permute" and r["fused_auto_dedup"][7].kind == "rank_dedup"
+        assert r["fused_auto"][6] == (pairs_out + pairs_back) * row_bytes, rank
+        assert r["fused_auto_dedup"][6] == (rows_out + rows_back) * row_bytes, rank
 
 
 def _dataset(path: Path) -> Path:

@@ -6,7 +6,8 @@ outputs and gradients with ``dense_reference`` computed on the concatenated glob
 its order, so any misplaced row shows up as an inequality: those compare with ``torch.equal``.
 The random-float case checks the one-level fused path, the permute plan (auto's top-1 path) and
 Megatron bit for bit in the forward (they reproduce the reference's row and addition order) and
-gradients to fp32 tolerance.
+gradients to fp32 tolerance. The capacity-drop cases carry a keep mask: dropped pairs add nothing,
+and the permute, rank_dedup and Megatron paths send no row for them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Case:
     ranks_per_node: int = 2
     dyadic: bool = True
     seed: int = 0
+    drop: float = 0.0  # share of pairs dropped (over capacity); each rank's last token loses all of its pairs
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ CASES = (
     Case("topk_equals_local_experts", 64, 16, 16, 4, "rank_confined"),
     Case("single_node_top2", 64, 16, 8, 2, "uniform", ranks_per_node=4),
     Case("float_uniform_top2", 64, 32, 8, 2, "uniform", dyadic=False),
+    Case("capacity_drops_top1", 64, 16, 8, 1, "uniform", drop=0.4),
+    Case("capacity_drops_top2", 64, 16, 8, 2, "uniform", drop=0.4),
 )
 
 
@@ -98,7 +102,11 @@ def _inputs(case: Case) -> tuple[torch.Tensor, Routing, torch.Tensor, torch.Tens
         probs = torch.softmax(torch.randn(T, K, generator=g), dim=1)
         weights = torch.randn(E, H, H, generator=g) / H**0.5
         grad = torch.randn(T, H, generator=g)
-    return x, Routing(ids, probs), weights, grad
+    keep = None
+    if case.drop:
+        keep = torch.rand(T, K, generator=g) >= case.drop
+        keep.view(WORLD, case.tokens, K)[:, -1] = False  # a token with no served pair, last in its bag list
+    return x, Routing(ids, probs, keep), weights, grad
 
 
 def _run_cases(rank: int, world: int) -> dict:
@@ -113,7 +121,8 @@ def _run_cases(rank: int, world: int) -> dict:
             ps = routing.probs[shard].clone().requires_grad_(True)
             w = weights[rank * L : (rank + 1) * L].clone().requires_grad_(True)
             disp = make_dispatcher(placement, torch.distributed.group.WORLD, v.cfg)
-            d = disp.dispatch(xs, Routing(routing.expert_ids[shard], ps))
+            keep = None if routing.keep is None else routing.keep[shard]
+            d = disp.dispatch(xs, Routing(routing.expert_ids[shard], ps, keep))
             ys = [rows @ w[l] for l, rows in enumerate(d.x.split(list(d.tokens_per_expert)))]
             y = torch.cat(ys) if ys else d.x
             o = disp.combine(y, d.handle)
@@ -143,7 +152,8 @@ def results() -> list[dict]:
 def _reference(case: Case) -> tuple[torch.Tensor, ...]:
     x, routing, weights, grad = _inputs(case)
     x, probs, weights = (t.clone().requires_grad_(True) for t in (x, routing.probs, weights))
-    out = dense_reference(x, Routing(routing.expert_ids, probs), lambda e, rows: rows @ weights[e], case.experts)
+    out = dense_reference(x, Routing(routing.expert_ids, probs, routing.keep), lambda e, rows: rows @ weights[e],
+                          case.experts)
     (out * grad).sum().backward()
     return out.detach(), x.grad, probs.grad, weights.grad
 
@@ -211,13 +221,20 @@ def test_balanced_grouping_evens_forwarder_load() -> None:
         assert all(int(fwd[s, placement.node_of(s)]) == s for s in range(4))
 
 
+def _served_ranks(routing: Routing, placement: Placement) -> torch.Tensor:
+    """(global token, k) -> expert rank of each served pair, -1 where the pair was dropped."""
+    ranks_of = routing.expert_ids // placement.local_experts
+    return ranks_of if routing.keep is None else ranks_of.masked_fill(~routing.keep, -1)
+
+
 def test_rank_dedup_sends_each_token_once_per_rank(results: list[dict]) -> None:
-    """Per-rank dedup: a token crosses to a rank once, whatever how many of its experts live there."""
+    """Per-rank dedup: a token crosses to a rank once, whatever how many of its experts live there;
+    dropped pairs (capacity) send nothing, in rank_dedup as in Megatron."""
     for case in CASES:
         _, routing, _, _ = _inputs(case)
         placement = Placement(case.experts, WORLD, case.ranks_per_node)
         T = case.tokens
-        ranks_of = routing.expert_ids // placement.local_experts  # (global token, k) -> expert rank
+        ranks_of = _served_ranks(routing, placement)  # (global token, k) -> expert rank, -1: dropped
         # unique[s][d]: tokens of source s with at least one expert on rank d
         unique = [[sum(1 for t in range(s * T, (s + 1) * T) if d in ranks_of[t].tolist()) for d in range(WORLD)]
                   for s in range(WORLD)]
@@ -226,7 +243,7 @@ def test_rank_dedup_sends_each_token_once_per_rank(results: list[dict]) -> None:
             ranks = ranks_of[rank * T : (rank + 1) * T]
             rows = sum(unique[rank][d] for d in range(WORLD) if d != rank)  # unique (token, other rank)
             back = sum(unique[s][rank] for s in range(WORLD) if s != rank)  # combine returns what arrived
-            pairs = int((ranks != rank).sum())
+            pairs = int(((ranks != rank) & (ranks >= 0)).sum())
             assert res["bytes_sent"][(case.name, "fused_rank_dedup")] == (rows + back) * row_bytes, case.name
             assert res["bytes_sent"][(case.name, "megatron")] == 2 * pairs * row_bytes, case.name
         if case.name == "topk_equals_local_experts":  # all K experts on one rank: K-fold fewer rows
@@ -257,9 +274,10 @@ def test_permute_plan_moves_megatrons_rows(results: list[dict]) -> None:
         _, routing, _, _ = _inputs(case)
         placement = Placement(case.experts, WORLD, case.ranks_per_node)
         T = case.tokens
-        ranks_of = routing.expert_ids // placement.local_experts
+        ranks_of = _served_ranks(routing, placement)
         for rank, res in enumerate(results):
-            out = int((ranks_of[rank * T : (rank + 1) * T] != rank).sum())
+            mine = ranks_of[rank * T : (rank + 1) * T]
+            out = int(((mine != rank) & (mine >= 0)).sum())
             back = sum(int((ranks_of[s * T : (s + 1) * T] == rank).sum()) for s in range(WORLD) if s != rank)
             assert res["bytes_sent"][(case.name, "fused_permute")] == (out + back) * case.hidden * 4, case.name
 
@@ -278,3 +296,15 @@ def test_cost_model_needs_costly_links_and_dedup() -> None:
     top1 = torch.tensor([4 * 768, 4 * 512, 4 * 768, 4 * 512, 4 * 512])  # node dedup factor 1
     assert not prefer_two_level(top1, placement, costly, row_bytes=4096)
     assert not prefer_two_level(None, placement, costly, row_bytes=4096)
+
+
+def test_expected_rank_dedup_saving_follows_the_uniform_dedup_factor() -> None:
+    """Auto's estimate (from global counts, so every rank agrees): nothing at top-1 or on one rank; at
+    top-8 over 8 experts on 2 ranks a token's 4 off-rank pairs share one row: 3/4 of their bytes saved."""
+    from components.shuffle.rank_dedup import expected_saved_bytes
+
+    placement = Placement(8, 2, 2)
+    counts = torch.tensor([[10, 10, 10, 10, 10, 10, 10, 10], [10, 10, 10, 10, 10, 10, 10, 10]])  # 40 off-rank pairs each
+    assert expected_saved_bytes(counts, placement, 1, 64) == 0.0
+    assert expected_saved_bytes(counts[:1], Placement(8, 1, 1), 8, 64) == 0.0
+    assert expected_saved_bytes(counts, placement, 8, 64) == pytest.approx(2 * 64 * 80 * 0.75 / 2)

@@ -22,7 +22,11 @@ baseline by config). Routing counts are exchanged once per layer (one all-gather
 counts), so capacity, drops, both aux losses and the utilisation are those of the global batch
 on every rank: a model trained expert-parallel trains like the single-process model and loads
 into it unchanged (after ``full_expert_state`` gathers the shards). On the expert-parallel path a
-dropped pair still travels with combine weight 0 (the dispatchers move k rows per token).
+dropped pair does not travel: the routing carries the keep mask, and the default fused paths
+(permute, rank_dedup) and the Megatron baseline leave dropped pairs out of the shuffle (the
+pair-level plans one_level / two_level / dedup_permute still move them, with combine weight 0).
+The routing also carries the served pairs per (source rank, expert) that every rank derives from
+the count all-gather, so the fused permute path skips its own count exchange.
 """
 
 from __future__ import annotations
@@ -56,12 +60,21 @@ class Experts(nn.Module):
             nn.init.uniform_(w, -bound, bound)
             nn.init.uniform_(b, -bound, bound)
 
-    def expert(self, local: int, x: Tensor) -> Tensor:
-        return F.gelu(x @ self.w1[local] + self.b1[local]) @ self.w2[local] + self.b2[local]
+    def per_expert(self) -> list[tuple[Tensor, Tensor, Tensor, Tensor]]:
+        """(w1, b1, w2, b2) of each local expert, split once per forward with ``unbind``: its backward
+        stacks the experts' gradients in one pass, where indexing ``w1[l]`` per expert would zero-fill
+        and add a full-size (L, ...) gradient per expert (L^2 memory traffic per step)."""
+        return list(zip(*(p.unbind(0) for p in (self.w1, self.b1, self.w2, self.b2)), strict=True))
+
+    @staticmethod
+    def mlp(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
+        return F.gelu(x @ w1 + b1) @ w2 + b2
 
     def forward(self, x: Tensor, tokens_per_expert: tuple[int, ...]) -> Tensor:
         """Expert-major rows: the first tokens_per_expert[0] rows go to local expert 0, and so on."""
-        parts = [self.expert(l, rows) for l, rows in enumerate(x.split(list(tokens_per_expert))) if rows.shape[0]]
+        weights = self.per_expert()
+        parts = [self.mlp(rows, *weights[l]) for l, rows in enumerate(x.split(list(tokens_per_expert)))
+                 if rows.shape[0]]
         return torch.cat(parts) if parts else x.new_zeros(0, self.w2.shape[2]) + 0 * x.sum()
 
     def shard(self, rank: int, world: int) -> None:
@@ -126,14 +139,15 @@ class MoEFeedForward(nn.Module):
         top_p, top_i = scores.topk(self.top_k, dim=-1)
         counts = self._global_counts(top_i)
         tokens = int(counts[:, -1].sum())
-        keep, kept = self._capacity(top_i, counts, tokens)
+        keep, served = self._capacity(top_i, counts, tokens)
         assigned = counts[:, :-1].sum(0).view(self.top_k, self.num_experts).sum(0)
-        self.usage = ExpertUsage(assigned, kept)
+        self.usage = ExpertUsage(assigned, served.sum(0))
         probs = top_p / top_p.sum(dim=-1, keepdim=True)
+        routing = Routing(top_i, probs, keep, served)
         if self.dispatcher is None:
-            out = self._dense(x, top_i, probs, keep)
+            out = self._dense(x, routing)
         else:
-            d = self.dispatcher.dispatch(x, Routing(top_i, probs * keep))
+            d = self.dispatcher.dispatch(x, routing)
             out = self.dispatcher.combine(self.experts(d.x, d.tokens_per_expert), d.handle)
         return out, self._losses(logits, scores, assigned, tokens)
 
@@ -147,33 +161,37 @@ class MoEFeedForward(nn.Module):
         dist.all_gather(parts, local, group=self.group)
         return torch.stack(parts)
 
-    def _capacity(self, top_i: Tensor, counts: Tensor, tokens: int) -> tuple[Tensor, Tensor]:
-        """(T, k) keep mask of this rank's pairs and (E,) pairs each expert keeps (global batch).
+    def _capacity(self, top_i: Tensor, counts: Tensor, tokens: int) -> tuple[Tensor | None, Tensor]:
+        """(T, k) keep mask of this rank's pairs (None: no capacity limit) and (world, E) pairs each
+        rank has served per expert (global batch: the same on every rank).
 
         A pair's place in its expert's queue: pairs of earlier choices (all ranks), then pairs of
         the same choice on lower ranks (their tokens come first in the global batch), then this
         rank's earlier tokens. Kept iff the place is below the capacity.
         """
         k, e = self.top_k, self.num_experts
-        per_rank = counts[:, :-1].view(-1, k, e)
-        assigned = per_rank.sum((0, 1))
+        per_rank = counts[:, :-1].view(-1, k, e)  # (world, k, E)
         if not (self.training and self.capacity_factor > 0):
-            return torch.ones_like(top_i, dtype=torch.bool), assigned
+            return None, per_rank.sum(1)
         capacity = math.ceil(self.capacity_factor * tokens * k / e)
         slot_totals = per_rank.sum(0)  # (k, E)
+        queued_before = slot_totals.cumsum(0) - slot_totals + per_rank.cumsum(0) - per_rank  # (world, k, E)
+        served = (capacity - queued_before).clamp_min(0).minimum(per_rank).sum(1)  # (world, E)
         rank = 0 if self.group is None else dist.get_rank(self.group)
-        offset = slot_totals.cumsum(0) - slot_totals + per_rank[:rank].sum(0)  # (k, E)
         one_hot = F.one_hot(top_i, e)  # (T, k, E)
-        place = ((one_hot.cumsum(0) - one_hot + offset) * one_hot).sum(-1)  # (T, k)
-        return place < capacity, assigned.clamp_max(capacity)
+        place = ((one_hot.cumsum(0) - one_hot + queued_before[rank]) * one_hot).sum(-1)  # (T, k)
+        return place < capacity, served
 
-    def _dense(self, x: Tensor, top_i: Tensor, probs: Tensor, keep: Tensor) -> Tensor:
+    def _dense(self, x: Tensor, routing: Routing) -> Tensor:
         """Every expert local, in ascending expert order (the order the fused shuffle reproduces)."""
         out = torch.zeros_like(x)
+        served = routing.expert_ids if routing.keep is None else routing.expert_ids.masked_fill(~routing.keep, -1)
+        weights = self.experts.per_expert()
         for e in range(self.num_experts):
-            tok, k = ((top_i == e) & keep).nonzero(as_tuple=True)
+            tok, k = (served == e).nonzero(as_tuple=True)
             if tok.numel():
-                out = out.index_add(0, tok, self.experts.expert(e, x[tok]) * probs[tok, k].unsqueeze(1))
+                y = self.experts.mlp(x[tok], *weights[e])
+                out = out.index_add(0, tok, y * routing.probs[tok, k].unsqueeze(1))
         return out
 
     def _losses(self, logits: Tensor, scores: Tensor, assigned: Tensor, tokens: int) -> RouterLosses:

@@ -4,9 +4,11 @@
     y = experts(d.x, d.tokens_per_expert)    # any row-wise expert computation
     out = dispatcher.combine(y, d.handle)    # (T, H): sum_k probs[t,k] * y(t,k)
 
-fused           plan permute (``permute.py``, what auto runs at top-1): Megatron's op sequence with
-                reused staging buffers and less per-call overhead -- top-1 has nothing to dedup.
-                plan auto (top-k > 1) / rank_dedup (``rank_dedup.py``): one coalesced all-to-all per direction,
+fused           plan permute (``permute.py``, what auto runs at top-1, and at top-k > 1 when the MoE
+                layer's global counts say rank dedup saves < ``dedup_min_saved_kib``): Megatron's
+                op sequence with reused staging buffers, less per-call overhead, and no count
+                exchange when the routing carries the group's counts.
+                plan auto (top-k > 1, larger payloads) / rank_dedup (``rank_dedup.py``): one coalesced all-to-all per direction,
                 each token once per expert rank, expanded into expert-major slots on arrival and
                 reduced there on the way back. plan one_level / two_level: plan descriptors + the
                 pipelined p2p engine; probabilities travel to the slots as one scalar per pair and
@@ -75,8 +77,9 @@ class FusedDispatcher:
     ``shuffle.plan``: permute (``permute.py``: Megatron's sequence, reused staging), rank_dedup
     (``rank_dedup.py``: one coalesced all-to-all per direction, each token once per expert rank),
     one_level / two_level (``plan.py`` + the pipelined ``engine.py``), or auto: permute at top-1
-    (rank dedup factor 1: nothing to deduplicate, so the plain sequence is the cheapest), else
-    rank_dedup unless ``prefer_two_level``'s cost model says two-level moves less.
+    (rank dedup factor 1: nothing to deduplicate, so the plain sequence is the cheapest) and where
+    rank dedup would save little (``_auto_skips_dedup``), else rank_dedup unless
+    ``prefer_two_level``'s cost model says two-level moves less.
 
     With ``collective=True`` and a two-level plan it is the dedup_permute baseline: the same
     deduplicated rows, moved as permute -> all_to_all_single -> permute.
@@ -91,10 +94,21 @@ class FusedDispatcher:
         self.transport = Transport(group=group, collective=collective, min_segment_bytes=segment)
         self.last_plan: ShufflePlan | rank_dedup.RankDedupPlan | permute.PermutePlan | None = None
 
+    def _auto_skips_dedup(self, x: Tensor, routing: Routing) -> bool:
+        """Auto runs the permute sequence at top-1 (the same on every rank: one model), and at top-k > 1
+        when the routing carries the group's counts and rank dedup would save under
+        ``dedup_min_saved_kib`` (computed from global counts: every rank decides the same)."""
+        if routing.top_k == 1:
+            return True
+        if routing.pairs_per_rank is None:
+            return False
+        row_bytes = x.shape[1] * x.element_size()
+        saved = rank_dedup.expected_saved_bytes(routing.pairs_per_rank, self.placement, routing.top_k, row_bytes)
+        return saved < self.cfg.dedup_min_saved_kib * 1024
+
     def dispatch(self, x: Tensor, routing: Routing) -> Dispatched:
         kind = self.plan_kind
-        # top-1 is the same on every rank (one model), so auto decides without a collective
-        if (kind == "permute" or (kind == "auto" and routing.top_k == 1)) and not self.transport.collective:
+        if (kind == "permute" or (kind == "auto" and self._auto_skips_dedup(x, routing))) and not self.transport.collective:
             routing.check(self.placement)
             slots, handle = permute.dispatch(x, routing, self.placement, self.rank, self.transport)
             self.last_plan = handle.plan
@@ -120,7 +134,7 @@ class FusedDispatcher:
         plan = build_plan(routing, self.placement, self.rank, self.group, kind, rounds,
                           self.cfg.grouping, self.cfg.dedup_threshold)
         self.last_plan = plan
-        rows, probs = x, routing.probs.reshape(-1, 1)
+        rows, probs = x, routing.served_probs().reshape(-1, 1)  # pair-level plans move dropped pairs, weight 0
         for tok_stage, pair_stage, shared in zip(plan.token_stages, plan.pair_stages, plan.shared_hops):
             if shared:  # rows and their probabilities travel in the same messages
                 rows, probs = shuffle((rows, probs), ((tok_stage, pair_stage),), "copy", self.transport)
@@ -187,11 +201,13 @@ class MegatronDispatcher:
         W, L, E = self.placement.world_size, self.placement.local_experts, self.placement.num_experts
         T, K = routing.num_tokens, routing.top_k
         meter = self.transport.meter
-        e = routing.expert_ids.reshape(-1)
-        tok = torch.arange(T * K, device=e.device) // K
+        e, tok, probs = routing.expert_ids.reshape(-1), torch.arange(T * K, device=x.device) // K, routing.probs.reshape(-1)
+        pairs = routing.kept_pairs()
+        if pairs is not None:  # Megatron's routing_map holds only the pairs within capacity
+            e, tok, probs = e[pairs], tok[pairs], probs[pairs]
         order = torch.argsort(e * max(T, 1) + tok)  # routing_map.T.masked_select: expert-major
         sorted_tokens = tok[order]
-        sorted_probs = routing.probs.reshape(-1)[order]
+        sorted_probs = probs[order]
         permuted = x.index_select(0, sorted_tokens)  # permute
         meter.copied(permuted)
         counts = torch.bincount(e, minlength=E)  # tokens per expert, this rank

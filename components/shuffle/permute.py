@@ -1,4 +1,5 @@
-"""The plain permute shuffle with reused staging: what ``shuffle.plan: auto`` runs at top-1.
+"""The plain permute shuffle with reused staging: what ``shuffle.plan: auto`` runs at top-1 (and at
+top-k > 1 when per-rank dedup would save less than ``shuffle.dedup_min_saved_kib``).
 
     dispatch  permute (tokens -> expert-major pairs, gathered into a reused send buffer)
               -> count all-to-all -> all_to_all_single (into a reused receive buffer)
@@ -10,12 +11,20 @@ The op sequence is Megatron's (``dispatchers.MegatronDispatcher``); what differs
 overhead around it: staging buffers come from the engine's ``Workspace`` instead of fresh
 allocations, the pair order is one stable sort of the expert ids, the count exchange is one
 async ``all_to_all_single`` of this rank's (peer, local expert) counts that travels while the
-permute runs, the split sizes come back in one host sync, and at top-1 the unpermute is a
+permute runs -- or none at all when the routing carries the group's counts
+(``Routing.pairs_per_rank``: the MoE layer already all-gathers them for capacity and its
+losses, so in the policy the fused forward has one collective fewer per layer than Megatron's)
+-- the split sizes come back in one host sync, and at top-1 the unpermute is a
 copy plus an in-place scale (every token has exactly one pair: no zero fill, no scatter-add).
+Pairs the routing drops (``Routing.keep``: over an expert's capacity) are left out of the permute,
+so they never travel; tokens left without a pair come back as zeros.
 
 Why it exists: with top-1 (rank dedup factor 1 by construction) there is nothing to
 deduplicate, so rank_dedup's per-pair metadata rows and ``embedding_bag`` reductions are pure
-overhead; nothing can move fewer bytes or make fewer passes than this sequence.
+overhead; nothing can move fewer bytes or make fewer passes than this sequence. At top-k > 1 with
+a small payload (the policy's few hundred 64-wide tokens per rank) the same holds in practice:
+rank_dedup's fixed cost (metadata packing, index expansions, bag reductions: ~1.5-2.5 ms CPU per
+layer forward + backward here) exceeds what the rows it saves cost to move.
 
 Exactness: the rows and additions are in Megatron's order -- expert-major, tokens ascending;
 a token's pairs added in ascending expert order -- so it equals the single-process reference
@@ -45,11 +54,12 @@ class PermutePlan:
     top_k: int
     rank: int
     node_of_peer: tuple[int, ...]
-    order: Tensor  # (T*K,) flat pair index (token*K + k), expert-major, tokens ascending
+    order: Tensor  # (P,) flat pair index (token*K + k) of each served pair, expert-major, tokens ascending
     in_splits: list[int]  # pairs this rank sends to each peer (dispatch)
     out_splits: list[int]  # pairs this rank receives from each peer (dispatch)
     chunk_sizes: list[int]  # received pairs per (source, local expert), row-major
     tokens_per_expert: tuple[int, ...]
+    complete: bool = True  # every pair served (no capacity drops): at top-1 each token has its one pair
     kind: str = "permute"
 
     @property
@@ -104,10 +114,13 @@ def _count(meter: Meter, plan: PermutePlan, rows_to_peer: list[int], row_bytes: 
 
 
 def _to_tokens(rows: Tensor, plan: PermutePlan) -> Tensor:
-    """Pair rows in wire order -> (T, H), summed per token (a copy at top-1, an index_add otherwise)."""
+    """Pair rows in wire order -> (T, H), summed per token (a copy at top-1, an index_add otherwise).
+
+    A token whose pairs were all dropped gets zeros (then no zero fill is needed only at complete top-1).
+    """
     T, H = plan.num_tokens, rows.shape[1]
     if plan.top_k == 1:
-        out = torch.empty(T, H, dtype=rows.dtype, device=rows.device)
+        out = (torch.empty if plan.complete else torch.zeros)(T, H, dtype=rows.dtype, device=rows.device)
         return out.index_copy_(0, plan.order, rows)
     out = torch.zeros(T, H, dtype=rows.dtype, device=rows.device)
     return out.index_add_(0, plan.sorted_tokens, rows)  # ascending pair index = ascending expert per token
@@ -121,6 +134,22 @@ def _post_counts(send: Tensor, group: dist.ProcessGroup | None):
     return recv, work
 
 
+def _counts(e: Tensor, routing: Routing, placement: Placement, rank: int, group: dist.ProcessGroup | None):
+    """(W, L) served pairs this rank sends to each peer's experts, (W, L) it receives, pending work.
+
+    With ``routing.pairs_per_rank`` (the MoE layer's global counts) both are read from it: no
+    collective. Otherwise the count all-to-all is started here.
+    """
+    W, L = placement.world_size, placement.local_experts
+    known = routing.pairs_per_rank
+    if known is not None:
+        if known.shape != (W, W * L):
+            raise ValueError(f"Routing.pairs_per_rank: expected ({W}, {W * L}), got {tuple(known.shape)}")
+        return known[rank].view(W, L), known[:, rank * L : (rank + 1) * L], None
+    counts = torch.bincount(e, minlength=W * L).view(W, L)
+    return (counts, *_post_counts(counts, group))
+
+
 class _Dispatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, routing: Routing, placement: Placement, rank: int, t: Transport, holder: dict,  # type: ignore[override]
@@ -128,12 +157,16 @@ class _Dispatch(torch.autograd.Function):
         W, L = placement.world_size, placement.local_experts
         T, K = routing.num_tokens, routing.top_k
         e = routing.expert_ids.reshape(-1)
-        counts = torch.bincount(e, minlength=W * L).view(W, L)
-        recv, work = _post_counts(counts, t.group)
+        pairs = routing.kept_pairs()  # capacity drops: only served pairs travel
+        if pairs is not None:
+            e = e[pairs]
+        counts, recv, work = _counts(e, routing, placement, rank, t.group)
         # while the counts travel: the permute, straight into the reused send buffer
         order = torch.sort(e, stable=True).indices  # flat index is token-major: tokens ascending per expert
+        if pairs is not None:
+            order = pairs[order]
         sorted_tokens = order if K == 1 else order // K
-        sbuf = t.workspace.get("send", 0, T * K, x)
+        sbuf = t.workspace.get("send", 0, order.numel(), x)
         torch.index_select(x, 0, sorted_tokens, out=sbuf)
         if work is not None:
             work.wait()
@@ -143,7 +176,7 @@ class _Dispatch(torch.autograd.Function):
         chunk_sizes = [c for r in host for c in r[L:]]
         per_expert = tuple(sum(r[L + l] for r in host) for l in range(L))
         plan = PermutePlan(T, K, rank, tuple(placement.node_of(r) for r in range(W)), order, in_splits,
-                           out_splits, chunk_sizes, per_expert)
+                           out_splits, chunk_sizes, per_expert, complete=order.numel() == T * K)
         rbuf = t.workspace.get("recv", 0, plan.num_slots, x)
         _all_to_all(rbuf, sbuf, out_splits, in_splits, t)
         slots = _sort_chunks(rbuf, *_by_expert(plan))  # fresh: the caller keeps it

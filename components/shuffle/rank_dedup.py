@@ -11,6 +11,9 @@ weighted expert outputs (one fused ``embedding_bag`` pass) before the single row
 shared ranks) nothing is deduplicated and the path is exactly Megatron's traffic minus its copies:
 gather straight into the send buffer, one ``all_to_all_single``, expand straight into the slots.
 
+Pairs the routing drops (``Routing.keep``: over an expert's capacity) are left out of the plan:
+they add no row, no metadata and no slot; a token left without a served pair comes back as zeros.
+
 Collectives per call: one small count exchange + one row all-to-all (dispatch), one row
 all-to-all (combine) -- the same as Megatron's all-gather + 2 all-to-alls. The per-pair metadata
 (the slot's row inside the source's block, and the probability) rides in the dispatch
@@ -26,6 +29,7 @@ fp32 rounding (bit for bit on dyadic data, where every sum is exact -- the tests
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -94,7 +98,7 @@ class RankDedupPlan:
     s_tok: Tensor  # (U,) token of each unique (dest rank, token) row, dest-major, tokens ascending
     s_unique: list[int]  # unique rows per dest rank
     s_pairs: list[int]  # pairs per dest rank
-    s_pair_order: Tensor  # (P,) flat pair index (token*K + k) in wire order (dest, local expert, token)
+    s_pair_order: Tensor  # (P,) flat pair index (token*K + k) of each served pair in wire order (dest, local expert, token)
     s_pair_row: Tensor  # (P,) row of the pair's token inside the dest block (0..U_d-1)
     s_by_token: tuple[Tensor, Tensor]  # unique rows grouped by token (ranks ascending): index, bag offsets
     # receiver side (this rank's expert slots)
@@ -110,13 +114,14 @@ class RankDedupPlan:
         return sum(self.tokens_per_expert)
 
 
-def _bags(owner: Tensor, bags: int) -> tuple[Tensor, Tensor]:
+def _bags(owner: Tensor, bags: int, every_bag_filled: bool = True) -> tuple[Tensor, Tensor]:
     """Items grouped by owner for ``embedding_bag``: item indices (owner-major, stable) and bag offsets.
 
-    Every bag owns at least one item here, so ``len(owner) == bags`` means one item each (top-1):
-    then the grouping is the inverse permutation, no sort needed.
+    When every bag owns at least one item, ``len(owner) == bags`` means one item each (top-1):
+    then the grouping is the inverse permutation, no sort needed. (Capacity drops can leave a
+    token without items: pass ``every_bag_filled=False``; its bag is empty and sums to 0.)
     """
-    if owner.numel() == bags:
+    if every_bag_filled and owner.numel() == bags:
         order = torch.empty_like(owner)
         order[owner] = torch.arange(bags, device=owner.device)
         return order, torch.arange(bags, device=owner.device)
@@ -167,6 +172,26 @@ def routing_stats(routing: Routing, placement: Placement, rank: int) -> Tensor:
     ]).to(COUNT_DTYPE)
 
 
+def expected_saved_bytes(pairs_per_rank: Tensor, placement: Placement, top_k: int, row_bytes: int) -> float:
+    """Bytes per-rank dedup is expected to save per rank and call (dispatch + combine), from the group's
+    (W, E) served-pair counts and the dedup factor of uniform routing.
+
+    Off-rank pairs come from the counts; per (token, other rank) a uniform top-k token sends
+    ``top_k (E - L) / E`` pairs but hits each other rank with probability ``1 - C(E-L, k) / C(E, k)``,
+    so rank dedup sends pairs / factor rows, factor = pairs per token / ((W - 1) x that probability).
+    Every rank computes the same number (the counts are global), so all pick the same plan.
+    """
+    W, L, E = placement.world_size, placement.local_experts, placement.num_experts
+    if W == 1 or top_k == 1:
+        return 0.0
+    pairs_per_token = top_k * (E - L) / E
+    rows_per_token = (W - 1) * (1 - math.comb(E - L, top_k) / math.comb(E, top_k))
+    dev = pairs_per_rank.device
+    off_rank = torch.arange(E, device=dev).unsqueeze(0) // L != torch.arange(W, device=dev).unsqueeze(1)  # (W, E)
+    off_rank_pairs = int(pairs_per_rank[off_rank].sum())
+    return 2 * row_bytes * off_rank_pairs * (1 - rows_per_token / pairs_per_token) / W
+
+
 _TOKEN_OF_PAIR: dict[tuple, Tensor] = {}
 
 
@@ -194,6 +219,9 @@ def build_rank_dedup(routing: Routing, placement: Placement, rank: int, group: d
     W, L = placement.world_size, placement.local_experts
     e = ids.reshape(-1)
     tok = _token_of_pair(T, K, dev)
+    pairs = routing.kept_pairs()  # capacity drops: only served pairs travel
+    if pairs is not None:
+        e, tok = e[pairs], tok[pairs]
     dest = e // L
 
     # unique (dest, token) rows, dest-major, tokens ascending; row of each (dest, token) inside its block
@@ -217,7 +245,9 @@ def build_rank_dedup(routing: Routing, placement: Placement, rank: int, group: d
     e_s, tok_s = e[order], tok[order]
     d_s = e_s // L
     s_pair_row = csum[d_s * max(T, 1) + tok_s] - 1 - u_base[d_s]
-    s_by_token = _bags(s_tok, T)
+    s_by_token = _bags(s_tok, T, every_bag_filled=pairs is None)
+    if pairs is not None:
+        order = pairs[order]
     if work is not None:
         work.wait()
     stats = recv[:, L + 1 :].sum(0) if with_stats else None

@@ -2,7 +2,9 @@
 
 ``Placement`` maps experts to ranks (contiguous blocks of ``local_experts``) and ranks to nodes
 (contiguous blocks of ``ranks_per_node``). ``Routing`` is a top-k routing: per token, K distinct
-expert ids and their combine probabilities. The synthetic routings (uniform, node-confined,
+expert ids, their combine probabilities and optionally which pairs are served (a capacity limit
+drops the rest: a dropped pair adds nothing, and the permute, rank_dedup and Megatron paths do
+not move it at all). The synthetic routings (uniform, node-confined,
 Zipf-skewed) and the single-process dense reference live here too, because tests and the
 benchmark both need them.
 """
@@ -56,10 +58,18 @@ class Placement:
 
 @dataclass(frozen=True)
 class Routing:
-    """Top-k routing of T tokens: ``expert_ids`` (T, K) int64 distinct per row, ``probs`` (T, K)."""
+    """Top-k routing of T tokens: ``expert_ids`` (T, K) int64 distinct per row, ``probs`` (T, K),
+    ``keep`` (T, K) bool: the pairs served (None = all; a dropped pair adds nothing to its token).
+
+    ``pairs_per_rank`` (W, E) int64, optional: served pairs per (source rank, expert) of the whole
+    group, identical on every rank. The MoE layer knows it from its own routing count exchange
+    (capacity needs the global counts anyway); given it, the permute path needs no count exchange.
+    """
 
     expert_ids: Tensor
     probs: Tensor
+    keep: Tensor | None = None
+    pairs_per_rank: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.expert_ids.dim() != 2 or self.expert_ids.shape != self.probs.shape:
@@ -69,6 +79,19 @@ class Routing:
             )
         if self.expert_ids.dtype != torch.int64:
             raise ValueError(f"Routing: expert_ids must be int64, got {self.expert_ids.dtype}")
+        if self.keep is not None and (self.keep.shape != self.expert_ids.shape or self.keep.dtype != torch.bool):
+            raise ValueError(f"Routing: keep must be a (tokens, top_k) bool mask like expert_ids "
+                             f"{tuple(self.expert_ids.shape)}, got {self.keep.dtype} {tuple(self.keep.shape)}")
+
+    def kept_pairs(self) -> Tensor | None:
+        """Flat indices (token * K + k, ascending) of the served pairs; None when every pair is served."""
+        if self.keep is None:
+            return None
+        return self.keep.reshape(-1).nonzero().squeeze(1)
+
+    def served_probs(self) -> Tensor:
+        """(T, K) probabilities with dropped pairs at 0: for paths that move every pair."""
+        return self.probs if self.keep is None else self.probs * self.keep
 
     @property
     def num_tokens(self) -> int:
@@ -118,14 +141,15 @@ def synthetic_routing(
 def dense_reference(
     x: Tensor, routing: Routing, expert: Callable[[int, Tensor], Tensor], num_experts: int
 ) -> Tensor:
-    """out[t] = sum_k probs[t,k] * expert(e[t,k], x[t]), summed in ascending expert order.
+    """out[t] = sum_k probs[t,k] * expert(e[t,k], x[t]) over the served pairs, in ascending expert order.
 
-    Each expert sees its tokens in ascending token order. The one-level fused shuffle reproduces
+    Each expert sees its (served) tokens in ascending token order. The one-level fused shuffle reproduces
     exactly this order of rows and of additions, so it matches bit for bit.
     """
     out = torch.zeros_like(x)
+    served = routing.expert_ids if routing.keep is None else routing.expert_ids.masked_fill(~routing.keep, -1)
     for e in range(num_experts):
-        tok, k = (routing.expert_ids == e).nonzero(as_tuple=True)
+        tok, k = (served == e).nonzero(as_tuple=True)
         if tok.numel():
             out.index_add_(0, tok, expert(e, x[tok]) * routing.probs[tok, k].unsqueeze(1))
     return out
