@@ -17,6 +17,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from components.config import RegistryConfig
+from components.registry.local_store import seed_local_db
 
 LOCAL_DB = "mlflow.db"
 LOCAL_ARTIFACTS = "artifacts"
@@ -115,6 +116,7 @@ def configure_mlflow(mlruns: Path, cfg: RegistryConfig) -> str:
     logging.getLogger().setLevel(level)  # `import mlflow.pytorch` resets root logging (STACK-NOTES)
     if store.local_dir is not None:
         store.local_dir.mkdir(parents=True, exist_ok=True)
+        seed_local_db(store.local_dir / LOCAL_DB, store.artifact_location or store.local_dir.resolve().as_uri())
     uri, credentials = split_credentials(store.uri)
     os.environ.update(credentials)  # MLflow reads a server's basic-auth credentials from env only
     mlflow.set_tracking_uri(uri)
