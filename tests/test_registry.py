@@ -82,3 +82,29 @@ def test_canary_rollout_leaves_champion_until_live_outcomes(tmp_path):
     assert outcome.champion_after == first.version  # the champion still serves most of the fleet
     assert outcome.canary == challenger.version
     assert registry.aliases()["canary"] == challenger.version
+
+
+def test_a_new_root_is_seeded_from_the_migrated_template_and_an_existing_store_is_never_touched(tmp_path, monkeypatch):
+    import sqlite3
+
+    from components.registry.local_store import seed_local_db
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    registry = PolicyRegistry(tmp_path / "a" / "mlruns", RegistryConfig())  # the template is built on first use
+    assert list((tmp_path / "cache" / "fleetloop").glob("mlflow-*-empty.db"))
+    db = tmp_path / "a" / "mlruns" / "mlflow.db"
+    default = sqlite3.connect(db).execute("SELECT artifact_location FROM experiments WHERE experiment_id = 0").fetchone()
+    assert default == ((tmp_path / "a" / "mlruns" / "artifacts").resolve().as_uri() + "/0",)  # this root's, not the cwd's
+    first = _log(registry, 0, 90)  # a seeded store is a working MLflow store: register, alias, load
+    assert registry.promote_if_better(first, None, None).promote
+    assert registry.champion().version == first.version and registry.load("champion").obs_dim == 6
+
+    before = db.read_bytes()
+    assert not seed_local_db(db, "file:///elsewhere") and db.read_bytes() == before  # never over a store
+
+    (tmp_path / "not-a-folder").write_text("")  # no usable cache: MLflow creates the store itself
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-folder"))
+    assert not seed_local_db(tmp_path / "b" / "mlflow.db", "file:///b")
+    assert not (tmp_path / "b" / "mlflow.db").exists()
+    fallback = PolicyRegistry(tmp_path / "c" / "mlruns", RegistryConfig())
+    assert fallback.promote_if_better(_log(fallback, 1, 90), None, None).promote
