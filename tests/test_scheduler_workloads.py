@@ -217,7 +217,10 @@ def test_unqualified_capacity_is_noted_in_the_plan_and_priced_ipc_is_in_the_prof
     prof = rt.profile()
     assert readings == [2, 2, 2] and prof.capacity == 1.0 and not prof.capacity_reading.qualified
     assert any("UNQUALIFIED" in n for n in plan.notes)
-    assert prof.ipc is not None and prof.ipc.latency_s > 0 and prof.ipc.out_bytes_per_row.get("infer", 0) > 0
+    # priced from measured crossings: a fixed cost, a per-byte cost or both (on a busy host the fit
+    # may put it all in one term: CI once fitted latency 0 and 0.53 us per byte)
+    ipc = prof.ipc
+    assert ipc is not None and ipc.latency_s + ipc.s_per_byte > 0 and ipc.out_bytes_per_row.get("infer", 0) > 0
     rt.capacity_probe = lambda devices: 2.0
     rt.profile(refresh=True)
     assert rt.profile().capacity_reading.qualified
