@@ -493,9 +493,9 @@ class ChaosRun:
         self.coordinator_restarts += 1
 
     def _network(self, kind: str) -> bool:
+        if kind in ("reset", "drop") and not any(p.open_connections for p in self.proxies.values()):
+            return False  # nothing to cut (the fleet is restarting, or a drop is on): later
         if kind == "reset":
-            if not any(p.open_connections for p in self.proxies.values()):
-                return False  # nothing to reset (the fleet is restarting, or a drop is on): later
             for proxy in self.proxies.values():
                 proxy.reset()
             self._record(kind, "inference+ingest proxies")
