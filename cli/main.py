@@ -37,6 +37,7 @@ console = Console()
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line, whatever the terminal width
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+VersionArg = Annotated[str, typer.Argument(help="Model version number, or an alias such as champion.")]
 
 
 def _mount_fleet() -> None:
@@ -310,7 +311,7 @@ def status(as_json: JsonOpt = False, runs: Annotated[int, typer.Option(help="How
 
 
 @app.command()
-def lineage(version: Annotated[str, typer.Argument(help="Model version number, or an alias such as champion.")], as_json: JsonOpt = False) -> None:
+def lineage(version: VersionArg, as_json: JsonOpt = False) -> None:
     """Model version → MLflow run → git commit, params, DVC snapshot, LanceDB version → episodes per robot."""
     from cli.reports import LineageNotFound, lineage_report, lineage_summary
 
@@ -323,7 +324,7 @@ def lineage(version: Annotated[str, typer.Argument(help="Model version number, o
 
 @app.command()
 def reproduce(
-    version: Annotated[str, typer.Argument(help="Model version number, or an alias such as champion.")],
+    version: VersionArg,
     scratch: Annotated[Optional[Path], typer.Option("--scratch", help="New folder to rebuild in, kept (default: a temporary one, removed).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -349,7 +350,7 @@ def reproduce(
 
 @app.command()
 def explain(
-    version: Annotated[str, typer.Argument(help="Model version number, or an alias such as champion.")],
+    version: VersionArg,
     out: Annotated[Optional[Path], typer.Option("--out", help="Folder to write into (default: <root>/artifacts/explain/v<N>).")] = None,
     as_json: JsonOpt = False,
 ) -> None:

@@ -109,3 +109,22 @@ def pull_snapshot(root: Path, dvc_file: Path, remote: DvcRemote) -> None:
     use_remote(root, remote)
     with Repo(str(root)) as repo:
         repo.pull(targets=[str(dvc_file)], remote=REMOTE_NAME)
+
+
+def write_snapshot_file(folder: Path, snapshot_hash: str) -> Path:
+    """``<folder>.dvc`` naming the snapshot ``snapshot_hash`` (what ``dvc add`` wrote when it was taken)."""
+    dvc_file = _dvc_file(folder)
+    dvc_file.write_text(yaml.safe_dump({"outs": [{"md5": snapshot_hash, "hash": "md5", "path": folder.name}]}))
+    return dvc_file
+
+
+def checkout_from_cache(root: Path, dvc_file: Path, source_root: Path) -> None:
+    """Check ``dvc_file``'s snapshot out in ``root`` from the DVC cache of the repo at ``source_root``."""
+    from dvc.repo import Repo
+
+    with Repo(str(source_root)) as repo:
+        cache = repo.cache.local_cache_dir
+    with Repo(str(root)) as repo, repo.config.edit() as conf:
+        conf["cache"]["dir"] = cache
+    with Repo(str(root)) as repo:
+        repo.checkout(targets=[str(dvc_file)])

@@ -21,12 +21,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import yaml
-
 from components.config import Settings
 from components.episodes.dataset import EpisodeDataset
 from components.episodes.record import Episode
-from components.episodes.snapshot import DvcRemote, pull_snapshot
+from components.episodes.snapshot import (
+    DvcRemote,
+    checkout_from_cache,
+    pull_snapshot,
+    write_snapshot_file,
+)
 from components.pipeline.recipe import SETTINGS_ARTIFACT, STORE_TAG
 from components.pipeline.steps import (
     RETRIEVAL_METHODS,
@@ -136,13 +139,12 @@ def restore_snapshot(source: Settings, build: Settings, lineage: Lineage) -> lis
     folder = build.paths.episodes
     folder.parent.mkdir(parents=True, exist_ok=True)
     Repo.init(str(build.root), no_scm=True)
-    dvc_file = folder.with_name(folder.name + ".dvc")
-    dvc_file.write_text(yaml.safe_dump({"outs": [{"md5": snapshot_hash, "hash": "md5", "path": folder.name}]}))
+    dvc_file = write_snapshot_file(folder, snapshot_hash)
     try:
         if lineage.snapshot_remote:
             pull_snapshot(build.root, dvc_file, _remote_of(source, lineage.snapshot_remote))
         else:
-            _checkout_from_cache(source, build, dvc_file)
+            checkout_from_cache(build.root, dvc_file, source.root)
     except DvcException as exc:
         where = lineage.snapshot_remote or f"the DVC cache of {source.root}"
         raise ReproduceError(f"snapshot {snapshot_hash} could not be restored from {where} (garbage-collected, or "
@@ -154,17 +156,6 @@ def _remote_of(source: Settings, url: str) -> DvcRemote:
     """The remote at ``url``, with this root's endpoint when its configured remote is that one."""
     endpoint = source.episodes.dvc_remote_endpoint if source.episodes.dvc_remote == url else ""
     return DvcRemote(url, endpoint)
-
-
-def _checkout_from_cache(source: Settings, build: Settings, dvc_file: Path) -> None:
-    from dvc.repo import Repo
-
-    with Repo(str(source.root)) as repo:
-        cache = repo.cache.local_cache_dir
-    with Repo(str(build.root)) as repo, repo.config.edit() as conf:
-        conf["cache"]["dir"] = cache
-    with Repo(str(build.root)) as repo:
-        repo.checkout(targets=[str(dvc_file)])
 
 
 def kept_store(source: Settings, build: Settings, version: int, lineage: Lineage) -> SegmentStore:
