@@ -120,8 +120,6 @@ class PolicyRegistry:
                 pip_requirements=PIP_REQUIREMENTS,
             )
             run_id = run.info.run_id
-        model_version = mlflow.register_model(info.model_uri, self.cfg.model_name)
-        version = int(model_version.version)
         tags = {
             **lineage.tags(),
             **(tags or {}),
@@ -130,9 +128,10 @@ class PolicyRegistry:
             "fleetloop.success_rate": f"{evaluation['success_rate']:.6f}",
             "fleetloop.evaluation": json.dumps(evaluation)[:4900],
         }
-        for key, value in tags.items():
-            self.client.set_model_version_tag(self.cfg.model_name, str(version), key, value)
-        return self.get_version(version)
+        # tags travel with the registration: one store transaction, so no version is ever visible
+        # without its lineage (one call per tag also cost ~25 ms each on the SQLite store)
+        model_version = mlflow.register_model(info.model_uri, self.cfg.model_name, tags=tags)
+        return self.get_version(int(model_version.version))
 
     # -- reading ---------------------------------------------------------------------------
     def get_version(self, version: int) -> PolicyVersion:
