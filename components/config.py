@@ -389,8 +389,16 @@ class SchedulerConfig(Section):
 class OpsConfig(Section):
     """Orchestration: fan-out, retries, timeouts, schedules, local UIs."""
 
-    dask_address: str = ""  # empty = Prefect's thread pool; "tcp://host:8786" = a Dask cluster
-    max_workers: int = 4
+    # the engine that runs the fan-out (.map over files, episodes, robot groups): threads =
+    # Prefect's thread pool (max_workers), dask = a Dask cluster (prefect-dask), ray = a Ray
+    # cluster (prefect-ray). "" = the engine whose address is set, else threads (as before ray)
+    engine: Literal["", "threads", "dask", "ray"] = ""
+    dask_address: str = ""  # "tcp://host:8786" = a Dask cluster's scheduler
+    # "" = a local Ray cluster per flow run (max_workers CPUs, started and stopped by the run);
+    # "ray://host:10001" = Ray Client to a head node; "host:6379" or "auto" = join from a node
+    ray_address: str = ""
+    ray_object_store_mb: int = Field(default=0, ge=0)  # a local Ray cluster's object store; 0 = Ray's default (30% of RAM)
+    max_workers: int = Field(default=4, ge=1)
     io_retries: int = 3
     retry_delays_s: tuple[float, ...] = (1.0, 5.0, 20.0)
     flow_timeout_s: float = 4 * 3600.0
@@ -399,6 +407,53 @@ class OpsConfig(Section):
     fleet_round_interval_s: int = 6 * 3600
     prefect_port: int = 4200
     mlflow_port: int = 5000
+
+    @property
+    def fan_out_engine(self) -> Literal["threads", "dask", "ray"]:
+        """The engine in effect: ``engine``, or the one whose address is set, or the thread pool."""
+        if self.engine:
+            return self.engine
+        return "dask" if self.dask_address else "ray" if self.ray_address else "threads"
+
+    @model_validator(mode="after")
+    def _engine_matches_addresses(self) -> OpsConfig:
+        """An address the chosen engine would ignore is a mistake, not a silent fallback."""
+        if self.dask_address and self.ray_address:
+            raise ValueError(
+                "ops.dask_address and ops.ray_address are both set: clear the one you do not mean "
+                "(ops.engine picks the engine; the address says where it runs)"
+            )
+        engine = self.fan_out_engine
+        for name, address in (("dask", self.dask_address), ("ray", self.ray_address)):
+            if address and engine != name:
+                raise ValueError(
+                    f"ops.engine is {engine!r} but ops.{name}_address is set ({address!r}), which only "
+                    f"the {name} engine reads: set ops.engine: {name}, or clear ops.{name}_address"
+                )
+        if engine == "dask" and not self.dask_address:
+            raise ValueError(
+                "ops.engine is 'dask' but ops.dask_address is empty: set it to your Dask scheduler "
+                "(tcp://HOST:8786), or use ops.engine: ray (a local cluster needs no address) or threads"
+            )
+        if self.ray_address and not _is_ray_address(self.ray_address):
+            raise ValueError(
+                f"ops.ray_address {self.ray_address!r} is not a Ray address: use ray://HOST:10001 "
+                "(Ray Client to a head node), HOST:6379 (the head's GCS, from a node of the cluster), "
+                "auto (the cluster this node belongs to) or \"\" (a local cluster)"
+            )
+        return self
+
+
+def _is_ray_address(address: str) -> bool:
+    """``auto``, ``ray://host:port`` or a bare ``host:port`` (what ``ray.init(address=...)`` takes)."""
+    if address == "auto":
+        return True
+    parts = urlsplit(address if "://" in address else f"//{address}")
+    try:
+        port = parts.port
+    except ValueError:  # a port that is not a number
+        return False
+    return parts.scheme in ("", "ray") and bool(parts.hostname) and port is not None
 
 
 class FleetRuntimeConfig(Section):

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from components.config import Settings, load_settings
+from components.config import OpsConfig, Settings, load_settings
 
 
 def prepare_environment(settings: Settings | None = None) -> Settings:
@@ -46,14 +46,48 @@ def _healthy(api: str) -> bool:
 
 
 def task_runner(settings: Settings) -> Any:
-    """Prefect's thread pool by default; a Dask cluster (prefect-dask) when an address is set."""
-    if settings.ops.dask_address:
-        from prefect_dask import DaskTaskRunner
+    """The fan-out engine ``ops.engine`` names (``OpsConfig.fan_out_engine``): Prefect's thread
+    pool, a Dask cluster (prefect-dask) or a Ray cluster (prefect-ray). The tasks are the same."""
+    return _RUNNERS[settings.ops.fan_out_engine](settings.ops)
 
-        return DaskTaskRunner(address=settings.ops.dask_address)
+
+def _thread_pool(ops: OpsConfig) -> Any:
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    return ThreadPoolTaskRunner(max_workers=settings.ops.max_workers)
+    return ThreadPoolTaskRunner(max_workers=ops.max_workers)
+
+
+def _dask(ops: OpsConfig) -> Any:
+    from prefect_dask import DaskTaskRunner
+
+    return DaskTaskRunner(address=ops.dask_address)
+
+
+def _ray(ops: OpsConfig) -> Any:
+    """A Ray cluster: joined at ``ops.ray_address``, or a local one this flow run starts and stops.
+
+    A local cluster's workers are children of this process: they inherit its environment
+    (PYTHONPATH, PREFECT_*) and Ray puts the driver's working directory on their ``sys.path``, so
+    they import fleetloop as the driver does; no ``runtime_env`` is needed. A joined cluster's
+    workers import it from their own node's install (docs/operations.md). A flow whose Ray is
+    already up (a parent flow's runner started it) runs on that one: prefect-ray reuses it.
+    """
+    from prefect_ray import RayTaskRunner
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage reports from a fleet's runs
+    if not ops.ray_address:
+        local = {"num_cpus": ops.max_workers, "include_dashboard": False}
+        if ops.ray_object_store_mb:
+            local["object_store_memory"] = ops.ray_object_store_mb * 2**20
+        return RayTaskRunner(address="local", init_kwargs=local)  # "local": never join a stray cluster
+    if ops.ray_address == "auto":
+        # prefect-ray turns address "auto" into a bare ray.init(), which starts a local cluster when
+        # it finds none; ray.init(address="auto") fails instead, as joining should
+        return RayTaskRunner(init_kwargs={"address": "auto"})
+    return RayTaskRunner(address=ops.ray_address)
+
+
+_RUNNERS: dict[str, Callable[[OpsConfig], Any]] = {"threads": _thread_pool, "dask": _dask, "ray": _ray}
 
 
 def io_options(settings: Settings) -> dict[str, Any]:

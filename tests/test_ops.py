@@ -1,5 +1,6 @@
 """Operations against a real Prefect server on a loopback port: runs + artifacts read back through
-the client, a killed flow re-run from its cached tasks, and fan-out on a 2-process Dask cluster."""
+the client, a killed flow re-run from its cached tasks, and fan-out on a 2-process Dask cluster and
+on a local 2-CPU Ray cluster."""
 
 from __future__ import annotations
 
@@ -172,6 +173,127 @@ def test_ingest_and_evaluation_fan_out_on_a_dask_cluster(tmp_path, prefect_serve
     local = evaluate_policy(settings, outcome.result.policy, "candidate")
     assert local.overall.successes == report.overall.successes
     assert local.by_robot.keys() == report.by_robot.keys()
+
+
+@pytest.mark.parametrize(
+    ("ops", "engine", "address"),
+    [
+        ({}, "threads", None),
+        ({"dask_address": "tcp://127.0.0.1:8786"}, "dask", "tcp://127.0.0.1:8786"),  # as before ops.engine
+        ({"engine": "ray"}, "ray", "local"),  # never a stray cluster found on the machine
+        ({"engine": "ray", "ray_address": "ray://head:10001"}, "ray", "ray://head:10001"),
+        ({"ray_address": "10.0.0.5:6379"}, "ray", "10.0.0.5:6379"),
+    ],
+)
+def test_one_setting_picks_the_fan_out_engine(tmp_path, ops, engine, address):
+    """``ops.engine`` (or the one address that is set) picks the runner; nothing is started here."""
+    from flows.runtime import task_runner
+
+    runner = task_runner(small_settings(tmp_path, ops=OpsConfig(**ops)))
+    assert type(runner).__name__ == {"threads": "ThreadPoolTaskRunner", "dask": "DaskTaskRunner", "ray": "RayTaskRunner"}[engine]
+    assert getattr(runner, "address", None) == address
+
+
+def test_ray_auto_joins_and_a_local_ray_cluster_is_sized_by_ops(tmp_path):
+    from flows.runtime import task_runner
+
+    auto = task_runner(small_settings(tmp_path, ops=OpsConfig(ray_address="auto")))
+    assert auto.init_kwargs["address"] == "auto"  # ray.init(address="auto") fails when there is none to join
+    local = task_runner(small_settings(tmp_path, ops=OpsConfig(engine="ray", max_workers=3, ray_object_store_mb=100)))
+    ray_init = {k: v for k, v in local.init_kwargs.items() if k != "namespace"}  # prefect-ray adds its namespace
+    assert ray_init == {"num_cpus": 3, "include_dashboard": False, "object_store_memory": 100 * 2**20}
+
+
+@pytest.mark.parametrize(
+    ("ops", "names"),
+    [
+        ({"engine": "threads", "dask_address": "tcp://h:8786"}, ("ops.dask_address", "ops.engine: dask")),
+        ({"engine": "ray", "dask_address": "tcp://h:8786"}, ("ops.dask_address", "clear ops.dask_address")),
+        ({"engine": "dask", "ray_address": "ray://h:10001"}, ("ops.ray_address", "ops.engine: ray")),
+        ({"engine": "dask"}, ("ops.dask_address is empty", "tcp://HOST:8786")),
+        ({"dask_address": "tcp://h:8786", "ray_address": "auto"}, ("both set",)),
+        ({"engine": "ray", "ray_address": "tcp://h:6379"}, ("not a Ray address", "ray://HOST:10001")),
+    ],
+)
+def test_an_engine_address_mismatch_names_the_field_and_the_fix(ops, names):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as info:
+        OpsConfig(**ops)
+    assert all(name in str(info.value) for name in names), str(info.value)
+
+
+@pytest.fixture
+def ray_stopped():
+    """Ray is stopped after the test whatever happens: the flow's runner stops the local cluster it
+    starts; this finalizer stops it if the run died first. Yields Ray's module."""
+    import ray
+
+    yield ray
+    ray.shutdown()
+
+
+def _ray_tasks(ray, expected: dict[str, int], patience_s: float = 60.0) -> dict[str, list[str]]:
+    """Ray's own record of the tasks it ran (``ray.timeline()``): task name -> the worker of each run.
+
+    Workers report task events about once a second, so it waits (up to ``patience_s``) until the
+    expected counts are in; whatever is there then is returned and judged by the caller.
+    """
+    deadline = time.monotonic() + patience_s
+    while True:
+        seen: dict[str, list[str]] = {}
+        for event in ray.timeline():
+            if event["cat"].startswith("task::"):
+                seen.setdefault(event["cat"].removeprefix("task::"), []).append(event["tid"])
+        if all(len(seen.get(name, ())) >= n for name, n in expected.items()) or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_ingest_and_evaluation_fan_out_on_a_local_ray_cluster(tmp_path, prefect_server, ray_stopped):
+    """The same flows on Ray (prefect-ray), chosen by ``ops.engine: ray`` alone: the outer flow's
+    runner starts a local 2-CPU cluster (``ops.ray_address: ""``), the ingest and evaluate subflows run
+    on it as ``retrain`` runs them, their tasks run in Ray worker processes and give what the
+    in-process evaluation gives. The workers are this process's children: they inherit its
+    PYTHONPATH and import fleetloop from the same tree (flows/runtime.py: ``_ray``)."""
+    from prefect import flow
+
+    from components.pipeline.collect import collect_expert_demos
+    from components.pipeline.evaluate import evaluate_policy, robot_groups
+    from components.pipeline.workspace import Workspace
+    from flows.evaluate import evaluate
+    from flows.ingest import ingest
+    from flows.runtime import task_runner
+    from flows.train import train
+
+    ray = ray_stopped
+    settings = small_settings(tmp_path, ops=OpsConfig(engine="ray", max_workers=2, ray_object_store_mb=128, eval_robots_per_task=1))
+    demos = collect_expert_demos(settings, settings.paths.incoming / "expert")
+    tasks_expected = {"read-episode": len(demos.files), "embed-episode": demos.episodes, "heldout-rollouts": len(robot_groups(settings))}
+
+    @flow(name="ingest-train-evaluate")
+    def ingest_train_evaluate():
+        fan_out = {"task_runner": task_runner(settings)}  # a subflow reuses the Ray its parent started
+        ingested = ingest.with_options(**fan_out)(demos.files, settings)
+        outcome = train(settings)
+        report = evaluate.with_options(**fan_out)(outcome.result.policy, "candidate", settings)
+        driver = f"worker:{ray.get_runtime_context().get_worker_id()}"
+        return ingested, outcome.result.policy, report, _ray_tasks(ray, tasks_expected), driver
+
+    result, policy, report, tasks, driver = ingest_train_evaluate.with_options(task_runner=task_runner(settings))()
+    assert not ray.is_initialized()  # the runner stopped the cluster it started
+    assert len(result.report.added) == demos.episodes
+    assert Workspace(settings).store.episode_ids() == set(result.report.added)
+    assert report.overall.trials == settings.fleet.num_heldout_robots * settings.evaluation.trials_for(settings.fleet.num_heldout_robots)
+    # every mapped task ran once, as a Ray task, in a Ray worker process (not the driver)
+    assert {name: len(tasks.get(name, ())) for name in tasks_expected} == tasks_expected, tasks
+    workers = {tid for name in tasks_expected for tid in tasks[name]}
+    assert all(tid.startswith("worker:") for tid in workers) and driver not in workers, (workers, driver)
+    # the Ray run gives exactly what the in-process evaluation gives (seeded, per-robot streams)
+    local = evaluate_policy(settings, policy, "candidate")
+    assert local.overall.successes == report.overall.successes
+    assert {r: p.successes for r, p in local.by_robot.items()} == {r: p.successes for r, p in report.by_robot.items()}
 
 
 def test_schedules_come_from_params(tmp_path):
