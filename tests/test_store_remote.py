@@ -18,10 +18,10 @@ from components.pipeline.workspace import Workspace
 from components.store.location import SegmentStoreError
 from components.store.segment_store import SearchResult, SegmentStore
 from tests.conftest import small_settings
-from tests.servers import ARTIFACT_BUCKET, free_port
+from tests.servers import ARTIFACT_BUCKET, STORE_PREFIX, free_port, store_env
 from tests.test_ingest import episode_files
 
-PREFIX = "fleetloop-segments"
+PREFIX = STORE_PREFIX
 EPISODES = 20
 FRAMES = 64  # 15 segments each (window 8, stride 4): 300 rows, over IVF_PQ's 256-row minimum
 K = 5
@@ -29,10 +29,14 @@ K = 5
 STORE = {"index_min_rows": 256, "refine_factor": 64, "retain_versions_days": 0}
 
 
-def _env(monkeypatch, endpoint: str, keys: dict[str, str]) -> None:
-    for key, value in keys.items():
+def _env(monkeypatch, s3_server, endpoint: str | None = None) -> str:
+    """What tests.servers exports for the store (keys, AWS_ENDPOINT_URL, store.uri), with another
+    endpoint if given; returns store.uri."""
+    env = store_env(s3_server, PREFIX)
+    env["AWS_ENDPOINT_URL"] = endpoint or env["AWS_ENDPOINT_URL"]
+    for key, value in env.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    return env.pop("FLEETLOOP_STORE__URI")
 
 
 def _object_bytes(s3_server, prefix: str) -> int:
@@ -55,8 +59,7 @@ def _same_hits(remote: SearchResult, local: SearchResult) -> None:
 
 
 def test_ingest_search_tags_and_upkeep_on_s3_answer_like_a_local_store(tmp_path, monkeypatch, s3_server):
-    _env(monkeypatch, s3_server.endpoint, s3_server.env)
-    uri = f"s3://{ARTIFACT_BUCKET}/{PREFIX}"
+    uri = _env(monkeypatch, s3_server)
     local = small_settings(tmp_path / "local", store=StoreConfig(**STORE))
     remote = small_settings(tmp_path / "remote", store=StoreConfig(uri=uri, **STORE))
     files = episode_files(local, tmp_path / "in", seed=7, count=EPISODES, frames=FRAMES)
@@ -98,9 +101,8 @@ def test_ingest_search_tags_and_upkeep_on_s3_answer_like_a_local_store(tmp_path,
 
 def test_a_store_that_does_not_answer_fails_at_open_in_one_line_naming_it(tmp_path, monkeypatch, s3_server):
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    _env(monkeypatch, endpoint, s3_server.env)
-    uri = f"s3://{ARTIFACT_BUCKET}/down"
-    settings: Settings = small_settings(tmp_path, store=StoreConfig(uri=uri))
+    uri = _env(monkeypatch, s3_server, endpoint)
+    settings: Settings = small_settings(tmp_path)
     with pytest.raises(SegmentStoreError) as raised:
         _ = Workspace(settings).store
     message = str(raised.value)
@@ -111,13 +113,12 @@ def test_a_store_that_does_not_answer_fails_at_open_in_one_line_naming_it(tmp_pa
 
 def test_cli_names_the_unreachable_store_and_the_fix(tmp_path, monkeypatch, capsys, s3_server):
     endpoint = f"http://127.0.0.1:{free_port()}"
-    _env(monkeypatch, endpoint, s3_server.env)
+    uri = _env(monkeypatch, s3_server, endpoint)
     monkeypatch.setenv("FLEETLOOP_ROOT", str(tmp_path))
-    monkeypatch.setenv("FLEETLOOP_STORE__URI", f"s3://{ARTIFACT_BUCKET}/down")
     assert main(["status"]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2, lines
-    assert lines[0].startswith(f"error: segment store s3://{ARTIFACT_BUCKET}/down unreachable (endpoint {endpoint})")
+    assert lines[0].startswith(f"error: segment store {uri} unreachable (endpoint {endpoint})")
     assert lines[1].startswith("fix: check AWS_ENDPOINT_URL")
 
 
