@@ -26,6 +26,7 @@ from rich.table import Table
 
 from cli.output import Blocks, emit, to_json
 from components.registry.tracking import TrackingStoreError
+from components.store.location import SegmentStoreError
 
 app = typer.Typer(
     help="fleetloop: turn a robot fleet's own executions into a better shared policy.",
@@ -405,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         err.print(f"[red]error:[/red] {exc}\n[dim]fix:[/dim] {exc.fix}")
         return 1
-    except TrackingStoreError as exc:  # raised by the registry at start: already redacted, with its fix
+    except (TrackingStoreError, SegmentStoreError) as exc:  # a store down at start: already redacted, with its fix
         err.print(f"[red]error:[/red] {escape(exc.problem)}\n[dim]fix:[/dim] {escape(exc.fix)}")
         return 1
     except typer.Exit as exc:

@@ -17,6 +17,7 @@ class LineageNotFound(LookupError):
 
 def status_report(settings: Settings, last_runs: int) -> dict[str, Any]:
     ws = Workspace(settings)
+    store = ws.store  # the cheaper store first: one that is down fails before MLflow starts
     registry = ws.registry
     champion = registry.champion()
     runs = []
@@ -33,10 +34,11 @@ def status_report(settings: Settings, last_runs: int) -> dict[str, Any]:
         "champion": None if champion is None else {"version": champion.version, "success_rate": champion.success_rate, "trials": champion.trials},
         "aliases": registry.aliases(),
         "registry": registry_location(settings),
+        "store": {"uri": ws.store_location.shown, "endpoint": ws.store_location.endpoint or None},
         "last_runs": runs,
         "data": {
             "episodes": ws.dataset.num_episodes, "frames": ws.dataset.num_frames, "robots": len(ws.dataset.robots()),
-            "segments": ws.store.count(), "lancedb_version": ws.store.version,
+            "segments": store.count(), "lancedb_version": store.version,
             "snapshot": snapshot.hash if snapshot else None,
         },
     }

@@ -143,9 +143,21 @@ class EpisodesConfig(Section):
     dvc_remote_endpoint: str = ""  # an S3-compatible server (MinIO, Ceph, ...); "" = AWS S3
 
 
+STORE_URI_SCHEMES = ("s3", "gs", "az")  # object stores LanceDB reaches (s3 is the one tested)
+
+
 class StoreConfig(Section):
     """LanceDB segment store of window embeddings (see components/store/README.md)."""
 
+    # where the store lives: "" = <root>/datasets/segments.lance; else s3://bucket/prefix (or an
+    # absolute shared path). Endpoint, region and keys come from the environment only
+    # (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), read by LanceDB itself
+    uri: str = ""
+    # an object store not answering is retried this long, then the store is down (one-line error);
+    # LanceDB's own default retries a request for 3 minutes
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    retry_timeout_s: float = Field(default=10.0, gt=0)
+    max_retries: int = Field(default=2, ge=0)
     table: str = "segments"
     window: int = Field(default=8, ge=1)  # frames per segment
     stride: int = Field(default=4, ge=1)  # frames between segment starts
@@ -180,6 +192,15 @@ class StoreConfig(Section):
     # its version on, so keeping every model's would grow the store without bound)
     model_versions_kept: int = Field(default=10, ge=1)
     upkeep_cron: str = "30 3 * * *"  # when the store-upkeep flow runs once deployed (flows/upkeep.py)
+
+    @field_validator("uri")
+    @classmethod
+    def _store_uri(cls, value: str) -> str:
+        scheme = urlsplit(value).scheme
+        if value and not Path(value).is_absolute() and scheme not in STORE_URI_SCHEMES:
+            raise ValueError(f"store.uri {value!r}: expected \"\" (the local store under the root), an absolute "
+                             f"path or {' / '.join(f'{s}://bucket/prefix' for s in STORE_URI_SCHEMES)}")
+        return value
 
 
 class PolicyConfig(Section):
@@ -605,18 +626,19 @@ class _YamlSource(PydanticBaseSettingsSource):
         return data
 
 
-SECRET_URI_FIELDS = ("tracking_uri", "artifact_uri")  # registry URIs that may carry user:password@
+# (section, field) of the store URIs that may carry user:password@: refused in params.yaml, redacted when shown
+SECRET_URI_FIELDS = (("registry", "tracking_uri"), ("registry", "artifact_uri"), ("store", "uri"))
 
 
 def _refuse_passwords(data: dict[str, Any], path: Path) -> None:
     """params.yaml is committed: a store URI with a password in it is an error (secrets come from env)."""
-    registry = data.get("registry") or {}
-    for key in SECRET_URI_FIELDS:
-        uri = registry.get(key) if isinstance(registry, dict) else None
+    for section, key in SECRET_URI_FIELDS:
+        values = data.get(section) or {}
+        uri = values.get(key) if isinstance(values, dict) else None
         if isinstance(uri, str) and urlsplit(uri).password:
             raise ValueError(
-                f"{path}: registry.{key} holds a password; remove it from the file and set the URI in "
-                f"FLEETLOOP_REGISTRY__{key.upper()} (or the store's own secret: MLFLOW_TRACKING_PASSWORD, "
+                f"{path}: {section}.{key} holds a password; remove it from the file and set the URI in "
+                f"FLEETLOOP_{section.upper()}__{key.upper()} (or the store's own secret: MLFLOW_TRACKING_PASSWORD, "
                 "~/.pgpass, ~/.aws/credentials)"
             )
 

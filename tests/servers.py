@@ -28,6 +28,7 @@ MLFLOW_START_S = 300.0  # a fresh Postgres store runs MLflow's migrations first:
 STOP_GRACE_S = 10.0
 ARTIFACT_BUCKET = "fleetloop"
 ARTIFACT_PREFIX = "fleetloop-runs"  # registry.artifact_uri = s3://ARTIFACT_BUCKET/ARTIFACT_PREFIX
+STORE_PREFIX = "fleetloop-segments"  # store.uri = s3://ARTIFACT_BUCKET/STORE_PREFIX
 POLL_S = 0.25
 
 
@@ -165,9 +166,14 @@ def registry_env(mlflow: MlflowServer, s3: S3, bucket: str = ARTIFACT_BUCKET) ->
             "FLEETLOOP_REGISTRY__ARTIFACT_URI": f"s3://{bucket}/{ARTIFACT_PREFIX}", **s3.env}
 
 
+def store_env(s3: S3, prefix: str = STORE_PREFIX, bucket: str = ARTIFACT_BUCKET) -> dict[str, str]:
+    """The environment that puts fleetloop's segment store on this S3 (docs: components/store)."""
+    return {"FLEETLOOP_STORE__URI": f"s3://{bucket}/{prefix}", "AWS_ENDPOINT_URL": s3.endpoint, **S3_KEYS}
+
+
 def main() -> None:
     """``python -m tests.servers``: the three servers on loopback until Ctrl-C, with the exports
-    that point fleetloop at them (try the team set-up on one machine)."""
+    that point fleetloop's registry and segment store at them (try the team set-up on one machine)."""
     folder = Path(tempfile.mkdtemp(prefix="fleetloop-servers-"))
     postgres, s3 = start_postgres(), start_s3()
     mlflow = None
@@ -175,7 +181,7 @@ def main() -> None:
         s3.create_bucket(ARTIFACT_BUCKET)
         mlflow = start_mlflow_server(postgres.create_database("mlflow"), f"s3://{ARTIFACT_BUCKET}/proxied", s3.env, folder)
         print("# Postgres, S3 and an MLflow tracking server run on 127.0.0.1; in another shell:")
-        for key, value in registry_env(mlflow, s3).items():
+        for key, value in {**registry_env(mlflow, s3), **store_env(s3)}.items():
             print(f"export {key}={value}")
         print("# Ctrl-C stops them", flush=True)
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

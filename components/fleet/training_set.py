@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass
 
 from components.config import Settings
 from components.fert.methods import MethodTrainingSet
-from components.store.segment_store import SegmentStore
+from components.store.location import StoreLocation, store_location
+from components.store.segment_store import SegmentStore, table_exists
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class StorePins:
     def live(self) -> SegmentStore | None:
         """The store, once the ingest has created it (the trainer never creates it)."""
         if self._store is None:
-            if not (self.settings.paths.store / f"{self.settings.store.table}.lance").exists():
+            if not table_exists(self._location, self.settings.store.table):
                 return None
             from components.pipeline.workspace import Workspace
 
@@ -84,10 +85,15 @@ class StorePins:
             return None
         if consumed_ids[cursor.episodes - 1] != cursor.last_episode_id:
             self.waiting = (f"the segment store's embed cursor names {cursor.last_episode_id!r}, not the dataset's episode "
-                            f"{cursor.episodes - 1}; it was built from another dataset: re-embed ({self.settings.paths.store})")
+                            f"{cursor.episodes - 1}; it was built from another dataset: re-embed ({self._location})")
             return None
         self.waiting = ""
         return BuildPin(cursor.episodes, view.version, self._champion())
+
+    @property
+    def _location(self) -> StoreLocation:
+        """The store's folder or ``store.uri`` (an object store)."""
+        return store_location(self.settings.paths.store, self.settings.store)
 
     def _champion(self) -> int | None:
         if self.settings.fert.failures_from != "champion":
@@ -98,7 +104,7 @@ class StorePins:
         return None if champion is None else champion.version
 
     def _no_store_reason(self) -> str:
-        why = f"waiting for the segment store to embed episodes ({self.settings.paths.store})"
+        why = f"waiting for the segment store to embed episodes ({self._location})"
         if not self.settings.runtime.ingest_embeds:
             why += ("; runtime.ingest_embeds is false, so only `fleetloop ingest` embeds: set it true or "
                     "train.method=filtered_bc")
@@ -109,13 +115,13 @@ class StorePins:
         store = self.live()
         if store is None:
             raise RuntimeError(f"the trainer's checkpoint pins segment store version {pin.store_version}, but "
-                               f"{self.settings.paths.store} holds no store; restore it or move the checkpoints aside")
+                               f"{self._location} holds no store; restore it or move the checkpoints aside")
         try:
             return store.checkout(pin.store_version)
         except Exception as exc:  # noqa: BLE001 - LanceDB raises ValueError or a Rust error for a missing version
             raise RuntimeError(
                 f"the trainer's checkpoint pins segment store version {pin.store_version}, which "
-                f"{self.settings.paths.store} no longer has ({exc}); move the trainer's checkpoints aside to start fresh"
+                f"{self._location} no longer has ({exc}); move the trainer's checkpoints aside to start fresh"
             ) from exc
 
     def keep(self, pin: BuildPin, kept: int) -> None:

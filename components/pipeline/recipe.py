@@ -18,6 +18,7 @@ from components.pipeline.steps import TRAIN_TASK_RECIPE
 from components.pipeline.workspace import Workspace
 from components.registry.lineage import Lineage
 from components.registry.tracking import redact_uri
+from components.store.segment_store import table_exists
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,8 @@ def public_settings(settings: Settings) -> dict[str, Any]:
     """The settings as logged (MLflow params, the settings artifact): no root, no robot tokens,
     store URIs without their passwords."""
     body = settings.model_dump(mode="json", exclude={"root": True, "runtime": {"tokens"}})
-    for key in SECRET_URI_FIELDS:
-        body["registry"][key] = redact_uri(body["registry"][key])
+    for section, key in SECRET_URI_FIELDS:
+        body[section][key] = redact_uri(body[section][key])
     return body
 
 
@@ -41,10 +42,11 @@ def keep_store_version(settings: Settings, version: int, lineage: Lineage) -> st
     registered already."""
     tag = STORE_TAG.format(version=version)
     ws = Workspace(settings)
-    table = settings.paths.store / f"{settings.store.table}.lance"
-    if lineage.recipe != TRAIN_TASK_RECIPE or lineage.lancedb_version < 0 or not table.exists():
+    if lineage.recipe != TRAIN_TASK_RECIPE or lineage.lancedb_version < 0:
         return None
     try:
+        if not table_exists(ws.store_location, settings.store.table):
+            return None
         ws.store.tag(tag, lineage.lancedb_version)
         for old in model_tags(ws.store.tags())[: -settings.store.model_versions_kept]:
             ws.store.untag(old)

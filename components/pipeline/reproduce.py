@@ -40,7 +40,7 @@ from components.pipeline.steps import (
 from components.pipeline.workspace import Workspace
 from components.registry.lineage import Lineage, git_commit
 from components.registry.model_registry import PolicyVersion, RegistryError
-from components.store.segment_store import SegmentStore
+from components.store.segment_store import SegmentStore, table_exists
 from components.training.checkpoint import state_digest
 from components.training.trainer import make_trainer
 
@@ -162,10 +162,11 @@ def kept_store(source: Settings, build: Settings, version: int, lineage: Lineage
     """``source``'s segment store (opened with the recipe's store settings) at the version
     v``version`` read, which registration tagged."""
     tag = STORE_TAG.format(version=version)
-    table = source.paths.store / f"{build.store.table}.lance"
-    if not table.exists():
-        raise ReproduceError(f"no segment store at {table}; v{version} read store version {lineage.lancedb_version}")
-    store = SegmentStore.open(source.paths.store, build.store, Workspace(build).embedding_dim)
+    location = Workspace(source).store_location
+    if not table_exists(location, build.store.table):
+        raise ReproduceError(f"no segment store at {location.table_uri(build.store.table)}; v{version} read store "
+                             f"version {lineage.lancedb_version}")
+    store = SegmentStore.open(location, build.store, Workspace(build).embedding_dim)
     if store.tags().get(tag) is None:
         raise ReproduceError(f"store version {lineage.lancedb_version} of v{version} is no longer kept (no tag {tag!r}: "
                              f"only the newest store.model_versions_kept train-task models' versions are; upkeep "

@@ -66,7 +66,8 @@ def method_training_set(settings: Settings, episodes: Iterable[Episode], store: 
         return build_training_set(method, episodes, settings.fert)
     encoder = store.load_encoder() if store is not None else None
     if store is None or encoder is None:
-        raise RuntimeError(f"train.method={method!r} needs the segment store: run `fleetloop ingest` first ({settings.paths.store})")
+        raise RuntimeError(f"train.method={method!r} needs the segment store: run `fleetloop ingest` first "
+                           f"({store.uri if store is not None else settings.paths.store})")
     failed = [ep for ep in episodes if not ep.success]
     if champion is not None:
         mine = [ep for ep in failed if ep.policy_version == f"v{champion}"]

@@ -1,7 +1,8 @@
 """A workspace = one root's settings plus handles on its dataset, segment store and registry.
 
 Everything on disk resolves from ``settings.root`` (one root), so a test or benchmark pointed at
-a scratch folder never shares state with the repository's own data.
+a scratch folder never shares state with the repository's own data; a store configured by URI
+(``store.uri``, ``registry.tracking_uri``) lives where its URI says instead.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from components.config import Paths, Settings
 from components.episodes.dataset import EpisodeDataset
 from components.registry.model_registry import PolicyRegistry
 from components.sim.factory import action_dim, observation_dim
+from components.store.location import StoreLocation, store_location
 from components.store.segment_store import SegmentStore
 
 
@@ -47,7 +49,13 @@ class Workspace:
             return self.settings.fert.learned_dim
         return self.settings.store.window * self.obs_dim
 
+    @property
+    def store_location(self) -> StoreLocation:
+        """``store.uri`` (an object store; endpoint and keys from the environment) or the local
+        default ``<root>/datasets/segments.lance``."""
+        return store_location(self.paths.store, self.settings.store)
+
     @cached_property
     def store(self) -> SegmentStore:
         """The segment store; it keeps the encoder that made its vectors (``store.load_encoder()``)."""
-        return SegmentStore.open(self.paths.store, self.settings.store, self.embedding_dim)
+        return SegmentStore.open(self.store_location, self.settings.store, self.embedding_dim)

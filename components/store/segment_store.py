@@ -7,9 +7,11 @@ Row contract (DESIGN.md): ``segment_id`` = f"{episode_id}:{start}", ``episode_id
 Writes are idempotent: ``upsert`` dedupes the batch, drops rows whose stored content is already
 identical (so a no-op re-ingest commits nothing and the table version does not move), appends
 the rows whose ``segment_id`` is not stored and ``merge_insert``s the changed ones (a merge joins
-against the whole table; an append costs what the batch costs). One writer at a time (an
-``flock`` beside the table). Every commit is atomic, so an upsert that fails (bad input, crash)
-leaves the table at a valid version; rerunning it finishes the job.
+against the whole table; an append costs what the batch costs). One writer at a time: an
+``flock`` beside a local table; on an object store (``store.uri = s3://…``, location.py) a lock
+per process, and one writing process per store is the deployment's promise (README: "Writers").
+Every commit is atomic, so an upsert that fails (bad input, crash) leaves the table at a valid
+version; rerunning it finishes the job.
 
 LanceDB facts this relies on (checked on 0.40, see STACK-NOTES.md): every write — even a
 merge_insert that changes nothing — makes a new version; duplicate keys inside one
@@ -23,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
-import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ from components.config import StoreConfig
 from components.episodes.record import Episode
 from components.store.encoder import WindowEncoder, encoder_fingerprint, encoder_from_state_dict
 from components.store.index_plan import IVF_PQ_MIN_ROWS, IvfPqPlan, plan_ivf_pq
+from components.store.location import StoreLocation, table_bytes
 from components.store.scan import scan_nearest, vectors_of
 from components.store.windows import cut_windows
 
@@ -65,6 +68,9 @@ RESULT_COLUMNS = ("segment_id", "episode_id", "robot_id", "start", "end", "succe
 SCALAR_INDEXES = (("episode_id", BTree), ("success", Bitmap), ("task", Bitmap), ("robot_id", Bitmap))
 
 ProgressCallback = Callable[[int, int], None]
+# writers of a table on an object store, per process (no file to flock): table URI -> lock
+_REMOTE_WRITE_LOCKS: dict[str, threading.Lock] = {}
+_REMOTE_WRITE_LOCKS_GUARD = threading.Lock()
 
 
 def segment_schema(dim: int) -> pa.Schema:
@@ -182,32 +188,40 @@ class SegmentStore:
     """A handle on the segment table. Create with ``SegmentStore.open``; see the module doc."""
 
     def __init__(
-        self, table: lancedb.table.Table, cfg: StoreConfig, dim: int, uri: Path, read_only: bool
+        self, table: lancedb.table.Table, cfg: StoreConfig, dim: int, location: StoreLocation, read_only: bool
     ) -> None:
         self._table = table
         self.cfg = cfg
         self.dim = dim
-        self.uri = uri
+        self.location = location
         self.read_only = read_only
+
+    @property
+    def uri(self) -> str:
+        """The store's folder or object-store URI, as people may see it."""
+        return self.location.shown
 
     # ------------------------------------------------------------------ open / lineage
 
     @classmethod
-    def open(cls, uri: Path, cfg: StoreConfig, dim: int) -> SegmentStore:
-        """Open (or create) ``cfg.table`` under the LanceDB directory ``uri``.
+    def open(cls, uri: Path | StoreLocation, cfg: StoreConfig, dim: int) -> SegmentStore:
+        """Open (or create) ``cfg.table`` under the LanceDB directory or object-store URI ``uri``
+        (a ``StoreLocation``: ``store_location``; a path is a local folder).
 
         The handle re-reads the latest version on every operation, so it sees writes made by
-        other handles and processes.
+        other handles and processes. An object store that does not answer within the configured
+        retries raises ``SegmentStoreError`` (one line: the store, its endpoint, the fix).
         """
         if dim < 1:
             raise ValueError(f"segment vector dim must be >= 1, got {dim}")
-        uri = Path(uri)
-        db = lancedb.connect(uri, read_consistency_interval=timedelta(0))
+        location = uri if isinstance(uri, StoreLocation) else StoreLocation(str(Path(uri)))
         try:
-            table = db.open_table(cfg.table)
-        except (FileNotFoundError, ValueError):
-            table = db.create_table(cfg.table, schema=segment_schema(dim), exist_ok=True)
-        store = cls(table, cfg, dim, uri, read_only=False)
+            table = _open_or_create(location, cfg.table, dim)
+        except (OSError, ValueError, RuntimeError) as exc:
+            if not location.remote:
+                raise
+            raise location.unreachable(exc) from None
+        store = cls(table, cfg, dim, location, read_only=False)
         store._check_schema()
         return store
 
@@ -245,10 +259,9 @@ class SegmentStore:
 
     def checkout(self, version: int | str) -> SegmentStore:
         """A read-only view of the table at ``version`` (a number or a tag name)."""
-        db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))
-        table = db.open_table(self.cfg.table)
+        table = _connect(self.location).open_table(self.cfg.table)
         table.checkout(version)
-        return SegmentStore(table, self.cfg, self.dim, self.uri, read_only=True)
+        return SegmentStore(table, self.cfg, self.dim, self.location, read_only=True)
 
     def tag(self, name: str, version: int | None = None) -> int:
         """Name a version (default: the current one) so it survives cleanup; returns it."""
@@ -396,9 +409,15 @@ class SegmentStore:
     @contextmanager
     def _write_lock(self) -> Iterator[None]:
         """One writer between "which keys are stored" and the write: two processes appending
-        the same new segments would otherwise both insert them."""
-        self.uri.mkdir(parents=True, exist_ok=True)
-        with open(self.uri / f".{self.cfg.table}.lock", "w") as lock:
+        the same new segments would otherwise both insert them. An object store has no file to
+        lock: writers in this process take turns, and one process writes (README: "Writers")."""
+        folder = self.location.local_path
+        if folder is None:
+            with _remote_write_lock(self.location.table_uri(self.cfg.table)):
+                yield
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f".{self.cfg.table}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
@@ -627,11 +646,8 @@ class SegmentStore:
         )
 
     def disk_bytes(self) -> int:
-        """Bytes of the table's directory: every version's data, indexes and manifests."""
-        root = self.uri / f"{self.cfg.table}.lance"
-        return sum(
-            os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(root) for name in names
-        )
+        """Bytes of the table's directory or prefix: every version's data, indexes and manifests."""
+        return table_bytes(self.location, self.cfg.table)
 
     def _version_count(self) -> int:
         return len(self._table.list_versions())
@@ -735,6 +751,38 @@ class SegmentStore:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _connect(location: StoreLocation) -> lancedb.DBConnection:
+    return lancedb.connect(location.uri, read_consistency_interval=timedelta(0),
+                           storage_options=location.storage_options)
+
+
+def table_exists(location: StoreLocation, table: str) -> bool:
+    """Whether the store holds ``table`` (a local folder is looked at without opening LanceDB)."""
+    folder = location.local_path
+    if folder is not None:
+        return (folder / f"{table}.lance").exists()
+    try:
+        return bool(_connect(location).table_exists(table))
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise location.unreachable(exc) from None
+
+
+def _open_or_create(location: StoreLocation, table: str, dim: int) -> lancedb.table.Table:
+    db = _connect(location)
+    try:
+        return db.open_table(table)
+    except (FileNotFoundError, ValueError):
+        return db.create_table(table, schema=segment_schema(dim), exist_ok=True)
+
+
+@contextmanager
+def _remote_write_lock(table_uri: str) -> Iterator[None]:
+    with _REMOTE_WRITE_LOCKS_GUARD:
+        lock = _REMOTE_WRITE_LOCKS.setdefault(table_uri, threading.Lock())
+    with lock:
+        yield
 
 
 def _dedupe_episodes(episodes: Sequence[Episode]) -> list[Episode]:
