@@ -87,3 +87,49 @@ def test_a_node_whose_peer_never_comes_times_out(tmp_path: Path) -> None:
     with pytest.raises(ExpertParallelError, match=r"^node 0: rendezvous .* not all distributed.nnodes=2 nodes joined "
                                                   r"within distributed.rdzv_timeout_s=2 s\. Fix: start the other hosts"):
         _launch(tmp_path, alone, _dataset(tmp_path / "data.npz"))
+
+
+NODE0_COMMAND = ".venv/bin/fleetloop stage train"  # docs/operations.md, "Expert-parallel training on several hosts"
+NODE1_COMMAND = ".venv/bin/fleetloop train-node --node-rank 1"
+
+
+@pytest.mark.slow
+def test_documented_two_host_commands_verbatim(tmp_path: Path) -> None:
+    """docs/operations.md's two commands, verbatim, one per "host" (own root, own working directory,
+    the same params.yaml): node 0 trains the dvc stage's model, node 1 joins with nothing on disk."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from components.config import DistributedConfig, PolicyConfig
+    from components.pipeline.dvc_stages import run_stage
+    from tests.conftest import small_settings
+    from tests.test_dvc_repro import documented_commands
+
+    assert {NODE0_COMMAND, NODE1_COMMAND} <= set(documented_commands())
+    moe = PolicyConfig(kind="moe_transformer", d_model=16, heads=2, hidden=16, layers=1, num_experts=4, top_k=2, history=4)
+    host0, host1 = tmp_path / "host0", tmp_path / "host1"
+    settings = small_settings(host0, policy=moe, train=TrainConfig(method="filtered_bc", epochs=1, batch_size=32, world_size=2),
+                              distributed=DistributedConfig(nnodes=2, rdzv_endpoint=f"127.0.0.1:{_free_port()}", rdzv_timeout_s=120))
+    run_stage("collect", settings)  # node 0's data (dvc repro's first stages); node 1 gets none
+    run_stage("ingest", settings)
+    params = yaml.safe_dump(settings.model_dump(mode="json", exclude={"root": True, "runtime": {"tokens"}}))
+    procs = {}
+    for host, command in ((host0, NODE0_COMMAND), (host1, NODE1_COMMAND)):
+        host.mkdir(exist_ok=True)
+        (host / "params.yaml").write_text(params)
+        (host / ".venv").symlink_to(Path(sys.executable).parent.parent)  # where `make` puts it
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "FLEETLOOP_ROOT")}
+        env.update(FLEETLOOP_ROOT=str(host), OMP_NUM_THREADS="1")
+        procs[host] = subprocess.Popen(["bash", "-c", command], cwd=host, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
+    out = {host: proc.communicate(timeout=LAUNCH_TIMEOUT_S) for host, proc in procs.items()}
+    for host, proc in procs.items():
+        assert proc.returncode == 0, f"{host.name} failed:\n{out[host][0]}\n{out[host][1]}"
+    assert "plan sequential x 2 torchrun ranks on 2 hosts" in out[host0][0]
+    trained = yaml.safe_load((host0 / "metrics" / "train.json").read_text())
+    assert (host0 / "build" / "model" / "policy.pt").exists() and trained["steps"] > 0
+    assert f"train-node: node 1 of 2 trained {trained['steps']} steps in a world of 2 ranks" in out[host1][0]
+    assert not (host1 / "build").exists()  # node 1 had no data and keeps no model
