@@ -133,3 +133,22 @@ def test_documented_two_host_commands_verbatim(tmp_path: Path) -> None:
     assert (host0 / "build" / "model" / "policy.pt").exists() and trained["steps"] > 0
     assert f"train-node: node 1 of 2 trained {trained['steps']} steps in a world of 2 ranks" in out[host1][0]
     assert not (host1 / "build").exists()  # node 1 had no data and keeps no model
+
+
+def test_distributed_settings_name_the_field_and_follow_the_hosts() -> None:
+    from pydantic import ValidationError
+
+    from components.config import Settings
+    from components.training.multinode import shuffle_for_topology
+
+    with pytest.raises(ValidationError, match="train.world_size=3 must be a multiple of distributed.nnodes=2"):
+        Settings(train=TrainConfig(world_size=3), distributed=DistributedConfig(nnodes=2))
+    with pytest.raises(ValidationError, match="distributed.rdzv_endpoint='hostA' must be HOST:PORT"):
+        DistributedConfig(rdzv_endpoint="hostA")
+    with pytest.raises(ValidationError, match="distributed.node_rank=2 must be below distributed.nnodes=2"):
+        DistributedConfig(nnodes=2, node_rank=2)
+    two_hosts = DistributedConfig(nnodes=2)
+    assert shuffle_for_topology(ShuffleConfig(), two_hosts, 4).ranks_per_node == 4  # the two-level plans see the hosts
+    assert shuffle_for_topology(ShuffleConfig(), DistributedConfig(), 4).ranks_per_node == 0  # one host: as before
+    with pytest.raises(ValueError, match="shuffle.ranks_per_node=2, but each of the distributed.nnodes=2 hosts runs 4"):
+        shuffle_for_topology(ShuffleConfig(ranks_per_node=2), two_hosts, 4)
