@@ -4,7 +4,7 @@
     sequential plan) on the same global batches (``bc.batch_indices``); rank r trains on slice r
     of each batch; MoE layers reach their experts through the shuffle (fused or a baseline, by
     ``shuffle.dispatcher``); dense gradients are all-reduced, expert gradients arrive through the
-    shuffle's backward -> rank 0 saves the full state_dict.
+    shuffle's backward -> node 0's first rank (rank 0 on one host) saves the full state_dict.
 
 The step is the one weighted BC step (``bc.bc_step``): each rank's squared error is divided by
 the global element count and the MoE router losses (load balance, z-loss) are split into additive
@@ -66,10 +66,10 @@ class ExpertParallelError(RuntimeError):
 class ExpertParallelResult:
     state_dict_path: Path | None  # None on a node other than node 0: the model is kept there
     losses: list[float]  # global loss per step
-    step_times_s: list[float]  # rank 0 wall time per step (forward, backward, all-reduce, update)
+    step_times_s: list[float]  # the writing rank's wall time per step (forward, backward, all-reduce, update)
     world_size: int
     dispatcher: str
-    shuffle_bytes_sent: int  # rank 0, row payload to other ranks, whole run
+    shuffle_bytes_sent: int  # the writing rank's row payload to other ranks, whole run
     expert_share: list[list[float]] = field(default_factory=list)  # per step: each expert's share of the pairs
     dropped_rate: list[float] = field(default_factory=list)  # per step: pairs over capacity / pairs routed
     node_rank: int = 0  # distributed.node_rank of the node that wrote this result

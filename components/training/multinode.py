@@ -21,6 +21,10 @@ not a hang) and a run id (two jobs on one port never merge). Its rendezvous orde
 name, not by ``--node-rank`` (which only the static backend reads), so nothing here assumes global
 rank 0 is node 0: the ranks find node 0's first rank (``source``) themselves; it sends the data and
 saves the model, where the loop that launched it reads it. On one host it is global rank 0, as before.
+
+Trust: the claims and inputs travel as pickled objects (torch's ``all_gather_object`` /
+``broadcast_object_list``, device-agnostic: gloo and NCCL), so the hosts of one job trust each other,
+as torchrun's own store already requires: keep ``rdzv_endpoint`` on a private network.
 """
 
 from __future__ import annotations
