@@ -18,9 +18,10 @@ Why c10d and not ``--master-addr/--master-port``: torchrun's docs recommend the 
 for multi-node jobs, fixed-size ones included ("fault tolerant, fixed sized number of workers");
 it needs no separate store, has a join timeout (``rdzv_timeout_s``: a missing peer is an error,
 not a hang) and a run id (two jobs on one port never merge). Its rendezvous orders nodes by host
-name, not by ``--node-rank`` (which only the static backend reads), so nothing here assumes global
-rank 0 is node 0: the ranks find node 0's first rank (``source``) themselves; it sends the data and
-saves the model, where the loop that launched it reads it. On one host it is global rank 0, as before.
+name, not by ``--node-rank`` (only the static backend reads it; not passed), so nothing here
+assumes global rank 0 is node 0: the ranks find node 0's first rank (``source``) themselves; it
+sends the data and saves the model, where the loop that launched it reads it. On one host it is
+global rank 0, as before.
 
 Trust: the claims and inputs travel as pickled objects (torch's ``all_gather_object`` /
 ``broadcast_object_list``, device-agnostic: gloo and NCCL), so the hosts of one job trust each other,
@@ -62,12 +63,13 @@ class NodeInputs:
 
 
 def torchrun_args(distributed: DistributedConfig, nproc: int) -> list[str]:
-    """The launcher flags: ``--standalone`` on one host, the c10d rendezvous across hosts."""
+    """The launcher flags: ``--standalone`` on one host, the c10d rendezvous across hosts. No
+    ``--node-rank``: c10d ignores it (torchrun warns so); the node rank goes to the worker instead."""
     if distributed.nnodes == 1:
         return ["--standalone", f"--nproc-per-node={nproc}"]
     timeout = distributed.rdzv_timeout_s  # read_timeout too: a node started first waits that long for the store
     return [
-        f"--nnodes={distributed.nnodes}", f"--node-rank={distributed.node_rank}", f"--nproc-per-node={nproc}",
+        f"--nnodes={distributed.nnodes}", f"--nproc-per-node={nproc}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint={distributed.rdzv_endpoint}", f"--rdzv-id={distributed.rdzv_id}",
         f"--rdzv-conf=join_timeout={timeout},read_timeout={timeout}", f"--local-addr={distributed.local_addr}",
     ]
