@@ -82,11 +82,12 @@ def test_a_node_with_other_params_stops_both_naming_the_field(tmp_path: Path) ->
                                        "train.lr: node 1 has 0.001, node 0 has 0.003. Fix: "), outcome
 
 
-def test_a_node_whose_peer_never_comes_times_out(tmp_path: Path) -> None:
-    alone = _node(tmp_path, 0, _free_port(), rdzv_timeout_s=2)
-    with pytest.raises(ExpertParallelError, match=r"^node 0: rendezvous .* not all distributed.nnodes=2 nodes joined "
-                                                  r"within distributed.rdzv_timeout_s=2 s\. Fix: start the other hosts"):
-        _launch(tmp_path, alone, _dataset(tmp_path / "data.npz"))
+@pytest.mark.parametrize("node_rank", [0, 1])
+def test_a_node_whose_peer_never_comes_times_out(tmp_path: Path, node_rank: int) -> None:
+    alone = _node(tmp_path, node_rank, _free_port(), rdzv_timeout_s=2)
+    with pytest.raises(ExpertParallelError, match=rf"^node {node_rank}: rendezvous .* not all distributed.nnodes=2 "
+                                                  r"nodes joined within distributed.rdzv_timeout_s=2 s\. Fix: start the"):
+        _launch(tmp_path, alone, _dataset(tmp_path / "data.npz") if node_rank == 0 else None)
 
 
 NODE0_COMMAND = ".venv/bin/fleetloop stage train"  # docs/operations.md, "Expert-parallel training on several hosts"
