@@ -216,6 +216,40 @@ def rollback(as_json: JsonOpt = False) -> None:
     emit(console, {"champion": restored.version}, as_json, f"rollback: champion: {restored.version} (the alias previous pointed at it)")
 
 
+@app.command("train-node")
+def train_node(
+    node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="This host's node rank, 1 or above (default: distributed.node_rank).", min=1)] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Join node 0's expert-parallel training from another host (torchrun c10d rendezvous at
+    distributed.rdzv_endpoint): receive its training set, train this host's experts; node 0 keeps the model."""
+    from pydantic import ValidationError
+
+    from components.config import DistributedConfig
+    from components.pipeline.distributed import join_training
+    from components.training.expert_parallel import ExpertParallelError
+
+    settings = _settings()
+    try:
+        if node_rank is not None:
+            distributed = DistributedConfig(**{**settings.distributed.model_dump(), "node_rank": node_rank})
+            settings = settings.model_copy(update={"distributed": distributed})
+        run = join_training(settings)
+    except ValidationError as exc:
+        raise CliError(exc.errors()[0]["msg"].removeprefix("Value error, "), "set distributed.nnodes in params.yaml "
+                       "(the same on every host) and pass a --node-rank below it") from exc
+    except ExpertParallelError as exc:
+        raise _one_line(exc) from exc
+    except ValueError as exc:
+        raise CliError(str(exc), "see components/training/README.md (several hosts)") from exc
+    d = settings.distributed
+    report = {"node_rank": d.node_rank, "nodes": d.nnodes, "world_size": run.world_size, "steps": len(run.losses),
+              "final_loss": run.losses[-1] if run.losses else None, "data_sha256": run.data_sha256,
+              "rendezvous": f"{d.rdzv_id} at {d.rdzv_endpoint}"}
+    emit(console, report, as_json, f"train-node: node {d.node_rank} of {d.nnodes} trained {len(run.losses)} steps "
+         f"in a world of {run.world_size} ranks; node 0 keeps the model")
+
+
 # -- data ----------------------------------------------------------------------------------------
 @app.command("import-lerobot")
 def import_lerobot(

@@ -252,8 +252,52 @@ class ShuffleConfig(Section):
     # ~4 MiB saved per rank, dedup's overhead ate the gain)
     dedup_min_saved_kib: int = 4096
     min_segment_kib: int = 1024  # per-expert messages (zero-copy slots) when segments are this big
-    ranks_per_node: int = 0  # 0 = every rank on one node (torchrun --standalone)
+    # 0 = every rank on one node (torchrun --standalone); with distributed.nnodes > 1 the launcher
+    # sets it to the processes per node, so the two-level plans see the real topology
+    ranks_per_node: int = 0
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: NCCL when CUDA is present
+
+
+class DistributedConfig(Section):
+    """Expert-parallel training over several hosts: torchrun's c10d rendezvous (components/training/README.md).
+
+    ``train.world_size`` ranks split evenly over ``nnodes`` hosts (``world_size / nnodes`` processes
+    each). ``nnodes: 1`` is ``torchrun --standalone`` on this host. Node 0 is the host whose loop
+    (retrain flow, ``dvc repro``) builds the training set, sends it to the others over the process
+    group and keeps the model; another host joins with ``fleetloop train-node --node-rank N``.
+    Every node must run the same params (checked at start, field by field); only the fields marked
+    per-host below may differ.
+    """
+
+    nnodes: int = Field(default=1, ge=1)
+    node_rank: int = Field(default=0, ge=0)  # per host: 0 = the host that builds the data and keeps the model
+    # node 0's host:port, where the c10d rendezvous store runs (29400: torchrun's default port)
+    rdzv_endpoint: str = "127.0.0.1:29400"
+    rdzv_id: str = "fleetloop-train"  # one id per training job; nodes with another id never meet
+    rdzv_timeout_s: int = Field(default=600, ge=1)  # per host: all nnodes must join within this, else a clear error
+    local_addr: str = "127.0.0.1"  # per host: the address peers reach this host on (torchrun --local-addr, MASTER_ADDR)
+    socket_ifname: str = "lo"  # per host: GLOO_SOCKET_IFNAME, the interface gloo's sockets use (e.g. eth0)
+
+    @field_validator("rdzv_endpoint")
+    @classmethod
+    def _host_and_port(cls, value: str) -> str:
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"distributed.rdzv_endpoint={value!r} must be HOST:PORT, e.g. node0.example.com:29400")
+        return value
+
+    @model_validator(mode="after")
+    def _rank_in_range(self) -> DistributedConfig:
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"distributed.node_rank={self.node_rank} must be below distributed.nnodes={self.nnodes}")
+        return self
+
+    def nproc_per_node(self, world_size: int) -> int:
+        """Processes per host for ``world_size`` ranks; they must split evenly."""
+        if world_size % self.nnodes:
+            raise ValueError(f"train.world_size={world_size} must be a multiple of distributed.nnodes={self.nnodes} "
+                             "(every host runs the same number of ranks)")
+        return world_size // self.nnodes
 
 
 class TrainConfig(Section):
@@ -666,6 +710,7 @@ class Settings(BaseSettings):
     policy: PolicyConfig = PolicyConfig()
     train: TrainConfig = TrainConfig()
     shuffle: ShuffleConfig = ShuffleConfig()
+    distributed: DistributedConfig = DistributedConfig()
     fert: FertConfig = FertConfig()
     explain: ExplainConfig = ExplainConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
@@ -674,6 +719,11 @@ class Settings(BaseSettings):
     ops: OpsConfig = OpsConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     runtime: FleetRuntimeConfig = FleetRuntimeConfig()
+
+    @model_validator(mode="after")
+    def _ranks_split_over_nodes(self) -> Settings:
+        self.distributed.nproc_per_node(self.train.world_size)  # raises, naming both fields
+        return self
 
     @field_validator("root")
     @classmethod

@@ -45,7 +45,8 @@ def train_task(settings: Settings, snapshot_hash: str, champion_version: int | N
                     settings.scheduler.iterations)
         return train_scheduled(settings, report)
     if settings.train.world_size > 1:
-        logger.info("expert-parallel training on %d torchrun processes", settings.train.world_size)
+        logger.info("expert-parallel training on %d torchrun processes over %d host(s)", settings.train.world_size,
+                    settings.distributed.nnodes)
     outcome = steps.train_policy(settings, report, logger.info)
     if outcome.summary is not None:
         summary = outcome.summary

@@ -24,6 +24,13 @@ def test_every_command_has_help(command, capsys):
     assert "Usage" in capsys.readouterr().out
 
 
+def test_train_node_outside_a_multi_host_run_is_one_line_with_fix(scratch_root, capsys):
+    assert main(["train-node", "--node-rank", "1"]) == 1  # params.yaml says one host (distributed.nnodes: 1)
+    out = capsys.readouterr().err
+    assert "distributed.node_rank=1 must be below distributed.nnodes=1" in out and "fix:" in out
+    assert "Traceback" not in out and len(out.strip().splitlines()) == 2
+
+
 def test_unknown_stage_is_one_line_with_fix(scratch_root, capsys):
     assert main(["stage", "bogus"]) == 1
     out = capsys.readouterr().err
