@@ -1,7 +1,8 @@
 """The documented commands, verbatim, in a fresh git+DVC clone: `dvc repro` builds dataset → model →
 metrics with the project's interpreter (none on PATH), a second run does nothing, and the model's
 digest, losses and evaluation equal the flow's on the same params in another root. Every command README.md and docs/operations.md print
-is run here or named in ELSEWHERE with the test (or reason) that covers it."""
+is run here or named in ELSEWHERE with the test (or reason) that covers it; so is every command of
+docs/deploy.md."""
 
 import json
 import os
@@ -25,7 +26,7 @@ SMALL_PARAMS = {
 }
 
 
-DOCS = (REPO / "README.md", REPO / "docs" / "operations.md")
+DOCS = (REPO / "README.md", REPO / "docs" / "operations.md", REPO / "docs" / "deploy.md")
 # documented commands this file does not run, and what covers them
 ELSEWHERE = {
     "make demo": "the demo itself (the README's first command; CI runs `make test`, whose set-up is the same)",
@@ -49,7 +50,7 @@ ELSEWHERE = {
 
 
 def documented_commands() -> list[str]:
-    """Every command in a ```bash block of README.md and docs/operations.md, comments stripped."""
+    """Every command in a ```bash block of the DOCS, comments stripped."""
     out = []
     for path in DOCS:
         for block in re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.S):
