@@ -53,9 +53,23 @@ def embed_task(settings: Settings, episode, encoder, snapshot: str):
     return step.embed(settings, [episode], encoder, snapshot)
 
 
+@task(name="plan-embedding", cache_policy=NO_CACHE)
+def embed_plan_task(settings: Settings):
+    """The store's encoder and the stored episodes past its embed cursor ((None, []) while the
+    dataset is empty). A task, not flow code: a store that drops out is retried like every write."""
+    if not step.Workspace(settings).dataset.num_episodes:
+        return None, []
+    return step.store_encoder(settings), step.episodes_to_embed(settings)
+
+
 @task(name="upsert-segments", cache_policy=NO_CACHE)
 def upsert_task(settings: Settings, rows: list, encoder):
     return step.upsert(settings, rows, encoder)
+
+
+@task(name="store-version", cache_policy=NO_CACHE)
+def store_version_task(settings: Settings) -> int:
+    return step.Workspace(settings).store.version
 
 
 @flow(name="ingest")
@@ -72,10 +86,9 @@ def ingest(files: list[Path] | None = None, settings: Settings | None = None) ->
     items = [f.result() for f in read_task.with_options(**io).map(unmapped(settings), files)]
     report = store_task.with_options(**io)(settings, items)
     snapshot = snapshot_task.with_options(**io)(settings, report.changed)
-    encoder = step.store_encoder(settings) if step.Workspace(settings).dataset.num_episodes else None
+    encoder, new = embed_plan_task.with_options(**io)(settings)
     upserted = 0
     if encoder is not None:
-        new = step.episodes_to_embed(settings)
         snap = snapshot.hash if snapshot else ""
         rows = [f.result() for f in embed_task.map(unmapped(settings), new, unmapped(encoder), unmapped(snap))]
         result = upsert_task.with_options(**io)(settings, rows, encoder)
@@ -83,7 +96,7 @@ def ingest(files: list[Path] | None = None, settings: Settings | None = None) ->
     logger.info("%s; snapshot %s", report.summary(), snapshot.hash if snapshot else "-")
     for item in report.quarantined:
         logger.warning("quarantined %s: field %r: %s (fix: %s)", item.source, item.field, item.reason, item.fix)
-    return step.IngestResult(report, snapshot, step.Workspace(settings).store.version, upserted)
+    return step.IngestResult(report, snapshot, store_version_task.with_options(**io)(settings), upserted)
 
 
 def run_ingest(files: list[Path], settings: Settings) -> step.IngestResult:

@@ -6,6 +6,8 @@ that does not answer fails at open in one line naming it and the fix."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -143,3 +145,61 @@ def test_store_credentials_stay_out_of_settings_logs_and_params(tmp_path, monkey
     assert location.shown == "s3://fleetloop:***@bucket/segments" and location.options["allow_http"] == "true"
     with pytest.raises(ValueError, match="store.uri 'bucket/segments'"):
         StoreConfig(uri="bucket/segments")
+
+
+def _when(condition, then, poll_s: float = 0.01) -> threading.Thread:
+    """Run ``then()`` on a thread as soon as ``condition()`` holds (polled)."""
+    def watch() -> None:
+        while not condition():
+            time.sleep(poll_s)
+        then()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_store_lost_mid_flow_is_retried_fails_cleanly_and_the_next_run_completes(
+        tmp_path, monkeypatch, s3_server, prefect_harness):
+    """The ingest flow reaches S3 through a proxy that starts dropping every connection the moment
+    the flow has committed the new episodes to the dataset: the store task retries
+    (``ops.io_retries``), the flow fails, the store is still a valid table holding whole commits
+    only, and the next run (store back) embeds exactly what the failed one left."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter
+
+    from components.config import OpsConfig
+    from components.fleet.fault_proxy import DROP, PASS, FaultProxy
+    from flows.ingest import ingest
+    from flows.runtime import task_runner
+
+    host, port = s3_server.endpoint.removeprefix("http://").split(":")
+    proxy = FaultProxy(host, int(port)).start()
+    uri = _env(monkeypatch, s3_server, endpoint=proxy.url)
+    settings = small_settings(tmp_path / "root", store=StoreConfig(uri=uri + "-lost", **STORE, max_retries=0),
+                              ops=OpsConfig(io_retries=2, retry_delays_s=(0.1,)))
+    files = episode_files(settings, tmp_path / "in", seed=11, count=EPISODES, frames=FRAMES)
+    run = ingest.with_options(task_runner=task_runner(settings))
+    try:
+        first = run(files[: EPISODES // 2], settings)
+        _when(lambda: Workspace(settings).dataset.num_episodes == EPISODES, lambda: proxy.set_mode(DROP))
+        state = run(files[EPISODES // 2 :], settings, return_state=True)
+        assert state.is_failed(), state
+        with get_client(sync_client=True) as client:
+            tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [state.state_details.flow_run_id]}))
+        failed = [t for t in tasks if t.state.is_failed()]
+        assert failed and all(t.run_count == settings.ops.io_retries + 1 for t in failed), [
+            (t.name, t.run_count, t.state.name) for t in tasks]
+        assert Workspace(settings).dataset.num_episodes == EPISODES  # the dataset's commit stands
+
+        proxy.set_mode(PASS)
+        store = Workspace(settings).store
+        stored = store.episode_ids()  # a valid table: the first run's commit, and the second's only if whole
+        assert stored >= set(first.report.added) and store.count() == len(stored) * 15
+        again = run([], settings)  # the next run: nothing new to store, the cursor finds what the store lacks
+        store = Workspace(settings).store
+        assert store.episode_ids() == set(Workspace(settings).dataset.episode_ids()) and len(store.episode_ids()) == EPISODES
+        assert store.count() == EPISODES * 15 and again.segments_upserted == (EPISODES - len(stored)) * 15
+        assert proxy.stats.dropped > 0  # the proxy really cut the store off
+    finally:
+        proxy.stop()
