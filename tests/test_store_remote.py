@@ -18,7 +18,7 @@ from components.pipeline.ingest import ingest_files
 from components.pipeline.recipe import public_settings
 from components.pipeline.workspace import Workspace
 from components.store.location import SegmentStoreError
-from components.store.segment_store import SearchResult, SegmentStore
+from components.store.segment_store import SearchResult, SegmentStore, table_exists
 from tests.conftest import small_settings
 from tests.servers import ARTIFACT_BUCKET, STORE_PREFIX, free_port, store_env
 from tests.test_ingest import episode_files
@@ -70,6 +70,7 @@ def test_ingest_search_tags_and_upkeep_on_s3_answer_like_a_local_store(tmp_path,
         ingest_files(settings, files[EPISODES // 2 :], snapshot=False)
     here, there = Workspace(local).store, Workspace(remote).store
     assert there.location.remote and there.uri == uri
+    assert table_exists(there.location, remote.store.table) and not table_exists(there.location, "no-such-table")
     assert there.count() == here.count() == EPISODES * 15 and there.has_index()
     assert there.embed_cursor() == here.embed_cursor() is not None
     assert there.load_encoder().state_dict() == here.load_encoder().state_dict()

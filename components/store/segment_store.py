@@ -764,9 +764,12 @@ def table_exists(location: StoreLocation, table: str) -> bool:
     if folder is not None:
         return (folder / f"{table}.lance").exists()
     try:
-        return bool(_connect(location).table_exists(table))
-    except (OSError, ValueError, RuntimeError) as exc:
+        _connect(location).open_table(table)  # LanceDB's table_exists is not implemented for object stores
+    except (FileNotFoundError, ValueError):  # "Table '...' was not found", as _open_or_create reads it
+        return False
+    except (OSError, RuntimeError) as exc:
         raise location.unreachable(exc) from None
+    return True
 
 
 def _open_or_create(location: StoreLocation, table: str, dim: int) -> lancedb.table.Table:
