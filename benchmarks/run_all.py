@@ -4,6 +4,7 @@ pack_difficulty, whose figures are two rates).
     python -m benchmarks.run_all            # full sizes (tens of minutes on a 2-core laptop)
     python -m benchmarks.run_all --quick    # smoke sizes
     python -m benchmarks.run_all ingest shuffle
+    python -m benchmarks.run_all --remote   # ingest + retrain on remote stores (loopback servers) vs local
 """
 
 from __future__ import annotations
@@ -13,19 +14,23 @@ import subprocess
 import sys
 import time
 
-BENCHMARKS = ("ingest", "shuffle", "scheduler", "fleet_load", "fleet_scaling", "pack_difficulty", "fleet_chaos")
+BENCHMARKS = ("ingest", "shuffle", "scheduler", "fleet_load", "fleet_scaling", "pack_difficulty", "fleet_chaos",
+              "remote_stores")
+REMOTE = ("remote_stores",)  # what --remote runs: the flows' timings with every store on a server
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {', '.join(BENCHMARKS)})")
     parser.add_argument("--quick", action="store_true", help="smoke-sized runs")
+    parser.add_argument("--remote", action="store_true", help=f"only {', '.join(REMOTE)}: the ingest and retrain "
+                        "flows on remote stores (Postgres + MLflow server + S3 on loopback) vs the local root")
     args = parser.parse_args()
     unknown = sorted(set(args.names) - set(BENCHMARKS))
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
     failed = []
-    for name in args.names or BENCHMARKS:
+    for name in args.names or (REMOTE if args.remote else BENCHMARKS):
         cmd = [sys.executable, "-m", f"benchmarks.{name}", *(["--quick"] if args.quick else [])]
         print(f"== {' '.join(cmd[1:])}", flush=True)
         start = time.perf_counter()
