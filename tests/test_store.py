@@ -515,3 +515,62 @@ def test_many_queries_scan_the_table_once_exactly_whatever_the_batch_sizes(tmp_p
 
     few = store.search(queries, k=len(vectors) + 5, success=True, task="push")  # k beyond the filtered rows
     assert few.counts.tolist() == [len(vectors)] * len(queries) and (few.starts[:, len(vectors):] == -1).all()
+
+
+# ---------------------------------------------------------------------- index types
+
+
+def _recall(found: np.ndarray, truth: np.ndarray) -> float:
+    return float(np.mean([len(set(f) & set(t)) / len(t) for f, t in zip(found, truth, strict=True)]))
+
+
+def test_ivf_hnsw_sq_is_built_searched_folded_and_kept_by_upkeep(tmp_path: Path) -> None:
+    cfg = CFG.model_copy(update={"index_type": "IVF_HNSW_SQ", "index_min_rows": 1000, "hnsw_partition_rows": 600,
+                                 "index_fold_rows": 50, "retain_versions_days": 0})
+    episodes = make_fleet(count=320)
+    encoder = fit_encoder(episodes)
+    store = SegmentStore.open(tmp_path / "segments", cfg, encoder.dim)
+    store.upsert(episodes[:300], encoder, snapshot="snap-a")
+    assert store.ensure_index() and store.index_type() == "IVF_HNSW_SQ"
+    assert store.index_plan().partitions == -(-store.count() // 600) > 1
+    # held-out queries (episodes not in the table), fewer than scan_min_queries: LanceDB's index answers
+    probe = np.concatenate([cut_windows(e.states, 8, 4).windows for e in make_fleet(seed=9, count=8)])[:40]
+    queries = encoder.encode(probe)
+    assert len(queries) < cfg.scan_min_queries
+    for success in (None, True):
+        ann = store.search(queries, k=10, success=success)
+        exact = store.search(queries, k=10, success=success, exact=True)
+        assert _recall(ann.segment_ids, exact.segment_ids) >= 0.9
+        assert success is None or ann.success.all()
+    # ingest folds new rows into the graph index once index_fold_rows are unindexed
+    store.upsert(episodes[300:], encoder, snapshot="snap-b")
+    assert store.ensure_index()
+    name = store._indexed_columns()["vector"]
+    assert store._table.index_stats(name).num_unindexed_rows == 0
+    probe = encoder.encode(cut_windows(episodes[-1].states, 8, 4).windows[:1])
+    assert store.search(probe, k=1).episode_ids[0, 0] == episodes[-1].episode_id
+    # upkeep keeps the type (no growth, no retrain) and the index still answers
+    report = store.upkeep()
+    assert not report.index_rebuilt and store.index_type() == "IVF_HNSW_SQ"
+    assert store.search(probe, k=1).episode_ids[0, 0] == episodes[-1].episode_id
+
+
+def test_store_indexed_with_the_old_type_keeps_working_until_upkeep_rebuilds_it(tmp_path: Path) -> None:
+    old = CFG.model_copy(update={"index_type": "IVF_PQ", "index_min_rows": 256})
+    episodes = make_fleet(count=60)
+    encoder = fit_encoder(episodes)
+    store = SegmentStore.open(tmp_path / "segments", old, encoder.dim)
+    store.upsert(episodes, encoder, snapshot="snap-a")
+    assert store.ensure_index() and store.index_type() == "IVF_PQ"
+
+    new = SegmentStore.open(tmp_path / "segments", old.model_copy(update={"index_type": "IVF_HNSW_SQ"}), encoder.dim)
+    version = new.version
+    assert new.ensure_index() and new.version == version  # the ingest path does not rebuild inline
+    queries = encoder.encode(cut_windows(episodes[0].states, 8, 4).windows)
+    # searched with IVF_PQ's keys (refine re-ranks exactly): the top hit is brute force's
+    hits, brute = new.search(queries, k=5), new.search(queries, k=5, exact=True)
+    np.testing.assert_allclose(hits.distances[:, 0], brute.distances[:, 0], rtol=1e-5)
+    report = new.upkeep()
+    assert report.index_rebuilt and new.index_type() == "IVF_HNSW_SQ"
+    assert not new.upkeep().index_rebuilt  # rebuilt once, then kept
+    assert (new.search(queries, k=1).episode_ids[:, 0] == episodes[0].episode_id).all()
