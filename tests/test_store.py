@@ -24,7 +24,7 @@ from components.store import (
     encoder_from_state_dict,
     window_starts,
 )
-from components.store.index_plan import plan_ivf_pq, sub_vectors_for
+from components.store.index_plan import IVF_MIN_ROWS, plan_index, plan_ivf_pq, search_params, sub_vectors_for
 
 STATE_DIM = 4
 CFG = StoreConfig(window=8, stride=4, index_min_rows=256, index_sub_vectors=8, upsert_batch_rows=60)
@@ -65,6 +65,11 @@ def fit_encoder(episodes: list[Episode], cfg: StoreConfig = CFG) -> NormalizedSt
 
 def sorted_rows(store: SegmentStore) -> pa.Table:
     return store._table.to_arrow().sort_by("segment_id")
+
+
+def _recall(found: np.ndarray, truth: np.ndarray) -> float:
+    """Mean share of each row of ``truth`` (ids) that ``found`` holds."""
+    return float(np.mean([len(set(f) & set(t)) / len(t) for f, t in zip(found, truth, strict=True)]))
 
 
 # ---------------------------------------------------------------------- windows
@@ -317,7 +322,7 @@ def test_index_needs_enough_rows_and_keeps_filters(tmp_path: Path) -> None:
     assert store.count() >= CFG.index_min_rows
     assert store.ensure_index() is True and store.has_index()
     indexed = {idx.columns[0]: idx.index_type for idx in store._table.list_indices()}
-    assert indexed["vector"] == "IvfPq" and indexed["episode_id"] == "BTree"
+    assert indexed["vector"] == "IvfHnswSq" and indexed["episode_id"] == "BTree"  # store.index_type's default
     assert indexed["success"] == "Bitmap"
     version = store.version
     assert store.ensure_index() is True and store.version == version  # already there: no write
@@ -325,8 +330,7 @@ def test_index_needs_enough_rows_and_keeps_filters(tmp_path: Path) -> None:
     indexed = store.search(queries, k=5, success=True)
     assert indexed.success.all() and indexed.counts.tolist() == [5] * len(queries)
     brute = store.search(queries, k=5, success=True, exact=True)
-    # refine_factor re-ranks with exact distances, so the top hit agrees with brute force here
-    np.testing.assert_allclose(indexed.distances[:, 0], brute.distances[:, 0], rtol=1e-5)
+    assert _recall(indexed.segment_ids, brute.segment_ids) >= 0.9
     # queries go to LanceDB a few at a time (bounded memory): the same hits in the same order
     batched = SegmentStore.open(tmp_path / "segments", CFG.model_copy(update={"search_batch_queries": 3}), encoder.dim)
     assert len(queries) > 3
@@ -402,6 +406,19 @@ def test_sub_vectors_divide_any_width() -> None:
     assert plan.derived and plan.sub_vectors == 22 and plan.partitions == 1000 // 256
 
 
+def test_index_plan_follows_the_type_and_the_rows_and_search_follows_the_built_index() -> None:
+    cfg = StoreConfig(index_type="IVF_HNSW_SQ", hnsw_partition_rows=16_000)
+    plan = plan_index(88, 1_000_000, cfg)
+    assert plan.kind == "IVF_HNSW_SQ" and plan.partitions == -(-1_000_000 // 16_000)
+    assert plan_index(88, 3 * IVF_MIN_ROWS, cfg).partitions == 1  # fewer rows than one partition wants
+    assert plan_index(88, 1_000_000, cfg.model_copy(update={"index_type": "IVF_PQ"})).kind == "IVF_PQ"
+    # a table keeps being searched with the keys of the index it has, whatever store.index_type says
+    assert search_params("IVF_PQ", 10, cfg).refine_factor == cfg.refine_factor and search_params("IVF_PQ", 10, cfg).ef is None
+    hnsw = search_params("IVF_HNSW_SQ", 10, cfg)
+    assert (hnsw.nprobes, hnsw.refine_factor) == (cfg.hnsw_nprobes, cfg.hnsw_refine_factor)
+    assert search_params("IVF_HNSW_SQ", cfg.hnsw_ef + 5, cfg).ef == cfg.hnsw_ef + 5  # never narrower than k
+
+
 def _sim_width_fleet(seed: int, count: int) -> list[Episode]:
     """Episodes with the default simulator's 11-dim state: windows of 8 x 11 = 88 values."""
     rng = np.random.default_rng(seed)
@@ -418,7 +435,7 @@ def _sim_width_fleet(seed: int, count: int) -> list[Episode]:
 
 def test_store_with_sim_width_keeps_ingesting_past_the_index_threshold(tmp_path: Path) -> None:
     # the default index_sub_vectors (16) does not divide 88: the store must derive a divisor
-    cfg = StoreConfig(index_min_rows=300, index_fold_rows=150)
+    cfg = StoreConfig(index_type="IVF_PQ", index_min_rows=300, index_fold_rows=150)
     assert 88 % cfg.index_sub_vectors
     first = _sim_width_fleet(0, 10)
     encoder = NormalizedStateEncoder(8).fit(np.concatenate([episode_windows(e, 8, 4)[1] for e in first]))
@@ -443,7 +460,9 @@ def test_store_with_sim_width_keeps_ingesting_past_the_index_threshold(tmp_path:
 
 
 def test_upkeep_compacts_prunes_and_keeps_tagged_versions(tmp_path: Path) -> None:
-    cfg = CFG.model_copy(update={"retain_versions_days": 0, "index_min_rows": 256})
+    # IVF_PQ: on a table this small an HNSW index (graphs + SQ codes) outweighs the versions
+    # pruned, and bytes are what this test checks; IVF_HNSW_SQ upkeep has its own test
+    cfg = CFG.model_copy(update={"retain_versions_days": 0, "index_min_rows": 256, "index_type": "IVF_PQ"})
     episodes = make_fleet(count=60)
     encoder = fit_encoder(episodes)
     store = SegmentStore.open(tmp_path / "segments", cfg, encoder.dim)
@@ -518,10 +537,6 @@ def test_many_queries_scan_the_table_once_exactly_whatever_the_batch_sizes(tmp_p
 
 
 # ---------------------------------------------------------------------- index types
-
-
-def _recall(found: np.ndarray, truth: np.ndarray) -> float:
-    return float(np.mean([len(set(f) & set(t)) / len(t) for f, t in zip(found, truth, strict=True)]))
 
 
 def test_ivf_hnsw_sq_is_built_searched_folded_and_kept_by_upkeep(tmp_path: Path) -> None:
