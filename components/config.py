@@ -151,11 +151,12 @@ class StoreConfig(Section):
     stride: int = Field(default=4, ge=1)  # frames between segment starts
     # IVF indexes train k-means on the rows present: below 256 IVF_PQ silently indexes nothing, so never lower.
     index_min_rows: int = Field(default=50_000, ge=256)
-    # the vector index (components/store/index_plan.py). IVF_HNSW_SQ: IVF partitions, each an HNSW
-    # graph over 8-bit scalar-quantized vectors (the hnsw_* keys); IVF_PQ: product-quantized
-    # partitions (index_partitions, index_sub_vectors, nprobes, refine_factor). A store whose
-    # index is of the other type is searched with that type's keys until upkeep rebuilds it.
-    index_type: Literal["IVF_HNSW_SQ", "IVF_PQ"] = "IVF_HNSW_SQ"
+    # the vector index (components/store/index_plan.py). IVF_PQ: product-quantized partitions
+    # (index_partitions, index_sub_vectors, nprobes, refine_factor); IVF_HNSW_SQ: IVF partitions,
+    # each an HNSW graph over 8-bit scalar-quantized vectors (the hnsw_* keys): 1.7x less CPU per
+    # unfiltered query at 1M, no gain with the success filter, 2x the build (docs/results.md). A
+    # store whose index is of the other type is searched with that type's keys until upkeep rebuilds it.
+    index_type: Literal["IVF_PQ", "IVF_HNSW_SQ"] = "IVF_PQ"
     # --- IVF_PQ
     index_partitions: int = Field(default=256, ge=1)
     # preferred PQ sub-vectors; when it does not divide the vector dim (88 for the default sim)

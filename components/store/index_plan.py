@@ -2,13 +2,13 @@
 
 Two kinds (``store.index_type``):
 
-- **IVF_HNSW_SQ** (default): k-means partitions, each an HNSW graph over 8-bit scalar-quantized
+- **IVF_HNSW_SQ**: k-means partitions, each an HNSW graph over 8-bit scalar-quantized
   vectors. A query walks ``hnsw_nprobes`` partitions' graphs (``hnsw_ef`` wide) instead of
   scoring every row of ``nprobes`` partitions, so it touches a few hundred vectors, not tens of
   thousands. Partitions grow with the table (``rows / hnsw_partition_rows``): a graph's search
   cost grows only with the log of its size, and fewer, larger partitions keep the probed share
   of the data (and recall) up.
-- **IVF_PQ**: product quantization splits each vector into ``num_sub_vectors`` equal slices, so
+- **IVF_PQ** (default; see docs/results.md for the two side by side at 1M): product quantization splits each vector into ``num_sub_vectors`` equal slices, so
   the count must divide the width. The width comes from the encoder (window × state dim: 8 × 11
   = 88 for the default simulator), not from the config, so ``store.index_sub_vectors`` is a
   preference: used as is when it divides the width, otherwise replaced by the divisor that keeps
