@@ -446,7 +446,8 @@ def main() -> None:
     result["wall_s"] = time.perf_counter() - started
     result["command"] = "python -m benchmarks.ingest " + " ".join(
         f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
-        for k, v in asdict(scale).items() if v is not None and v is not False
+        for k, v in asdict(scale).items()
+        if v is not None and v is not False and not (scale.knn_only and k in ("frames", "upkeep_every"))
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
