@@ -3,6 +3,7 @@
     python -m benchmarks.ingest                      # 10M frames in 10k-frame batches, kNN at 1M
     python -m benchmarks.ingest --frames 2000000     # a shorter growth curve, same batches
     python -m benchmarks.ingest --quick              # 200k frames, kNN at 100k segments (minutes)
+    python -m benchmarks.ingest --knn-only --knn-segments 1000000 --name ingest_knn   # kNN phase only
 
 1. **Growth**: one scratch root grown batch by batch through
    ``components.pipeline.ingest.ingest_files`` with params.yaml's settings, exactly what
@@ -13,13 +14,17 @@
    Per batch: wall time, frames/s, disk bytes (dataset + DVC cache + store). Every
    ``--upkeep-every`` batches ``SegmentStore.upkeep()`` runs (compaction, index retrain, pruning),
    as the scheduled ``store-upkeep`` flow would; it is timed separately.
-2. **kNN**: the same store topped up with ``SegmentStore.upsert`` to ``--knn-segments``, upkept
-   (index built for that size), then single-query k=10 latency, brute force vs IVF_PQ with the
-   configured nprobes/refine, with and without the success filter FERT uses; recall@10 against
-   brute force with the same filter; and FERT's bulk shape (``fert.max_queries`` queries at once):
-   the store's exact scan beside LanceDB's own search of the same list, flat and indexed.
+   ``--knn-only`` skips it: one batch through ``ingest_files`` (DVC, dataset, the encoder fitted
+   and saved as the product does), then straight to phase 2.
+2. **kNN**: the same store topped up with ``SegmentStore.upsert`` to ``--knn-segments``, its
+   vector index built by ``ensure_index`` (``store.index_type``, timed) and upkept, then
+   single-query k=10 latency through ``SegmentStore.search``, brute force vs the index with its
+   configured search keys, with and without the success filter FERT uses; recall@10 against
+   brute force with the same filter, on queries held out from the ones the settings were chosen
+   on; and FERT's bulk shape (``fert.max_queries`` queries at once): the store's exact scan
+   beside LanceDB's own search of the same list, flat and indexed.
 
-Writes benchmarks/results/ingest.json and ingest.png. The machine is shared: load averages are
+Writes benchmarks/results/ingest.json and ingest.png (``--name`` for another name). The machine is shared: load averages are
 recorded, and start/end figures are medians over ``WINDOW`` batches.
 """
 
@@ -45,6 +50,7 @@ from components.episodes.schema import write_episode_file
 from components.pipeline.ingest import ingest_files
 from components.pipeline.workspace import Workspace
 from components.store import SegmentStore, episode_windows
+from components.store.index_plan import search_params
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NAME = "ingest"
@@ -65,6 +71,7 @@ class Scale:
     queries: int
     upkeep_every: int  # batches between SegmentStore.upkeep() calls
     retain_days: float | None = None  # overrides store.retain_versions_days (0: what a week later looks like)
+    knn_only: bool = False  # no growth curve: one ingest batch (fits the encoder), then the kNN phase
 
 
 FULL = Scale(frames=10_000_000, batch_frames=10_000, knn_segments=1_000_000, queries=100, upkeep_every=100)
@@ -77,6 +84,10 @@ class Latency:
     p99_ms: float
     mean_ms: float
     queries: int
+    # CPU time of this process (all its threads, LanceDB's included) per query: what a query
+    # costs, where wall time also holds the waits for a core on a shared host
+    cpu_p50_ms: float | None = None
+    cpu_p99_ms: float | None = None
 
 
 def synthetic_episodes(seed: int, count: int, state_dim: int, action_dim: int) -> list[Episode]:
@@ -106,9 +117,12 @@ def disk_bytes(*roots: Path) -> int:
     )
 
 
-def latency(seconds: list[float]) -> Latency:
+def latency(seconds: list[float], cpu_seconds: list[float] | None = None) -> Latency:
     ms = np.asarray(seconds) * 1000
-    return Latency(float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), float(ms.mean()), len(ms))
+    cpu = None if cpu_seconds is None else np.asarray(cpu_seconds) * 1000
+    return Latency(float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), float(ms.mean()), len(ms),
+                   None if cpu is None else float(np.percentile(cpu, 50)),
+                   None if cpu is None else float(np.percentile(cpu, 99)))
 
 
 def recall(found: np.ndarray, truth: np.ndarray) -> float:
@@ -119,13 +133,36 @@ def recall(found: np.ndarray, truth: np.ndarray) -> float:
 
 def time_queries(store: SegmentStore, queries: np.ndarray, exact: bool, success: bool | None):
     store.search(queries[:1], k=K, exact=exact, success=success)  # warm caches
-    seconds, ids = [], []
+    seconds, cpu_seconds, ids = [], [], []
     for query in queries:
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         hit = store.search(query[None], k=K, exact=exact, success=success)
         seconds.append(time.perf_counter() - t0)
+        cpu_seconds.append(time.process_time() - c0)
         ids.append(hit.segment_ids[0])
-    return seconds, np.stack(ids)
+    return seconds, cpu_seconds, np.stack(ids)
+
+
+def ingest_batch(settings: Settings, ws: Workspace, batch: int, episodes: int, scratch: Path) -> float:
+    """Write ``episodes`` synthetic episodes (seed ``batch``) as files, ingest them through
+    ``ingest_files`` and return its wall time (writing the files is the robot's side: untimed)."""
+    folder = scratch / f"batch-{batch:05d}"
+    files = [write_episode_file(e, folder / f"{i:04d}.parquet")
+             for i, e in enumerate(synthetic_episodes(batch, episodes, ws.obs_dim, ws.act_dim))]
+    t0 = time.perf_counter()
+    result = ingest_files(settings, files)
+    seconds = time.perf_counter() - t0
+    shutil.rmtree(folder)
+    assert len(result.report.added) == episodes, result.report.summary()
+    return seconds
+
+
+def seed_store(scale: Scale, settings: Settings, scratch: Path) -> dict:
+    """``--knn-only``: one batch through ingest_files (the encoder is fitted and saved the way
+    the product does it), no growth curve; the kNN phase tops the store up from there."""
+    episodes = max(1, scale.batch_frames // EPISODE_FRAMES)
+    seconds = ingest_batch(settings, Workspace(settings), 0, episodes, scratch)
+    return {"seed": {"episodes": episodes, "frames": episodes * EPISODE_FRAMES, "seconds": seconds}}
 
 
 def grow(scale: Scale, settings: Settings, scratch: Path) -> dict:
@@ -138,14 +175,7 @@ def grow(scale: Scale, settings: Settings, scratch: Path) -> dict:
     upkeeps: list[dict] = []
     stored = 0
     for batch in range(batches):
-        episodes = synthetic_episodes(batch, per_batch, ws.obs_dim, ws.act_dim)
-        folder = scratch / f"batch-{batch:05d}"
-        files = [write_episode_file(e, folder / f"{i:04d}.parquet") for i, e in enumerate(episodes)]
-        t0 = time.perf_counter()
-        result = ingest_files(settings, files)
-        seconds = time.perf_counter() - t0
-        shutil.rmtree(folder)
-        assert len(result.report.added) == per_batch, result.report.summary()
+        seconds = ingest_batch(settings, ws, batch, per_batch, scratch)
         frames = per_batch * EPISODE_FRAMES
         stored += frames
         store = Workspace(settings).store
@@ -193,26 +223,46 @@ def grow(scale: Scale, settings: Settings, scratch: Path) -> dict:
     }
 
 
-def knn(scale: Scale, settings: Settings) -> dict:
-    """Phase 2: top the store up to the kNN size, upkeep, then time queries."""
-    ws = Workspace(settings)
-    store, encoder = ws.store, ws.store.load_encoder()
+def top_up(store: SegmentStore, encoder, ws: Workspace, segments: int) -> float:
+    """Upsert synthetic episodes (seeds from 1,000,000) until the store holds ``segments``;
+    returns the seconds it took."""
     seed = 1_000_000
     sample = synthetic_episodes(0, 1, ws.obs_dim, ws.act_dim)[0]
-    per_episode = len(episode_windows(sample, settings.store.window, settings.store.stride)[0])
+    per_episode = len(episode_windows(sample, ws.settings.store.window, ws.settings.store.stride)[0])
     t0 = time.perf_counter()
-    while store.count() < scale.knn_segments:
-        need = math.ceil((scale.knn_segments - store.count()) / per_episode)
+    while store.count() < segments:
+        need = math.ceil((segments - store.count()) / per_episode)
         store.upsert(synthetic_episodes(seed, min(4000, need), ws.obs_dim, ws.act_dim), encoder, snapshot="bench-top-up")
         seed += 1
-    top_up_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    upkeep = store.upkeep()
-    upkeep_s = time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+def knn(scale: Scale, settings: Settings) -> dict:
+    """Phase 2: top the store up to the kNN size, build its index and upkeep, then time queries.
+
+    The top-up's fragments are compacted (``optimize``), the index is built by ``ensure_index``
+    (timed alone: what a user's ingest or upkeep pays), then ``upkeep`` runs (timed). Queries come from their own seed (10,000,019): the index
+    settings were chosen on other queries, so these are held out."""
+    ws = Workspace(settings)
+    store, encoder = ws.store, ws.store.load_encoder()
+    top_up_s = top_up(store, encoder, ws, scale.knn_segments)
     segments = store.count()
     plan = store.index_plan()
-    print(f"kNN store: {segments:,} segments (top-up {top_up_s:.0f}s), upkeep {upkeep_s:.1f}s "
-          f"(IVF_PQ {plan.partitions} partitions x {plan.sub_vectors} sub-vectors)", flush=True)
+    # compact the top-up's fragments first, as a nightly-upkept store is: compacting after the
+    # build would also remap the new index (that is upkeep's cost, not the build's)
+    t0 = time.perf_counter()
+    store.optimize()
+    compact_s = time.perf_counter() - t0
+    load_before_build = os.getloadavg()
+    t0 = time.perf_counter()
+    store.ensure_index()
+    index_build_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    store.upkeep()
+    upkeep_s = time.perf_counter() - t0
+    params = search_params(store.index_type(), K, settings.store)
+    print(f"kNN store: {segments:,} segments (top-up {top_up_s:.0f}s), {plan.describe()} built in "
+          f"{index_build_s:.1f}s, upkeep {upkeep_s:.1f}s", flush=True)
 
     probe = [e for e in synthetic_episodes(10_000_019, 4 * scale.queries, ws.obs_dim, ws.act_dim) if not e.success]
     windows = np.concatenate([episode_windows(e, settings.store.window, settings.store.stride)[1] for e in probe])
@@ -220,25 +270,26 @@ def knn(scale: Scale, settings: Settings) -> dict:
     queries = encoder.encode(windows[np.sort(pick)])
     cases = []
     truth = {}
-    for success in (None, True):
-        seconds, ids = time_queries(store, queries, exact=True, success=success)
-        truth[success] = ids
-        cases.append({"name": "brute force" + (" + success" if success else ""), "index": False,
-                      "success_filter": bool(success), "latency": asdict(latency(seconds)), "recall_at_10": 1.0})
-    for success in (None, True):
-        seconds, ids = time_queries(store, queries, exact=False, success=success)
-        cases.append({"name": f"IVF_PQ nprobes={settings.store.nprobes} refine={settings.store.refine_factor}"
-                      + (" + success" if success else ""), "index": True, "success_filter": bool(success),
-                      "latency": asdict(latency(seconds)), "recall_at_10": recall(ids, truth[success])})
+    index_name = (f"{store.index_type()} nprobes={params.nprobes}" + (f" ef={params.ef}" if params.ef else "")
+                  + f" refine={params.refine_factor}")
+    for exact in (True, False):
+        for success in (None, True):
+            seconds, cpu_seconds, ids = time_queries(store, queries, exact=exact, success=success)
+            if exact:
+                truth[success] = ids
+            cases.append({"name": ("brute force" if exact else index_name) + (" + success" if success else ""),
+                          "index": not exact, "success_filter": bool(success), "latency": asdict(latency(seconds, cpu_seconds)),
+                          "recall_at_10": 1.0 if exact else recall(ids, truth[success]),
+                          "load_avg_after": os.getloadavg()})
     for case in cases:
-        print(f"{case['name']}: p50 {case['latency']['p50_ms']:.2f} ms, p99 {case['latency']['p99_ms']:.2f} ms, "
-              f"recall@10 {case['recall_at_10']:.3f}", flush=True)
+        print(f"{case['name']}: p50 {case['latency']['p50_ms']:.2f} ms, p99 {case['latency']['p99_ms']:.2f} ms "
+              f"(CPU p50 {case['latency']['cpu_p50_ms']:.2f}, p99 {case['latency']['cpu_p99_ms']:.2f}), recall@10 {case['recall_at_10']:.3f} (load {case['load_avg_after'][0]:.1f})", flush=True)
     headline = cases[2]
     bulk = bulk_queries(store, encoder, settings, windows)
     return {
-        "segments": segments, "k": K, "top_up_s": top_up_s, "upkeep_s": upkeep_s,
-        "index": {"partitions": plan.partitions, "sub_vectors": plan.sub_vectors, "dim": plan.dim,
-                  "nprobes": settings.store.nprobes, "refine_factor": settings.store.refine_factor},
+        "segments": segments, "k": K, "top_up_s": top_up_s, "compact_s": compact_s, "index_build_s": index_build_s,
+        "load_avg_before_build": load_before_build, "upkeep_s": upkeep_s,
+        "index": {**asdict(plan), "type": plan.kind, "search": asdict(params)},
         "p50_ms": headline["latency"]["p50_ms"], "p99_ms": headline["latency"]["p99_ms"],
         "recall_at_10": headline["recall_at_10"],
         "cases": cases,
@@ -292,7 +343,10 @@ def run(scale: Scale, workdir: Path) -> dict:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg_start": load_start},
         "store_config": settings.store.model_dump(),
     }
-    result.update(grow(scale, settings, workdir / "incoming"))
+    if scale.knn_only:
+        result.update(seed_store(scale, settings, workdir / "incoming"))
+    else:
+        result.update(grow(scale, settings, workdir / "incoming"))
     result["knn"] = {size_label(scale.knn_segments): knn(scale, settings)}
     result["machine"]["load_avg_end"] = os.getloadavg()
     return result
@@ -304,6 +358,9 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if "growth" not in result:
+        plot_knn(result, path, plt)
+        return
     curve = result["growth"]["curve"]
     stored = np.array([r["stored_frames"] for r in curve]) / 1e6
     fig, (time_ax, rate_ax, disk_ax) = plt.subplots(1, 3, figsize=(16, 4.6))
@@ -335,6 +392,27 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_knn(result: dict, path: Path, plt) -> None:
+    """``--knn-only``: p50 and p99 per case (log scale), recall in the labels."""
+    (label, knn_result), = result["knn"].items()
+    cases = knn_result["cases"]
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    y = np.arange(len(cases))
+    ax.barh(y + 0.2, [c["latency"]["p50_ms"] for c in cases], 0.4, label="p50", color="#4c72b0")
+    ax.barh(y - 0.2, [c["latency"]["p99_ms"] for c in cases], 0.4, label="p99", color="#c44e52")
+    ax.set_yticks(y, [f"{c['name']}\nrecall@10 {c['recall_at_10']:.3f}" for c in cases], fontsize=8)
+    ax.axvline(5, color="#888888", ls="--", lw=0.8, label="target p99 5 ms")
+    ax.set(xscale="log", xlabel="ms per single query (k=10)")
+    ax.invert_yaxis()
+    ax.legend(loc="lower right")
+    load = result["machine"]["load_avg_start"][0], result["machine"]["load_avg_end"][0]
+    ax.set_title(f"kNN at {knn_result['segments']:,} segments, index built in {knn_result['index_build_s']:.0f} s "
+                 f"({result['machine']['cpus']} shared cores, 1-min load {load[0]:.1f} -> {load[1]:.1f})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="200k frames, kNN at 100k segments")
@@ -344,13 +422,18 @@ def main() -> None:
     parser.add_argument("--upkeep-every", type=int, default=None, help="batches between store upkeeps")
     parser.add_argument("--retain-days", type=float, default=None,
                         help="store.retain_versions_days for the scratch root (0 shows disk after pruning)")
+    parser.add_argument("--knn-only", action="store_true",
+                        help="skip the growth curve: one ingest batch fits the encoder, then SegmentStore.upsert "
+                             "tops the store up to --knn-segments (minutes instead of ~20 min at 1M)")
+    parser.add_argument("--queries", type=int, default=None, help="single queries timed per kNN case")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch dir (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--name", default=NAME, help="results file name (NAME.json, NAME.png)")
     args = parser.parse_args()
     base = QUICK if args.quick else FULL
     overrides = {"frames": args.frames, "batch_frames": args.batch_frames, "knn_segments": args.knn_segments,
-                 "upkeep_every": args.upkeep_every, "retain_days": args.retain_days}
+                 "upkeep_every": args.upkeep_every, "retain_days": args.retain_days,
+                 "knn_only": args.knn_only or None, "queries": args.queries}
     scale = Scale(**{**asdict(base), **{k: v for k, v in overrides.items() if v is not None}})
     workdir = Path(tempfile.mkdtemp(prefix="bench-ingest-")) if args.workdir is None else args.workdir
     workdir.mkdir(parents=True, exist_ok=True)
@@ -362,7 +445,9 @@ def main() -> None:
             shutil.rmtree(workdir, ignore_errors=True)
     result["wall_s"] = time.perf_counter() - started
     result["command"] = "python -m benchmarks.ingest " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in asdict(scale).items() if k != "queries" and v is not None
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+        for k, v in asdict(scale).items()
+        if v is not None and v is not False and not (scale.knn_only and k in ("frames", "upkeep_every"))
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")

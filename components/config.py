@@ -161,15 +161,29 @@ class StoreConfig(Section):
     table: str = "segments"
     window: int = Field(default=8, ge=1)  # frames per segment
     stride: int = Field(default=4, ge=1)  # frames between segment starts
-    # IVF_PQ trains on the rows present: below 256 it silently indexes nothing, so never lower.
+    # IVF indexes train k-means on the rows present: below 256 IVF_PQ silently indexes nothing, so never lower.
     index_min_rows: int = Field(default=50_000, ge=256)
+    # the vector index (components/store/index_plan.py). IVF_PQ: product-quantized partitions
+    # (index_partitions, index_sub_vectors, nprobes, refine_factor); IVF_HNSW_SQ: IVF partitions,
+    # each an HNSW graph over 8-bit scalar-quantized vectors (the hnsw_* keys): 1.7x less CPU per
+    # unfiltered query at 1M, no gain with the success filter, 2x the build (docs/results.md). A
+    # store whose index is of the other type is searched with that type's keys until upkeep rebuilds it.
+    index_type: Literal["IVF_PQ", "IVF_HNSW_SQ"] = "IVF_PQ"
+    # --- IVF_PQ
     index_partitions: int = Field(default=256, ge=1)
     # preferred PQ sub-vectors; when it does not divide the vector dim (88 for the default sim)
     # the store takes a divisor giving 4-16 dims each, 22 for 88 (components/store/index_plan.py)
     index_sub_vectors: int = Field(default=16, ge=1)
-    metric: Literal["l2", "cosine"] = "l2"  # used to build the index AND to query it
-    nprobes: int = Field(default=20, ge=1)  # IVF partitions searched per query
+    nprobes: int = Field(default=20, ge=1)  # IVF_PQ partitions searched per query
     refine_factor: int = Field(default=30, ge=0)  # re-rank k*factor PQ hits exactly; 0 = off
+    # --- IVF_HNSW_SQ
+    hnsw_partition_rows: int = Field(default=16_000, ge=256)  # partitions = rows / this
+    hnsw_m: int = Field(default=16, ge=2)  # graph edges per node
+    hnsw_ef_construction: int = Field(default=150, ge=1)  # build-time search breadth
+    hnsw_nprobes: int = Field(default=10, ge=1)  # partitions searched per query
+    hnsw_ef: int = Field(default=40, ge=1)  # per-partition search breadth (>= k is used)
+    hnsw_refine_factor: int = Field(default=0, ge=0)  # re-rank k*factor SQ hits exactly; 0 = off
+    metric: Literal["l2", "cosine"] = "l2"  # used to build the index AND to query it
     # queries per LanceDB call: an indexed search materialises k * refine_factor rows per query,
     # so FERT's tens of thousands of failure windows in one call took >15 GB (96-robot study)
     search_batch_queries: int = Field(default=1024, ge=1)

@@ -24,7 +24,7 @@ from components.store import (
     encoder_from_state_dict,
     window_starts,
 )
-from components.store.index_plan import plan_ivf_pq, sub_vectors_for
+from components.store.index_plan import IVF_MIN_ROWS, plan_index, plan_ivf_pq, search_params, sub_vectors_for
 
 STATE_DIM = 4
 CFG = StoreConfig(window=8, stride=4, index_min_rows=256, index_sub_vectors=8, upsert_batch_rows=60)
@@ -65,6 +65,11 @@ def fit_encoder(episodes: list[Episode], cfg: StoreConfig = CFG) -> NormalizedSt
 
 def sorted_rows(store: SegmentStore) -> pa.Table:
     return store._table.to_arrow().sort_by("segment_id")
+
+
+def _recall(found: np.ndarray, truth: np.ndarray) -> float:
+    """Mean share of each row of ``truth`` (ids) that ``found`` holds."""
+    return float(np.mean([len(set(f) & set(t)) / len(t) for f, t in zip(found, truth, strict=True)]))
 
 
 # ---------------------------------------------------------------------- windows
@@ -317,7 +322,7 @@ def test_index_needs_enough_rows_and_keeps_filters(tmp_path: Path) -> None:
     assert store.count() >= CFG.index_min_rows
     assert store.ensure_index() is True and store.has_index()
     indexed = {idx.columns[0]: idx.index_type for idx in store._table.list_indices()}
-    assert indexed["vector"] == "IvfPq" and indexed["episode_id"] == "BTree"
+    assert indexed["vector"] == "IvfPq" and indexed["episode_id"] == "BTree"  # store.index_type's default
     assert indexed["success"] == "Bitmap"
     version = store.version
     assert store.ensure_index() is True and store.version == version  # already there: no write
@@ -402,6 +407,19 @@ def test_sub_vectors_divide_any_width() -> None:
     assert plan.derived and plan.sub_vectors == 22 and plan.partitions == 1000 // 256
 
 
+def test_index_plan_follows_the_type_and_the_rows_and_search_follows_the_built_index() -> None:
+    cfg = StoreConfig(index_type="IVF_HNSW_SQ", hnsw_partition_rows=16_000)
+    plan = plan_index(88, 1_000_000, cfg)
+    assert plan.kind == "IVF_HNSW_SQ" and plan.partitions == -(-1_000_000 // 16_000)
+    assert plan_index(88, 3 * IVF_MIN_ROWS, cfg).partitions == 1  # fewer rows than one partition wants
+    assert plan_index(88, 1_000_000, cfg.model_copy(update={"index_type": "IVF_PQ"})).kind == "IVF_PQ"
+    # a table keeps being searched with the keys of the index it has, whatever store.index_type says
+    assert search_params("IVF_PQ", 10, cfg).refine_factor == cfg.refine_factor and search_params("IVF_PQ", 10, cfg).ef is None
+    hnsw = search_params("IVF_HNSW_SQ", 10, cfg)
+    assert (hnsw.nprobes, hnsw.refine_factor) == (cfg.hnsw_nprobes, cfg.hnsw_refine_factor)
+    assert search_params("IVF_HNSW_SQ", cfg.hnsw_ef + 5, cfg).ef == cfg.hnsw_ef + 5  # never narrower than k
+
+
 def _sim_width_fleet(seed: int, count: int) -> list[Episode]:
     """Episodes with the default simulator's 11-dim state: windows of 8 x 11 = 88 values."""
     rng = np.random.default_rng(seed)
@@ -418,7 +436,7 @@ def _sim_width_fleet(seed: int, count: int) -> list[Episode]:
 
 def test_store_with_sim_width_keeps_ingesting_past_the_index_threshold(tmp_path: Path) -> None:
     # the default index_sub_vectors (16) does not divide 88: the store must derive a divisor
-    cfg = StoreConfig(index_min_rows=300, index_fold_rows=150)
+    cfg = StoreConfig(index_type="IVF_PQ", index_min_rows=300, index_fold_rows=150)
     assert 88 % cfg.index_sub_vectors
     first = _sim_width_fleet(0, 10)
     encoder = NormalizedStateEncoder(8).fit(np.concatenate([episode_windows(e, 8, 4)[1] for e in first]))
@@ -443,7 +461,9 @@ def test_store_with_sim_width_keeps_ingesting_past_the_index_threshold(tmp_path:
 
 
 def test_upkeep_compacts_prunes_and_keeps_tagged_versions(tmp_path: Path) -> None:
-    cfg = CFG.model_copy(update={"retain_versions_days": 0, "index_min_rows": 256})
+    # IVF_PQ (the default) on purpose: on a table this small an HNSW index (graphs + SQ codes)
+    # outweighs the versions pruned, and bytes are what this test checks
+    cfg = CFG.model_copy(update={"retain_versions_days": 0, "index_min_rows": 256, "index_type": "IVF_PQ"})
     episodes = make_fleet(count=60)
     encoder = fit_encoder(episodes)
     store = SegmentStore.open(tmp_path / "segments", cfg, encoder.dim)
@@ -515,3 +535,58 @@ def test_many_queries_scan_the_table_once_exactly_whatever_the_batch_sizes(tmp_p
 
     few = store.search(queries, k=len(vectors) + 5, success=True, task="push")  # k beyond the filtered rows
     assert few.counts.tolist() == [len(vectors)] * len(queries) and (few.starts[:, len(vectors):] == -1).all()
+
+
+# ---------------------------------------------------------------------- index types
+
+
+def test_ivf_hnsw_sq_is_built_searched_folded_and_kept_by_upkeep(tmp_path: Path) -> None:
+    cfg = CFG.model_copy(update={"index_type": "IVF_HNSW_SQ", "index_min_rows": 1000, "hnsw_partition_rows": 600,
+                                 "index_fold_rows": 50, "retain_versions_days": 0})
+    episodes = make_fleet(count=320)
+    encoder = fit_encoder(episodes)
+    store = SegmentStore.open(tmp_path / "segments", cfg, encoder.dim)
+    store.upsert(episodes[:300], encoder, snapshot="snap-a")
+    assert store.ensure_index() and store.index_type() == "IVF_HNSW_SQ"
+    assert store.index_plan().partitions == -(-store.count() // 600) > 1
+    # held-out queries (episodes not in the table), fewer than scan_min_queries: LanceDB's index answers
+    probe = np.concatenate([cut_windows(e.states, 8, 4).windows for e in make_fleet(seed=9, count=8)])[:40]
+    queries = encoder.encode(probe)
+    assert len(queries) < cfg.scan_min_queries
+    for success in (None, True):
+        ann = store.search(queries, k=10, success=success)
+        exact = store.search(queries, k=10, success=success, exact=True)
+        assert _recall(ann.segment_ids, exact.segment_ids) >= 0.9
+        assert success is None or ann.success.all()
+    # ingest folds new rows into the graph index once index_fold_rows are unindexed
+    store.upsert(episodes[300:], encoder, snapshot="snap-b")
+    assert store.ensure_index()
+    name = store._indexed_columns()["vector"]
+    assert store._table.index_stats(name).num_unindexed_rows == 0
+    probe = encoder.encode(cut_windows(episodes[-1].states, 8, 4).windows[:1])
+    assert store.search(probe, k=1).episode_ids[0, 0] == episodes[-1].episode_id
+    # upkeep keeps the type (no growth, no retrain) and the index still answers
+    report = store.upkeep()
+    assert not report.index_rebuilt and store.index_type() == "IVF_HNSW_SQ"
+    assert store.search(probe, k=1).episode_ids[0, 0] == episodes[-1].episode_id
+
+
+def test_store_indexed_with_the_old_type_keeps_working_until_upkeep_rebuilds_it(tmp_path: Path) -> None:
+    old = CFG.model_copy(update={"index_type": "IVF_PQ", "index_min_rows": 256})
+    episodes = make_fleet(count=60)
+    encoder = fit_encoder(episodes)
+    store = SegmentStore.open(tmp_path / "segments", old, encoder.dim)
+    store.upsert(episodes, encoder, snapshot="snap-a")
+    assert store.ensure_index() and store.index_type() == "IVF_PQ"
+
+    new = SegmentStore.open(tmp_path / "segments", old.model_copy(update={"index_type": "IVF_HNSW_SQ"}), encoder.dim)
+    version = new.version
+    assert new.ensure_index() and new.version == version  # the ingest path does not rebuild inline
+    queries = encoder.encode(cut_windows(episodes[0].states, 8, 4).windows)
+    # searched with IVF_PQ's keys (refine re-ranks exactly): the top hit is brute force's
+    hits, brute = new.search(queries, k=5), new.search(queries, k=5, exact=True)
+    np.testing.assert_allclose(hits.distances[:, 0], brute.distances[:, 0], rtol=1e-5)
+    report = new.upkeep()
+    assert report.index_rebuilt and new.index_type() == "IVF_HNSW_SQ"
+    assert not new.upkeep().index_rebuilt  # rebuilt once, then kept
+    assert (new.search(queries, k=1).episode_ids[:, 0] == episodes[0].episode_id).all()

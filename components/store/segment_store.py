@@ -17,7 +17,9 @@ LanceDB facts this relies on (checked on 0.40, see STACK-NOTES.md): every write 
 merge_insert that changes nothing — makes a new version; duplicate keys inside one
 merge_insert batch are both inserted; IVF_PQ on < 256 rows indexes nothing; querying with a
 metric other than the index's silently scans flat; a handle sees other processes' writes only
-with ``read_consistency_interval=timedelta(0)``; forked children hang, so use ``spawn``.
+with ``read_consistency_interval=timedelta(0)``; forked children hang, so use ``spawn``; every
+call on a table (version, count, schema, query) is one round trip to LanceDB's background event
+loop, which a loaded host makes cost milliseconds, so the single-query path makes as few as it can.
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from lancedb.index import Bitmap, BTree, IvfPq
+from lancedb.index import Bitmap, BTree
+from lancedb.query import LanceQueryBuilder
 
 from components.config import StoreConfig
 from components.episodes.record import Episode
 from components.store.encoder import WindowEncoder, encoder_fingerprint, encoder_from_state_dict
-from components.store.index_plan import IVF_PQ_MIN_ROWS, IvfPqPlan, plan_ivf_pq
+from components.store.index_plan import IVF_MIN_ROWS, IndexPlan, plan_index, search_params
 from components.store.location import StoreLocation, table_bytes
 from components.store.scan import scan_nearest, vectors_of
 from components.store.windows import cut_windows
@@ -136,7 +139,9 @@ class UpkeepReport:
     fragments_before: int
     fragments_after: int
     index_built: bool  # first build (the table crossed store.index_min_rows)
-    index_rebuilt: bool  # retrained: the table grew store.index_rebuild_growth× since the last build
+    # retrained: the table grew store.index_rebuild_growth× since the last build, or its index
+    # is not of store.index_type (a store indexed before the type changed)
+    index_rebuilt: bool
     indexed: bool  # a vector index exists afterwards
     pruned_before: datetime  # versions older than this were deleted (tagged ones are kept)
     tags: dict[str, int]  # the tagged versions kept for lineage
@@ -195,6 +200,7 @@ class SegmentStore:
         self.dim = dim
         self.location = location
         self.read_only = read_only
+        self._index_type_seen: tuple[int, str | None] | None = None  # (table version, its vector index type)
 
     @property
     def uri(self) -> str:
@@ -532,12 +538,14 @@ class SegmentStore:
         return VECTOR in self._indexed_columns()
 
     def ensure_index(self) -> bool:
-        """Index upkeep on the ingest path: build IVF_PQ (cfg.metric) once the table has
-        ``cfg.index_min_rows`` rows, plus scalar indexes on the filter columns; afterwards fold
-        new rows into it (``optimize``) once ``cfg.index_fold_rows`` are unindexed.
+        """Index upkeep on the ingest path: build the vector index (``cfg.index_type``,
+        ``cfg.metric``) once the table has ``cfg.index_min_rows`` rows, plus scalar indexes on the
+        filter columns; afterwards fold new rows into it (``optimize``) once
+        ``cfg.index_fold_rows`` are unindexed.
 
         Returns whether a vector index exists afterwards. Unfolded rows are still found (searched
-        flat). An existing index built with another metric raises (queries would scan flat).
+        flat). An existing index built with another metric raises (queries would scan flat); one
+        of another type is kept (searched with its own keys) until ``upkeep`` rebuilds it.
         """
         indexed = self._indexed_columns()
         if VECTOR in indexed:
@@ -553,35 +561,33 @@ class SegmentStore:
                 self.optimize()
             return True
         rows = self.count()
-        if rows < max(self.cfg.index_min_rows, IVF_PQ_MIN_ROWS):
+        if rows < max(self.cfg.index_min_rows, IVF_MIN_ROWS):
             return False
         self._build_vector_index(rows)
         self._ensure_scalar_indexes(self._indexed_columns())
         return True
 
-    def index_plan(self, rows: int | None = None) -> IvfPqPlan:
-        """The IVF_PQ sizes an index built now (or at ``rows`` rows) gets; see index_plan.py."""
-        return plan_ivf_pq(self.dim, self.count() if rows is None else rows, self.cfg)
+    def index_plan(self, rows: int | None = None) -> IndexPlan:
+        """The index (type and sizes) a build now (or at ``rows`` rows) gets; see index_plan.py."""
+        return plan_index(self.dim, self.count() if rows is None else rows, self.cfg)
+
+    def index_type(self) -> str | None:
+        """The type of the vector index on the table ("IVF_HNSW_SQ", "IVF_PQ"; None: no index)."""
+        name = self._indexed_columns().get(VECTOR)
+        stats = self._table.index_stats(name) if name else None
+        return stats.index_type if stats is not None else None
 
     def rebuild_index(self) -> None:
-        """Rebuild the vector index from scratch (after changing store.metric or its sizes)."""
+        """Rebuild the vector index from scratch (after changing store.metric, its type or sizes)."""
         rows = self.count()
-        if rows < IVF_PQ_MIN_ROWS:
-            raise ValueError(f"IVF_PQ needs >= {IVF_PQ_MIN_ROWS} rows, the table has {rows}")
+        if rows < IVF_MIN_ROWS:
+            raise ValueError(f"an IVF index needs >= {IVF_MIN_ROWS} rows, the table has {rows}")
         self._build_vector_index(rows)
 
     def _build_vector_index(self, rows: int) -> None:
         self._writable()
         plan = self.index_plan(rows)
-        self._table.create_index(
-            VECTOR,
-            config=IvfPq(
-                distance_type=self.cfg.metric,
-                num_partitions=plan.partitions,
-                num_sub_vectors=plan.sub_vectors,
-            ),
-            replace=True,
-        )
+        self._table.create_index(VECTOR, config=plan.index_config(self.cfg.metric), replace=True)
         self._table.update_field_metadata({"path": VECTOR, "metadata": {INDEX_ROWS_KEY: str(rows)}})
 
     def _index_rows(self) -> int | None:
@@ -622,7 +628,8 @@ class SegmentStore:
     def upkeep(self) -> UpkeepReport:
         """The scheduled maintenance: build the index if due, or retrain it once the table grew
         ``cfg.index_rebuild_growth``× since its last build (partitions sized for the rows of
-        today); then compact, fold and prune (``optimize``). Safe to run at any time."""
+        today) or when it is not of ``cfg.index_type`` (a store indexed before the type
+        changed); then compact, fold and prune (``optimize``). Safe to run at any time."""
         self._writable()
         before = (self.version, self._version_count(), self.disk_bytes(), self._fragments())
         built = rebuilt = False
@@ -631,7 +638,8 @@ class SegmentStore:
         else:
             index_rows = self._index_rows()
             rows = self.count()
-            if index_rows is None or rows >= self.cfg.index_rebuild_growth * index_rows:
+            grown = index_rows is None or rows >= self.cfg.index_rebuild_growth * index_rows
+            if grown or self.index_type() != self.cfg.index_type:
                 self.rebuild_index()
                 rebuilt = True
         pruned_before = self._prune_before()
@@ -688,10 +696,12 @@ class SegmentStore:
             raise ValueError("search vectors contain NaN/inf")
         n_queries = queries.shape[0]
         version = self.version
-        if n_queries == 0 or self.count() == 0:
+        if n_queries == 0:
             return _empty_result(n_queries, k, self.cfg.metric, version)
         filters = self._filters(success, task, robot_id, exclude_episode_ids)
         if n_queries >= self.cfg.scan_min_queries:
+            if self.count() == 0:
+                return _empty_result(n_queries, k, self.cfg.metric, version)
             return self._scan(queries, k, filters, version)
         batch = self.cfg.search_batch_queries
         parts = [self._search_batch(queries[i : i + batch], k, filters, exact, version)
@@ -731,9 +741,11 @@ class SegmentStore:
 
     def _search_batch(self, queries: np.ndarray, k: int, filters: list[str], exact: bool, version: int) -> SearchResult:
         n_queries = queries.shape[0]
+        # LanceQueryBuilder.create, not table.search: the latter reads the schema (a round trip)
+        # to find the vector column, which we name
         query = (
-            self._table.search(
-                list(queries) if n_queries > 1 else queries[0], vector_column_name=VECTOR
+            LanceQueryBuilder.create(
+                self._table, list(queries) if n_queries > 1 else queries[0], "vector", vector_column_name=VECTOR
             )
             .distance_type(self.cfg.metric)
             .select([*RESULT_COLUMNS, "_distance"])
@@ -744,10 +756,19 @@ class SegmentStore:
         if exact:
             query = query.bypass_vector_index()
         else:
-            query = query.nprobes(self.cfg.nprobes)
-            if self.cfg.refine_factor:
-                query = query.refine_factor(self.cfg.refine_factor)
+            params = search_params(self._index_type_at(version), k, self.cfg)
+            query = query.nprobes(params.nprobes)
+            if params.ef is not None:
+                query = query.ef(params.ef)
+            if params.refine_factor:
+                query = query.refine_factor(params.refine_factor)
         return _to_result(query.to_arrow(), n_queries, k, self.cfg.metric, version)
+
+    def _index_type_at(self, version: int) -> str | None:
+        """``index_type()``, looked up once per table version (an index changes only with one)."""
+        if self._index_type_seen is None or self._index_type_seen[0] != version:
+            self._index_type_seen = (version, self.index_type())
+        return self._index_type_seen[1]
 
 
 # ---------------------------------------------------------------------- helpers
