@@ -62,7 +62,12 @@ class Servers:
 
     @classmethod
     def start(cls) -> Servers:
-        from tests.servers import ARTIFACT_BUCKET, start_mlflow_server, start_postgres, start_s3
+        from tests.servers import (
+            ARTIFACT_BUCKET,
+            start_mlflow_server,
+            start_postgres,
+            start_s3,
+        )
 
         folder = Path(tempfile.mkdtemp(prefix="fleetloop-remote-bench-"))
         postgres, s3 = start_postgres(), start_s3()

@@ -119,7 +119,6 @@ class PolicyRegistry:
                 signature=signature,
                 pip_requirements=PIP_REQUIREMENTS,
             )
-            run_id = run.info.run_id
         tags = {
             **lineage.tags(),
             **(tags or {}),
