@@ -181,8 +181,9 @@ def test_lineage_and_rollback_commands_verbatim(tmp_path, prefect_harness):
     ingest_files(settings, collect_expert_demos(settings, root / "demos").files)  # a DVC snapshot: reproducible
     outcome = steps.train_policy(settings)
     registry = Workspace(settings).registry
+    report = evaluate_policy(settings, outcome.result.policy, "first")
     for run_name in ("first", "second"):
-        version = register_candidate(settings, outcome, evaluate_policy(settings, outcome.result.policy, run_name), run_name)
+        version = register_candidate(settings, outcome, report, run_name)
         registry.set_champion(version.version)
     env = {**_bare_env(), "FLEETLOOP_ROOT": str(root)}
     (root / "params.yaml").write_text(yaml.safe_dump(settings.model_dump(mode="json", exclude={"root": True, "runtime": {"tokens"}})))

@@ -101,11 +101,12 @@ def test_replicas_must_serve_every_env_group_once():
     assert "'learner'" in legality(wf, learner_twice, range(2)) and "not replicable" in legality(wf, learner_twice, range(2))
 
 
-def test_ppo_planner_and_rose_plans_are_bit_identical(ppo_reference):
-    for kind in ("planner", "rose"):
-        got = run_ppo(_spec(), CFG, iterations=3, plan=kind)
-        assert _same(got.weights, ppo_reference.weights), kind
-        assert got.plan_text.startswith("plan ")
+def test_ppo_rose_plan_is_bit_identical(ppo_reference):
+    """Rose's plan is the planner's plan plus its measured rewrites: one run covers both (the
+    planner alone: tests/test_train_workloads.py runs PPO on plan=planner through the train flow)."""
+    got = run_ppo(_spec(), CFG, iterations=3, plan="rose")
+    assert _same(got.weights, ppo_reference.weights)
+    assert got.plan_text.startswith("plan ")
 
 
 def test_ppo_learns_something(ppo_reference):
