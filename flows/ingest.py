@@ -26,6 +26,12 @@ def read_task(settings: Settings, path: Path):
     return step.read_file(settings, path)
 
 
+@task(name="sync-dataset", cache_policy=NO_CACHE)
+def sync_task(settings: Settings) -> step.SyncResult:
+    """With a DVC remote, the dataset is brought to the remote's head first (another host may have ingested)."""
+    return step.sync_to_head(settings)
+
+
 @task(name="store-episodes", cache_policy=NO_CACHE)
 def store_task(settings: Settings, items: list):
     return step.store_episodes(settings, items)
@@ -83,6 +89,9 @@ def ingest(files: list[Path] | None = None, settings: Settings | None = None) ->
     logger = get_run_logger()
     files = step.incoming_files(settings) if files is None else [Path(f) for f in files]
     io = io_options(settings)
+    synced = sync_task.with_options(**io)(settings)
+    if synced.action == "pulled":
+        logger.info("dataset brought to the remote's head %s (%d episodes)", synced.snapshot, synced.episodes)
     items = [f.result() for f in read_task.with_options(**io).map(unmapped(settings), files)]
     report = store_task.with_options(**io)(settings, items)
     snapshot = snapshot_task.with_options(**io)(settings, report.changed)

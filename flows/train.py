@@ -8,11 +8,11 @@ from prefect import flow, get_run_logger, task
 from components.config import Settings
 from components.episodes.snapshot import read_snapshot
 from components.pipeline import steps
+from components.pipeline.workspace import Workspace
 from flows import artifacts
 from flows.artifacts import ProgressArtifact
-from components.pipeline.workspace import Workspace
-from flows.runtime import prepare_environment, settings_cache_key
-
+from flows.ingest import sync_task
+from flows.runtime import io_options, prepare_environment, settings_cache_key
 
 TRAIN_INPUTS = ("seed", "device", "sim", "store", "policy", "train", "fert")
 
@@ -61,6 +61,7 @@ def train_task(settings: Settings, snapshot_hash: str, champion_version: int | N
 @flow(name="train")
 def train(settings: Settings | None = None) -> steps.TrainOutcome:
     settings = prepare_environment(settings)
+    sync_task.with_options(**io_options(settings))(settings)  # with a DVC remote: train on its head
     snapshot = read_snapshot(settings.paths.episodes)
     champion = Workspace(settings).registry.champion()
     outcome = train_task(settings, snapshot.hash if snapshot else "none", champion.version if champion else None)

@@ -1,6 +1,7 @@
 """The episode dataset's DVC snapshots on an S3 remote (a real S3 API server on loopback): every
 ingest pushes what the remote lacks; a registered model is rebuilt from the remote after the root's
-DVC cache is lost; a remote that is down fails the ingest in one message, with the episodes kept."""
+DVC cache is lost; a remote that is down fails the ingest in one message before anything is stored.
+The remote's dataset head lets two hosts take turns on one dataset, and catches them when they don't."""
 
 from __future__ import annotations
 
@@ -12,11 +13,23 @@ import yaml
 
 from cli.main import main
 from components.config import EpisodesConfig
-from components.episodes.snapshot import SnapshotPushError, read_snapshot
+from components.episodes.dataset_head import (
+    DatasetDivergedError,
+    DatasetRemoteError,
+    publish_head,
+    read_head,
+)
+from components.episodes.snapshot import read_snapshot, snapshot_dataset
 from components.pipeline import steps
 from components.pipeline.collect import collect_expert_demos
 from components.pipeline.evaluate import evaluate_policy
-from components.pipeline.ingest import ingest_files
+from components.pipeline.ingest import (
+    dvc_remote,
+    ingest_files,
+    read_file,
+    store_episodes,
+    sync_to_head,
+)
 from components.pipeline.promote import register_candidate
 from components.pipeline.recipe import public_settings
 from components.pipeline.workspace import Workspace
@@ -44,17 +57,23 @@ def test_snapshots_are_pushed_and_a_lost_cache_is_rebuilt_from_the_remote(tmp_pa
     first = read_snapshot(settings.paths.episodes)
     before = _remote_keys(s3_server, first.hash)
 
-    # the remote is down: the ingest fails in one message naming it; the episodes are stored and snapshotted
+    # the remote is down: the ingest fails in one message naming it, before storing anything
     down = settings.model_copy(update={"episodes": settings.episodes.model_copy(
         update={"dvc_remote_endpoint": f"http://127.0.0.1:{free_port()}"})})
-    with pytest.raises(SnapshotPushError, match=rf"could not be pushed to {remote} at http://127.0.0.1:\d+") as raised:
+    with pytest.raises(DatasetRemoteError, match=rf"dataset head on the DVC remote {remote} at http://127.0.0.1:\d+") as raised:
         ingest_files(down, demos[6:])
-    assert "ingest again" in str(raised.value)
-    second = read_snapshot(settings.paths.episodes)
-    assert second.hash != first.hash and Workspace(settings).dataset.num_episodes == len(demos)
-    assert s3_server.keys(ARTIFACT_BUCKET, PREFIX) == before  # nothing of it reached the remote
-    ingest_files(settings, [])  # the remote is back: the next ingest pushes what it lacks
+    assert "nothing local was changed" in str(raised.value)
+    assert read_snapshot(settings.paths.episodes) == first and Workspace(settings).dataset.num_episodes == 6
+
+    # an ingest that died after snapshotting, before its push: the root is ahead of the remote's head
+    store_episodes(settings, [read_file(settings, f) for f in demos[6:]])
+    second = snapshot_dataset(settings.root, settings.paths.episodes)
+    assert second.hash != first.hash and s3_server.keys(ARTIFACT_BUCKET, PREFIX) == before
+    assert read_head(dvc_remote(settings)).snapshot == first.hash
+    assert ingest_files(settings, []).snapshot.hash == second.hash  # the next ingest pushes and publishes it
     assert len(_remote_keys(s3_server, second.hash)) > len(before)
+    head = read_head(dvc_remote(settings))
+    assert (head.snapshot, head.episodes, head.episodes_at(first.hash)) == (second.hash, len(demos), 6)
 
     outcome = steps.train_policy(settings)
     assert outcome.lineage.snapshot_remote == remote and outcome.lineage.snapshot_hash == second.hash
@@ -72,3 +91,34 @@ def test_snapshots_are_pushed_and_a_lost_cache_is_rebuilt_from_the_remote(tmp_pa
     rebuilt = json.loads(capsys.readouterr().out)
     assert rebuilt["matches"] and rebuilt["episodes"] == len(demos)
     assert (tmp_path / "scratch" / ".dvc" / "cache").exists()  # pulled into the scratch root's own cache
+
+
+def test_two_roots_take_turns_on_one_dataset_through_the_remote_head(tmp_path):
+    """Each ingest starts from the remote's head (pulled when another root moved it) and publishes
+    its snapshot as the new head; a root whose own episodes and the head diverged is refused, with
+    nothing overwritten on either side."""
+    remote = str(tmp_path / "remote")  # a shared-path remote: the same code as s3:// (above), without a server
+    host_a, host_b = (small_settings(tmp_path / name, episodes=EpisodesConfig(dvc_remote=remote)) for name in "ab")
+    demos = collect_expert_demos(host_a, tmp_path / "demos").files
+    first = ingest_files(host_a, demos[:4]).snapshot
+    assert not host_b.paths.episodes.exists()
+
+    second = ingest_files(host_b, demos[4:8]).snapshot  # pulls A's 4 episodes first, then adds its own
+    assert Workspace(host_b).dataset.num_episodes == 8 and read_head(dvc_remote(host_b)).snapshot == second.hash
+    third = ingest_files(host_a, demos[8:10]).snapshot  # fast-forwards to B's head, then adds
+    ids_a = set(Workspace(host_a).dataset.episode_ids())
+    assert len(ids_a) == 10 and set(Workspace(host_b).dataset.episode_ids()) < ids_a
+    head = read_head(dvc_remote(host_a))
+    assert [head.episodes_at(s.hash) for s in (first, second, third)] == [4, 8, 10]
+
+    # B stores an episode without publishing it, while the head moved on: refused, nothing lost
+    store_episodes(host_b, [read_file(host_b, demos[10])])
+    with pytest.raises(DatasetDivergedError, match="two hosts ingested. Nothing was overwritten"):
+        ingest_files(host_b, [])
+    assert Workspace(host_b).dataset.num_episodes == 9 and read_head(dvc_remote(host_b)).snapshot == third.hash
+    stale = snapshot_dataset(host_b.root, host_b.paths.episodes)  # and a publish built on an old head is refused too
+    with pytest.raises(DatasetDivergedError, match="another host ingests into the same dataset"):
+        publish_head(host_b.paths.episodes, dvc_remote(host_b), stale.hash, 9)
+
+    (tmp_path / "a" / "datasets" / "episodes.head.json").unlink()  # A loses its record of the head: still current
+    assert sync_to_head(host_a).action == "current"

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import yaml
 
-
 # The dataset's writer lock is not data.
 DVCIGNORE = ".fleetloop.lock\n"
 REMOTE_NAME = "fleetloop"  # the DVC remote fleetloop configures in a root (.dvc/config)
@@ -60,11 +59,7 @@ def snapshot_dataset(root: Path, folder: Path) -> Snapshot:
     root, folder = root.resolve(), folder.resolve()
     if not folder.is_relative_to(root):
         raise ValueError(f"dataset folder {folder} must live inside the root {root} to be snapshotted by DVC")
-    if not (root / ".dvc").exists():
-        Repo.init(str(root), no_scm=not (root / ".git").exists())
-        ignore = root / ".dvcignore"
-        if not ignore.exists():
-            ignore.write_text(DVCIGNORE)
+    ensure_dvc_repo(root)
     before = read_snapshot(folder)
     with Repo(str(root)) as repo:
         repo.add(str(folder))
@@ -73,6 +68,17 @@ def snapshot_dataset(root: Path, folder: Path) -> Snapshot:
         raise RuntimeError(f"dvc add {folder} wrote no {_dvc_file(folder).name}; check the DVC repo at {root}")
     changed = before is None or before.hash != after.hash
     return Snapshot(after.hash, after.dvc_file, after.nfiles, changed)
+
+
+def ensure_dvc_repo(root: Path) -> None:
+    """A DVC repo at ``root`` (initialised in a scratch root or a new host's root)."""
+    from dvc.repo import Repo
+
+    if not (root / ".dvc").exists():
+        Repo.init(str(root), no_scm=not (root / ".git").exists())
+        ignore = root / ".dvcignore"
+        if not ignore.exists():
+            ignore.write_text(DVCIGNORE)
 
 
 def use_remote(root: Path, remote: DvcRemote) -> None:
@@ -102,13 +108,15 @@ def push_snapshot(root: Path, snapshot: Snapshot, remote: DvcRemote) -> int:
         ) from exc
 
 
-def pull_snapshot(root: Path, dvc_file: Path, remote: DvcRemote) -> None:
-    """Fetch ``dvc_file``'s snapshot from ``remote`` into ``root``'s cache and check it out."""
+def pull_snapshot(root: Path, dvc_file: Path, remote: DvcRemote, force: bool = False) -> None:
+    """Fetch ``dvc_file``'s snapshot from ``remote`` into ``root``'s cache and check it out;
+    ``force`` replaces a checkout of an older snapshot (the caller knows it holds nothing else)."""
     from dvc.repo import Repo
 
+    ensure_dvc_repo(root)
     use_remote(root, remote)
     with Repo(str(root)) as repo:
-        repo.pull(targets=[str(dvc_file)], remote=REMOTE_NAME)
+        repo.pull(targets=[str(dvc_file)], remote=REMOTE_NAME, force=force)
 
 
 def write_snapshot_file(folder: Path, snapshot_hash: str) -> Path:

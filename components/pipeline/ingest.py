@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from components.config import Settings
 from components.episodes.dataset import IncomingEpisode, IngestReport, read_incoming
+from components.episodes.dataset_head import SyncResult, publish_head, sync_dataset
 from components.episodes.quarantine import QuarantinedFile
 from components.episodes.record import Episode
 from components.episodes.snapshot import (
@@ -65,15 +66,26 @@ def store_episodes(settings: Settings, items: list[IncomingEpisode | Quarantined
     return dataclasses.replace(report, quarantined=unreadable + report.quarantined)
 
 
+def sync_to_head(settings: Settings) -> SyncResult:
+    """With ``episodes.dvc_remote``: the root's dataset brought to the remote's head (pulled when
+    another host ingested since), before anything reads or appends to it (dataset_head.py)."""
+    if not settings.episodes.dvc_remote:
+        return SyncResult("none", "", 0)
+    episodes = Workspace(settings).dataset.num_episodes
+    return sync_dataset(settings.root, settings.paths.episodes, dvc_remote(settings), episodes)
+
+
 def take_snapshot(settings: Settings, changed: bool) -> Snapshot | None:
     """A DVC snapshot when the data changed (or none exists yet); otherwise the last one. With
-    ``episodes.dvc_remote`` it is pushed (every time: a push that failed before is completed)."""
+    ``episodes.dvc_remote`` it is pushed and made the remote's head (every time: a push or publish
+    that failed before is completed)."""
     ws = Workspace(settings)
     last = read_snapshot(settings.paths.episodes)
     if (changed or last is None) and ws.dataset.num_episodes:
         last = snapshot_dataset(settings.root, settings.paths.episodes)
     if last is not None and settings.episodes.dvc_remote:
         push_snapshot(settings.root, last, dvc_remote(settings))
+        publish_head(settings.paths.episodes, dvc_remote(settings), last.hash, ws.dataset.num_episodes)
     return last
 
 
@@ -178,7 +190,9 @@ def embed_pending(settings: Settings, snapshot: str = "") -> int:
 
 
 def ingest_files(settings: Settings, files: list[Path], snapshot: bool = True) -> IngestResult:
-    """All phases in order, in this process."""
+    """All phases in order, in this process (``snapshot=False``: no DVC, so no remote head either)."""
+    if snapshot:
+        sync_to_head(settings)
     report = store_episodes(settings, [read_file(settings, f) for f in files])
     snap = take_snapshot(settings, bool(report.added)) if snapshot else None
     count = embed_pending(settings, snap.hash if snap else "")
