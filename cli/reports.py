@@ -41,7 +41,21 @@ def status_report(settings: Settings, last_runs: int) -> dict[str, Any]:
             "segments": store.count(), "lancedb_version": store.version,
             "snapshot": snapshot.hash if snapshot else None,
         },
+        "dataset_head": dataset_head_report(settings, ws.dataset.num_episodes),
     }
+
+
+def dataset_head_report(settings: Settings, local_episodes: int) -> dict[str, Any] | None:
+    """With a DVC remote: its dataset head and where this root stands against it (dataset_head.py)."""
+    if not settings.episodes.dvc_remote:
+        return None
+    from components.episodes.dataset_head import read_head, root_state
+    from components.pipeline.ingest import dvc_remote
+
+    head = read_head(dvc_remote(settings))
+    return {"remote": redact_uri(settings.episodes.dvc_remote), "snapshot": head.snapshot if head else None,
+            "episodes": head.episodes if head else None,
+            "this_root": root_state(head, settings.paths.episodes, local_episodes)}
 
 
 def registry_location(settings: Settings) -> dict[str, str]:
@@ -61,8 +75,12 @@ def status_summary(report: dict[str, Any]) -> str:
     else:
         head = f"champion v{champion['version']} ({100 * champion['success_rate']:.1f}% success over {champion['trials']} trials)"
     data = report["data"]
-    return (f"{head}; {data['episodes']} episodes, {data['frames']} frames, {data['robots']} robots, "
+    line = (f"{head}; {data['episodes']} episodes, {data['frames']} frames, {data['robots']} robots, "
             f"{data['segments']} segments")
+    remote = report.get("dataset_head")
+    if remote and remote["snapshot"]:
+        line += f"; dataset head {remote['snapshot'][:12]} ({remote['episodes']} episodes), this root {remote['this_root']}"
+    return line
 
 
 def lineage_summary(report: dict[str, Any]) -> str:

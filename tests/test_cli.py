@@ -102,8 +102,9 @@ def test_status_lineage_rollback_for_people_and_scripts(scratch_root, capsys, mo
 
     assert main(["status", "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
-    assert set(status) == {"root", "champion", "aliases", "registry", "store", "last_runs", "data"}
+    assert set(status) == {"root", "champion", "aliases", "registry", "store", "last_runs", "data", "dataset_head"}
     assert status["store"] == {"uri": str(scratch_root.resolve() / "datasets" / "segments.lance"), "endpoint": None}
+    assert status["dataset_head"] is None  # no DVC remote: the dataset lives under the root
     assert status["registry"]["tracking_uri"] == f"sqlite:///{scratch_root.resolve() / 'mlruns' / 'mlflow.db'}"
     assert status["champion"] == {"version": version.version, "success_rate": 0.75, "trials": 120}
     assert status["aliases"] == {"champion": version.version}

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from cli.main import main
+from cli.reports import status_report
 from components.config import EpisodesConfig
 from components.episodes.dataset_head import (
     DatasetDivergedError,
@@ -116,6 +117,8 @@ def test_two_roots_take_turns_on_one_dataset_through_the_remote_head(tmp_path):
     with pytest.raises(DatasetDivergedError, match="two hosts ingested. Nothing was overwritten"):
         ingest_files(host_b, [])
     assert Workspace(host_b).dataset.num_episodes == 9 and read_head(dvc_remote(host_b)).snapshot == third.hash
+    assert status_report(host_b, 0)["dataset_head"] == {"remote": remote, "snapshot": third.hash, "episodes": 10,
+                                                      "this_root": "diverged"}
     stale = snapshot_dataset(host_b.root, host_b.paths.episodes)  # and a publish built on an old head is refused too
     with pytest.raises(DatasetDivergedError, match="another host ingests into the same dataset"):
         publish_head(host_b.paths.episodes, dvc_remote(host_b), stale.hash, 9)

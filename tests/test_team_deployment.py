@@ -153,6 +153,10 @@ def test_closed_loop_on_remote_stores_with_a_second_worker_host(tmp_path, monkey
     monkeypatch.setenv("FLEETLOOP_ROOT", str(host_a))
     capsys.readouterr()
     assert main(["rollback", "--json"]) == 0 and json.loads(capsys.readouterr().out)["champion"] == first.candidate.version
+    assert main(["status", "--json", "--runs", "0"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["dataset_head"]["snapshot"] == head and status["dataset_head"]["this_root"] == "behind"
+    assert status["champion"]["version"] == first.candidate.version
     assert ingest_files(settings_a, []).snapshot.hash == head  # host A fast-forwards to B's data
     assert Workspace(settings_a).dataset.num_episodes == second.lineage.episodes
 

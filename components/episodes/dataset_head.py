@@ -61,7 +61,7 @@ class DatasetHead:
 
 @dataclass(frozen=True)
 class SyncResult:
-    action: str  # "none" (no remote or no head), "current", "pulled", "ahead"
+    action: str  # "none" (no remote or no head), "current", "pulled", "ahead" (root_state)
     snapshot: str  # the root's snapshot after the sync ("" = none)
     episodes: int
 
@@ -132,7 +132,7 @@ def publish_head(folder: Path, remote: DvcRemote, snapshot: str, episodes: int) 
         raise DatasetDivergedError(
             f"the dataset head on {remote.url} moved to {head.snapshot} ({head.episodes} episodes) while this root "
             f"ingested on {base or 'no head'}: another host ingests into the same dataset. Snapshot {snapshot} is "
-            f"pushed but not made the head; ingest on one host at a time (docs/deploy.md), then see `fleetloop status`"
+            f"pushed but not made the head; ingest on one host at a time (docs/deploy.md); `fleetloop status` shows the head"
         )
     new = DatasetHead(snapshot, episodes) if head is None else head.advanced_to(snapshot, episodes)
     _write_head(remote, new)
@@ -140,30 +140,46 @@ def publish_head(folder: Path, remote: DvcRemote, snapshot: str, episodes: int) 
     return new
 
 
-def sync_dataset(root: Path, folder: Path, remote: DvcRemote, local_episodes: int) -> SyncResult:
-    """Bring the root's dataset to the remote's head (see the module docstring for the cases).
+def root_state(head: DatasetHead | None, folder: Path, local_episodes: int) -> str:
+    """Where the root's dataset stands against the remote's head: "none" (no head yet),
+    "current", "behind" (a clean checkout of an older head), "ahead" (its own snapshot, not yet
+    published, on top of the head) or "diverged" (its own episodes, and the head moved past them).
 
     ``local_episodes``: episodes the root's dataset holds now, to tell a clean checkout of its
     snapshot from one with episodes stored after it (an ingest that died before snapshotting)."""
-    head = read_head(remote)
     local = read_snapshot(folder)
     local_hash = local.hash if local is not None else ""
     if head is None:
-        return SyncResult("none", local_hash, local_episodes)
+        return "none"
     if local_hash == head.snapshot:
-        _write_base(folder, head.snapshot)
-        return SyncResult("current", local_hash, local_episodes)
+        return "current"
     at_local = head.episodes_at(local_hash) if local_hash else 0
     if at_local is not None and at_local == local_episodes:
+        return "behind"
+    if local_hash and read_base(folder) == head.snapshot:
+        return "ahead"
+    return "diverged"
+
+
+def sync_dataset(root: Path, folder: Path, remote: DvcRemote, local_episodes: int) -> SyncResult:
+    """Bring the root's dataset to the remote's head: pull it when the root is behind, leave a root
+    that is ahead for the next ingest to publish, refuse a diverged one (``root_state``)."""
+    head = read_head(remote)
+    state = root_state(head, folder, local_episodes)
+    local = read_snapshot(folder)
+    if state in ("none", "ahead"):
+        return SyncResult(state, local.hash if local is not None else "", local_episodes)
+    if state == "current":
+        _write_base(folder, head.snapshot)
+        return SyncResult("current", head.snapshot, local_episodes)
+    if state == "behind":
         folder.parent.mkdir(parents=True, exist_ok=True)
         pull_snapshot(root, write_snapshot_file(folder, head.snapshot), remote, force=True)
         _write_base(folder, head.snapshot)
         return SyncResult("pulled", head.snapshot, head.episodes)
-    if local_hash and read_base(folder) == head.snapshot:
-        return SyncResult("ahead", local_hash, local_episodes)
     raise DatasetDivergedError(
-        f"{folder} ({local_hash or 'no snapshot'}, {local_episodes} episodes) has episodes the dataset head on "
-        f"{remote.url} ({head.snapshot}, {head.episodes} episodes) lacks, and the head moved past them: two hosts "
-        f"ingested. Nothing was overwritten. Keep the head: move {folder} and {folder.name}.dvc aside and run again "
-        f"(then re-ingest the files you still need); ingest on one host at a time (docs/deploy.md)"
+        f"{folder} ({local.hash if local is not None else 'no snapshot'}, {local_episodes} episodes) has episodes the "
+        f"dataset head on {remote.url} ({head.snapshot}, {head.episodes} episodes) lacks, and the head moved past "
+        f"them: two hosts ingested. Nothing was overwritten. Keep the head: move {folder} and {folder.name}.dvc aside "
+        f"and run again (then re-ingest the files you still need); ingest on one host at a time (docs/deploy.md)"
     )
