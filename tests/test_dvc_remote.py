@@ -20,7 +20,7 @@ from components.episodes.dataset_head import (
     publish_head,
     read_head,
 )
-from components.episodes.snapshot import read_snapshot, snapshot_dataset
+from components.episodes.snapshot import SnapshotPushError, read_snapshot, snapshot_dataset
 from components.pipeline import steps
 from components.pipeline.collect import collect_expert_demos
 from components.pipeline.evaluate import evaluate_policy
@@ -125,3 +125,23 @@ def test_two_roots_take_turns_on_one_dataset_through_the_remote_head(tmp_path):
 
     (tmp_path / "a" / "datasets" / "episodes.head.json").unlink()  # A loses its record of the head: still current
     assert sync_to_head(host_a).action == "current"
+
+
+def test_a_failed_push_keeps_the_snapshot_unpublished_until_the_next_ingest(tmp_path):
+    """The remote takes the head but not the data (its file area is broken): the ingest fails in one
+    message, the episodes and their snapshot stay in the root, ahead of the head; the next ingest
+    after the fix pushes and publishes them."""
+    remote = tmp_path / "remote"
+    settings = small_settings(tmp_path / "root", episodes=EpisodesConfig(dvc_remote=str(remote)))
+    demos = collect_expert_demos(settings, tmp_path / "demos").files
+    first = ingest_files(settings, demos[:4]).snapshot
+    files = remote / "files"
+    files.rename(remote / "files-aside")
+    files.write_text("not a folder")
+    with pytest.raises(SnapshotPushError, match=rf"could not be pushed to {remote} .*then ingest again"):
+        ingest_files(settings, demos[4:8])
+    assert Workspace(settings).dataset.num_episodes == 8 and read_head(dvc_remote(settings)).snapshot == first.hash
+    assert sync_to_head(settings).action == "ahead"
+    files.unlink()
+    (remote / "files-aside").rename(files)
+    assert ingest_files(settings, []).snapshot.hash == read_head(dvc_remote(settings)).snapshot != first.hash
