@@ -20,7 +20,11 @@ from components.episodes.dataset_head import (
     publish_head,
     read_head,
 )
-from components.episodes.snapshot import SnapshotPushError, read_snapshot, snapshot_dataset
+from components.episodes.snapshot import (
+    SnapshotPushError,
+    read_snapshot,
+    snapshot_dataset,
+)
 from components.pipeline import steps
 from components.pipeline.collect import collect_expert_demos
 from components.pipeline.evaluate import evaluate_policy
