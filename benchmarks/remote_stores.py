@@ -13,7 +13,7 @@ untimed), once per mode, the order alternating between rounds:
   pushed to a DVC remote on it. Each round gets its own model name, experiment, store prefix and
   DVC remote, so both modes start from nothing (no champion: the same gate).
 Timed: ``flows.ingest.ingest`` of the demos, then ``flows.retrain.retrain`` on what is stored
-(train → evaluate → register → gate). Both modes run under one temporary Prefect server. The
+(train → evaluate → register → gate), split by subflow from the Prefect server's record. Both modes run under one temporary Prefect server. The
 figure is the remote/local ratio per round (paired), and its median.
 
 Writes benchmarks/results/remote_stores.json and .png.
@@ -30,6 +30,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from components.config import Settings, load_settings
@@ -105,18 +106,35 @@ def remote_settings(settings: Settings, servers: Servers, tag: str) -> Settings:
     })
 
 
+SUBFLOWS = ("train", "evaluate", "promote")  # the retrain flow's parts after its (empty) ingest
+
+
+def subflow_seconds(since: datetime) -> dict[str, float]:
+    """Run time of each retrain subflow that started after ``since``, from the Prefect server's record."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStartTime
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)))
+        names = {flow_id: client.read_flow(flow_id).name for flow_id in {r.flow_id for r in runs}}
+    return {f"{name}_s": sum(r.total_run_time.total_seconds() for r in runs if names[r.flow_id] == name)
+            for name in SUBFLOWS}
+
+
 def run_mode(settings: Settings, files: list[Path]) -> dict:
-    """The ingest flow on ``files``, then the retrain flow on what is stored; seconds of each."""
+    """The ingest flow on ``files``, then the retrain flow on what is stored; seconds of each, and of
+    the retrain's subflows (train never touches a remote store but FERT's retrieval reads the segment
+    store; evaluate reads none; promote registers and gates through the registry)."""
     from flows.ingest import ingest
     from flows.retrain import retrain
     from flows.runtime import task_runner
 
     start = time.perf_counter()
     ingested = ingest.with_options(task_runner=task_runner(settings))(files, settings)
-    middle = time.perf_counter()
+    middle, since = time.perf_counter(), datetime.now(UTC)
     promotion = retrain([], f"bench-{settings.root.name}", settings)
     end = time.perf_counter()
-    return {"ingest_s": middle - start, "retrain_s": end - middle, "total_s": end - start,
+    return {"ingest_s": middle - start, "retrain_s": end - middle, "total_s": end - start, **subflow_seconds(since),
             "episodes": len(ingested.report.added), "version": promotion.candidate.version,
             "success_rate": promotion.candidate.successes / max(1, promotion.candidate.trials)}
 
@@ -150,7 +168,7 @@ def run(plan: Plan, workdir: Path) -> dict:
 
 def summarize(rounds: list[dict]) -> dict:
     out = {"rounds": rounds}
-    for phase in ("ingest_s", "retrain_s", "total_s"):
+    for phase in ("ingest_s", "retrain_s", "total_s", *(f"{name}_s" for name in SUBFLOWS)):
         ratios = [row["remote"][phase] / row["local"][phase] for row in rounds]
         out[phase.removesuffix("_s")] = {
             "local_median_s": statistics.median(row["local"][phase] for row in rounds),
@@ -208,7 +226,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     plot(result, RESULTS / f"{args.name}.png")
-    for phase in ("ingest", "retrain", "total"):
+    for phase in ("ingest", "retrain", *SUBFLOWS, "total"):
         f = result[phase]
         print(f"{phase:8s} local {f['local_median_s']:.1f}s  remote {f['remote_median_s']:.1f}s  "
               f"remote/local x{f['overhead_ratio_median']:.2f} [{f['overhead_ratio_min']:.2f}, {f['overhead_ratio_max']:.2f}]")
