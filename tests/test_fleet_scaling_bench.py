@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -35,18 +37,65 @@ def _small(root=None) -> "fs.Settings":
     })
 
 
-def test_tiny_study_writes_consistent_results(tmp_path, monkeypatch):
-    monkeypatch.setattr(fs, "RESULTS", tmp_path)
-    threads = torch.get_num_threads()
-    plan = replace(fs.QUICK["pickplace"], rounds=1, fleet_sizes=(1, 2), steps_per_robot=60, finetune_steps=20,
+def _tiny_plan(tmp_path: Path) -> fs.Plan:
+    return replace(fs.QUICK["pickplace"], rounds=1, fleet_sizes=(1, 2), steps_per_robot=60, finetune_steps=20,
                    heldout_robots=2, trials_per_robot=2, validation_robots=2, validation_trials=2, init_rounds=1,
                    explain_dir=str(tmp_path / "explain"))
-    try:
-        result = fs.run(plan, "tiny", settings=_small(tmp_path))
-    finally:
-        torch.set_num_threads(threads)  # run() pins torch to 1 thread, as the benchmark does
-    saved = json.loads((tmp_path / "tiny.json").read_text())
-    assert saved["plan"]["fleet_sizes"] == [1, 2] and (tmp_path / "tiny.png").exists()
+
+
+def _seeds_plan() -> fs.Plan:
+    return replace(fs.QUICK["pickplace"], seeds=2, rounds=1, fleet_sizes=(2,), steps_per_robot=60, finetune_steps=10,
+                   heldout_robots=2, trials_per_robot=2, validation_robots=2, validation_trials=2, methods=("fert",))
+
+
+@dataclass
+class Studies:
+    """The module's three runs of the study (benchmarks/fleet_scaling.py ``run``) and where they went."""
+
+    results: Path  # fs.RESULTS while they ran: <name>.json and .png
+    tiny_root: Path  # the tiny study's root (its MLflow store) and explain/
+    tiny_plan: fs.Plan
+    tiny: dict  # one seed, two fleet sizes, every method, explained and logged to MLflow
+    seeds_plan: fs.Plan
+    alone: dict  # two seeds, one after the other in this process
+    pooled: dict  # the same two seeds in two worker processes
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory) -> Studies:
+    """run() pins torch to one thread, so a study in this process leaves the second core idle: the
+    pooled study's two worker processes run meanwhile (from a thread of this process, which only
+    waits for them). The figures (plot) are drawn one at a time: pyplot is not thread-safe; the
+    tiny study (whose failure explorer draws too) starts once the pooled one is done."""
+    out = tmp_path_factory.mktemp("fleet-scaling")
+    tiny_root, seeds_root = out / "tiny-root", out / "seeds-root"
+    plot_lock = threading.Lock()
+    draw = fs.plot
+
+    def plot_alone(result: dict, path: Path) -> None:
+        with plot_lock:
+            draw(result, path)
+
+    threads = torch.get_num_threads()
+    seeds_plan, tiny_plan = _seeds_plan(), _tiny_plan(tiny_root)
+    with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(1) as pool:
+        patch.setattr(fs, "RESULTS", out)
+        patch.setattr(fs, "plot", plot_alone)
+        try:
+            pooled = pool.submit(fs.run, seeds_plan, "pooled", workers=2, settings=_small(seeds_root / "pooled"),
+                                 log_models=False)
+            alone = fs.run(seeds_plan, "alone", settings=_small(seeds_root / "alone"), log_models=False)
+            pooled_result = pooled.result()
+            tiny = fs.run(tiny_plan, "tiny", settings=_small(tiny_root))
+        finally:
+            torch.set_num_threads(threads)  # run() pins torch to 1 thread, as the benchmark does
+    return Studies(out, tiny_root, tiny_plan, tiny, seeds_plan, alone, pooled_result)
+
+
+def test_tiny_study_writes_consistent_results(studies):
+    tmp_path, plan, result = studies.tiny_root, studies.tiny_plan, studies.tiny
+    saved = json.loads((studies.results / "tiny.json").read_text())
+    assert saved["plan"]["fleet_sizes"] == [1, 2] and (studies.results / "tiny.png").exists()
     explained = sorted(p.relative_to(tmp_path / "explain").parent for p in (tmp_path / "explain").glob("*/*/index.json"))
     assert explained == [Path("cell-0-fert-1/round-1"), Path("cell-0-fert-2/round-1")]  # the fert cells' rounds only
     assert saved["settings"]["sim"]["motion_noise_std"] == pytest.approx(load_settings().sim.motion_noise_std)
@@ -96,16 +145,8 @@ def test_tiny_study_writes_consistent_results(tmp_path, monkeypatch):
         assert kept == sorted(kept), run["method"]
 
 
-def test_seeds_run_in_worker_processes_give_the_same_study(tmp_path, monkeypatch):
-    monkeypatch.setattr(fs, "RESULTS", tmp_path)
-    threads = torch.get_num_threads()
-    plan = replace(fs.QUICK["pickplace"], seeds=2, rounds=1, fleet_sizes=(2,), steps_per_robot=60, finetune_steps=10,
-                   heldout_robots=2, trials_per_robot=2, validation_robots=2, validation_trials=2, methods=("fert",))
-    try:
-        alone = fs.run(plan, "alone", settings=_small(tmp_path), log_models=False)
-        pooled = fs.run(plan, "pooled", workers=2, settings=_small(tmp_path), log_models=False)
-    finally:
-        torch.set_num_threads(threads)
+def test_seeds_run_in_worker_processes_give_the_same_study(studies, tmp_path):
+    plan, alone, pooled = studies.seeds_plan, studies.alone, studies.pooled
 
     def figures(result):
         return result["initial"], result["results"], [

@@ -7,6 +7,7 @@ after distributed.rdzv_timeout_s with a one-line error."""
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import socket
 from concurrent.futures import ThreadPoolExecutor
@@ -82,12 +83,40 @@ def test_a_node_with_other_params_stops_both_naming_the_field(tmp_path: Path) ->
                                        "train.lr: node 1 has 0.001, node 0 has 0.003. Fix: "), outcome
 
 
-@pytest.mark.parametrize("node_rank", [0, 1])
-def test_a_node_whose_peer_never_comes_times_out(tmp_path: Path, node_rank: int) -> None:
-    alone = _node(tmp_path, node_rank, _free_port(), rdzv_timeout_s=2)
-    with pytest.raises(ExpertParallelError, match=rf"^node {node_rank}: rendezvous .* not all distributed.nnodes=2 "
-                                                  r"nodes joined within distributed.rdzv_timeout_s=2 s\. Fix: start the"):
-        _launch(tmp_path, alone, _dataset(tmp_path / "data.npz") if node_rank == 0 else None)
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports (all bound at once, so none is handed out twice)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _launch_alone(tmp_path: Path, node_rank: int, port: int) -> ExpertParallelError | None:
+    """Node ``node_rank`` of two, started in its own folder on a port nobody else joins: the error
+    its launcher raised (None if it raised none)."""
+    folder = tmp_path / f"alone-{node_rank}"
+    folder.mkdir()
+    alone = _node(folder, node_rank, port, rdzv_timeout_s=2)
+    try:
+        _launch(folder, alone, _dataset(folder / "data.npz") if node_rank == 0 else None)
+    except ExpertParallelError as error:
+        return error
+    return None
+
+
+def test_a_node_whose_peer_never_comes_times_out(tmp_path: Path) -> None:
+    """Node 0 and node 1, each alone (at once: the two waits overlap), give up with the one-line error."""
+    ranks = (0, 1)
+    with ThreadPoolExecutor(len(ranks)) as pool:
+        errors = dict(zip(ranks, pool.map(_launch_alone, [tmp_path] * len(ranks), ranks, _free_ports(len(ranks)))))
+    for node_rank, error in errors.items():
+        assert isinstance(error, ExpertParallelError), (node_rank, error)
+        assert re.search(rf"^node {node_rank}: rendezvous .* not all distributed.nnodes=2 nodes joined within "
+                         r"distributed.rdzv_timeout_s=2 s\. Fix: start the", str(error)), (node_rank, str(error))
 
 
 NODE0_COMMAND = ".venv/bin/fleetloop stage train"  # docs/operations.md, "Expert-parallel training on several hosts"

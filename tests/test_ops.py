@@ -5,6 +5,7 @@ on a local 2-CPU Ray cluster."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -70,24 +71,21 @@ def _flow_run(client, name: str):
     return [r for r in runs if r.name and r.flow_id and client.read_flow(r.flow_id).name == name]
 
 
-@pytest.mark.slow
-def test_runs_and_artifacts_are_read_back_from_the_server(tmp_path, prefect_server):
-    from flows.fleet_round import bootstrap
-
-    settings = small_settings(tmp_path)
-    _, promotion = bootstrap(settings)
-    with get_client(sync_client=True) as client:
-        retrains = _flow_run(client, "retrain")
-        assert retrains, "the retrain flow run is recorded on the server"
-        run = retrains[0]
-        assert run.state.is_completed()
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
-        keys = {a.key for a in artifacts}
-        assert {"retrain-summary", "heldout-by-robot", "failures-by-stage"} <= keys
-        summary = next(a for a in artifacts if a.key == "retrain-summary")
-        assert f"version {promotion.candidate.version}" in summary.data and "data:image/png;base64," in summary.data
-        progress = client.read_artifacts(artifact_filter=ArtifactFilter(type={"any_": ["progress"]}))
-        assert any(a.data == 100.0 for a in progress), "training reports progress up to 100%"
+def _check_retrain_run_and_artifacts(client, started: datetime, version: int) -> None:
+    """The one retrain flow run completed since ``started`` is recorded on the server with its
+    artifacts: the summary (naming ``version``, with its figure), held-out results by robot,
+    failures by stage, and training progress up to 100%."""
+    retrains = [r for r in _flow_run(client, "retrain") if r.created >= started]
+    completed = [r for r in retrains if r.state.is_completed()]
+    assert len(completed) == 1, [(r.name, r.state.name) for r in retrains]
+    run = completed[0]
+    artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+    keys = {a.key for a in artifacts}
+    assert {"retrain-summary", "heldout-by-robot", "failures-by-stage"} <= keys
+    summary = next(a for a in artifacts if a.key == "retrain-summary")
+    assert f"version {version}" in summary.data and "data:image/png;base64," in summary.data
+    progress = client.read_artifacts(artifact_filter=ArtifactFilter(type={"any_": ["progress"]}))
+    assert any(a.data == 100.0 for a in progress), "training reports progress up to 100%"
 
 
 BOOTSTRAP_RUN = """
@@ -101,6 +99,7 @@ epochs = int(sys.argv[2])
 settings = small_settings(__import__('pathlib').Path(sys.argv[1]), train=TrainConfig(method='filtered_bc', epochs=epochs, batch_size=64))
 _, promotion = bootstrap(settings)
 print('PROMOTED', promotion.decision.promote)
+print('VERSION', promotion.candidate.version)
 """
 
 
@@ -111,9 +110,10 @@ def _bootstrap_process(root: Path, api: str, epochs: int) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_killed_flow_reruns_from_cached_tasks(tmp_path, prefect_server):
+def test_killed_flow_reruns_from_cached_tasks_and_its_runs_are_read_back(tmp_path, prefect_server):
     """SIGKILL a bootstrap while it trains; the re-run (a new process, as a user would) completes,
-    taking collection and file reads from the cache instead of recomputing them."""
+    taking collection and file reads from the cache instead of recomputing them. Its retrain run
+    and artifacts are read back through the client (one bootstrap carries both checks)."""
     started = datetime.now(timezone.utc)
     proc = _bootstrap_process(tmp_path, prefect_server, epochs=4000)
     deadline = time.monotonic() + 240
@@ -131,7 +131,10 @@ def test_killed_flow_reruns_from_cached_tasks(tmp_path, prefect_server):
     rerun = _bootstrap_process(tmp_path, prefect_server, epochs=3)  # other training params: data steps stay cached
     out, _ = rerun.communicate(timeout=400)
     assert rerun.returncode == 0 and "PROMOTED True" in out, out[-3000:]
+    version = int(re.search(r"^VERSION (\d+)$", out, flags=re.M).group(1))
     with get_client(sync_client=True) as client:
+        _check_retrain_run_and_artifacts(client, started, version)
+
         def states(name: str) -> list[str]:
             runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=name)))
             return sorted(r.state.name for r in runs if r.created >= started)  # this test's runs only

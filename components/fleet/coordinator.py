@@ -18,7 +18,8 @@
       canary            -> every canary_check_s, CanaryRollout.evaluate() (promote / roll back)
       status            -> state/status.json (what `fleetloop fleet status` prints), with the
                            version serving each robot (``serving``, from its heartbeats)
-    SIGTERM: stop every child (SIGTERM, then SIGKILL after stop_grace_s), then exit.
+    SIGTERM: stop every child (SIGTERM, then SIGKILL after stop_grace_s), then exit (a registry
+             read in flight is not waited for; a canary decision being written is).
     SIGKILL: every member watches it (components/fleet/identity.py: watch_parent) and stops.
 
 One coordinator per root: it holds an exclusive lock on ``state/coordinator.lock`` for its
@@ -83,6 +84,7 @@ MAX_HEARTBEAT_BYTES = 16 * 1024
 PROBE_TIMEOUT_S = 1.0
 EVENTS_KEPT = 32  # per member, in memory: the newest start/stop lines
 STATUS_DELAYS = 8  # restart delays per member in /v1/status
+THREAD_STOP_S = 10.0  # on stop: how long the supervisor (or a canary decision being written) is waited for
 
 
 @dataclass
@@ -159,6 +161,7 @@ class Coordinator:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
         self._policy_thread = threading.Thread(target=self._run_policy, name="policy", daemon=True)
+        self._registry_write = threading.Lock()  # held by the policy thread while a canary decision is written
         self._registry = None
         self._rollout = None
 
@@ -204,19 +207,28 @@ class Coordinator:
         self._policy_thread.start()
 
     def stop(self) -> None:
-        """Stop supervising, then every child (SIGTERM, SIGKILL after the grace period)."""
+        """Stop supervising, then every child (SIGTERM, SIGKILL after the grace period).
+
+        The supervisor (it starts processes) is waited for. The policy thread is waited for only
+        while it writes a canary decision to the registry: its reads (the first one imports the
+        registry client, seconds on a busy host) are abandoned, and it starts no write once
+        stopping began."""
         self._stop.set()
-        for thread in (self._thread, self._policy_thread):
-            if thread.is_alive():
-                thread.join(timeout=10.0)
-        with self.lock:
-            for member in self.members.values():
-                if member.proc is not None and member.proc.poll() is None:
-                    member.proc.terminate()
-            for member in self.members.values():
-                if member.proc is not None:
-                    stop_process(member.proc, self.cfg.stop_grace_s)
-        self.write_status()
+        if self._thread.is_alive():
+            self._thread.join(timeout=THREAD_STOP_S)
+        writing_done = self._registry_write.acquire(timeout=THREAD_STOP_S)
+        try:
+            with self.lock:
+                for member in self.members.values():
+                    if member.proc is not None and member.proc.poll() is None:
+                        member.proc.terminate()
+                for member in self.members.values():
+                    if member.proc is not None:
+                        stop_process(member.proc, self.cfg.stop_grace_s)
+            self.write_status()
+        finally:
+            if writing_done:
+                self._registry_write.release()
 
     # ------------------------------------------------------------------ leases
     def heartbeat(self, name: str, principal: Principal, info: dict) -> None:
@@ -319,15 +331,20 @@ class Coordinator:
             self.stale_since = self.stale_since or now
             if now - self.stale_since > self.cfg.max_staleness_s:
                 with self.lock:
+                    if self._stop.is_set():
+                        return  # stopping: every member is being stopped
                     self._restart(inference, f"serving {self.served}, registry says {wanted}: staleness bound", kill=True, now=now)
                 self.stale_since = None
         else:
             self.stale_since = None
         if self._rollout is not None and now - self._last_canary > self.cfg.canary_check_s:
             self._last_canary = now
-            if self._rollout.live() is not None:
-                decision = self._rollout.evaluate()
-                self.canary = {"action": decision.action, "reason": decision.reason, "time": time.time()}
+            with self._registry_write:
+                if self._stop.is_set():
+                    return  # stopping: no new decision
+                if self._rollout.live() is not None:
+                    decision = self._rollout.evaluate()
+                    self.canary = {"action": decision.action, "reason": decision.reason, "time": time.time()}
 
     # ------------------------------------------------------------------ loop + status
     def tick(self) -> None:

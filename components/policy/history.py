@@ -8,13 +8,19 @@ frame's position in its episode); a robot, an evaluation or a fleet rollout buil
 online (``FrameHistory``: a per-env rolling buffer, restarted when an env starts a new episode).
 Both apply the rule above, so a policy sees at deployment exactly what it was trained on
 (``tests/test_moe_policy.py`` steps a buffer through episodes and compares).
+
+torch is imported only by the training helpers that use it: a robot agent (``FrameHistory``) is
+numpy-only and starts without loading torch (seconds per process when a whole fleet starts).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def frame_positions(lengths: list[int] | np.ndarray) -> np.ndarray:
@@ -32,6 +38,8 @@ def history_rows(rows: Tensor, frame_in_episode: Tensor | None, history: int) ->
     ``frame_in_episode`` (N,) says how far back each row's episode starts; None means the rows are
     one continuous stream (synthetic data), clamped only at row 0.
     """
+    import torch
+
     back = torch.arange(history - 1, -1, -1, dtype=torch.int64)  # H-1, ..., 0
     limit = rows if frame_in_episode is None else frame_in_episode[rows]
     return rows.unsqueeze(-1) - torch.minimum(back, limit.unsqueeze(-1))
@@ -93,4 +101,6 @@ def fit_window(obs: np.ndarray, history: int) -> np.ndarray:
 
 
 def as_tensor_positions(frame_in_episode: np.ndarray | None) -> Tensor | None:
+    import torch
+
     return None if frame_in_episode is None else torch.as_tensor(frame_in_episode, dtype=torch.int64)
