@@ -13,8 +13,9 @@ untimed), once per mode, the order alternating between rounds:
   pushed to a DVC remote on it. Each round gets its own model name, experiment, store prefix and
   DVC remote, so both modes start from nothing (no champion: the same gate).
 Timed: ``flows.ingest.ingest`` of the demos, then ``flows.retrain.retrain`` on what is stored
-(train → evaluate → register → gate), split by subflow from the Prefect server's record. Both modes run under one temporary Prefect server. The
-figure is the remote/local ratio per round (paired), and its median.
+(train → evaluate → register → gate), split by subflow from the Prefect server's record. Both
+modes run under one temporary Prefect server. The figure is the remote/local ratio per round
+(paired), and its median.
 
 Writes benchmarks/results/remote_stores.json and .png.
 """
@@ -123,8 +124,8 @@ def subflow_seconds(since: datetime) -> dict[str, float]:
 
 def run_mode(settings: Settings, files: list[Path]) -> dict:
     """The ingest flow on ``files``, then the retrain flow on what is stored; seconds of each, and of
-    the retrain's subflows (train never touches a remote store but FERT's retrieval reads the segment
-    store; evaluate reads none; promote registers and gates through the registry)."""
+    the retrain's subflows (train reads the segment store only for FERT's retrieval; evaluate reads
+    no store; promote registers and gates through the registry)."""
     from flows.ingest import ingest
     from flows.retrain import retrain
     from flows.runtime import task_runner

@@ -84,8 +84,9 @@ def take_snapshot(settings: Settings, changed: bool) -> Snapshot | None:
     if (changed or last is None) and ws.dataset.num_episodes:
         last = snapshot_dataset(settings.root, settings.paths.episodes)
     if last is not None and settings.episodes.dvc_remote:
-        push_snapshot(settings.root, last, dvc_remote(settings))
-        publish_head(settings.paths.episodes, dvc_remote(settings), last.hash, ws.dataset.num_episodes)
+        remote = dvc_remote(settings)
+        push_snapshot(settings.root, last, remote)
+        publish_head(settings.paths.episodes, remote, last.hash, ws.dataset.num_episodes)
     return last
 
 

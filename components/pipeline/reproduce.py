@@ -27,6 +27,7 @@ from components.episodes.record import Episode
 from components.episodes.snapshot import (
     DvcRemote,
     checkout_from_cache,
+    ensure_dvc_repo,
     pull_snapshot,
     write_snapshot_file,
 )
@@ -131,14 +132,13 @@ def restore_snapshot(source: Settings, build: Settings, lineage: Lineage) -> lis
     """The dataset at the lineage's snapshot hash, in ``build``'s root: pulled from the DVC remote
     it was pushed to, else checked out of ``source``'s DVC cache."""
     from dvc.exceptions import DvcException
-    from dvc.repo import Repo
 
     snapshot_hash = lineage.snapshot_hash
     if not snapshot_hash.endswith(".dir"):
         raise ReproduceError(f"lineage names no DVC snapshot ({snapshot_hash!r}): the data was ingested without one")
     folder = build.paths.episodes
     folder.parent.mkdir(parents=True, exist_ok=True)
-    Repo.init(str(build.root), no_scm=True)
+    ensure_dvc_repo(build.root)
     dvc_file = write_snapshot_file(folder, snapshot_hash)
     try:
         if lineage.snapshot_remote:
