@@ -31,6 +31,36 @@ from components.config import (  # noqa: E402
     TrainConfig,
 )
 
+# Tests that start these session servers run on one xdist worker, so each server starts once.
+SHARED_SERVER_FIXTURES = frozenset({"s3_server", "postgres_server", "mlflow_server"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs two xdist workers (`--dist loadgroup`): a module whose tests share an
+    expensive fixture (the remote servers, a module-scoped fixture) stays on one worker so the
+    fixture is built once, and the slow tests are handed out first, so that neither worker is
+    left running a long one alone at the end. Without xdist only the order changes."""
+    by_module: dict[str, list] = {}
+    for item in items:
+        by_module.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    for module, module_items in by_module.items():
+        group = _shared_fixture_group(module, module_items)
+        for item in module_items if group else ():
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: slow ones first
+
+
+def _shared_fixture_group(module: str, items: list) -> str | None:
+    """The xdist group of a test module whose tests share an expensive fixture, else None."""
+    if any(SHARED_SERVER_FIXTURES & set(item.fixturenames) for item in items):
+        return "remote-servers"
+    for item in items:
+        defs = item._fixtureinfo.name2fixturedefs  # this test's resolved fixtures (pytest internals)
+        if any(defs[name][-1].scope == "module" for name in item.fixturenames if defs.get(name)):
+            return module
+    return None
+
 
 def pytest_unconfigure(config):
     """The session's Prefect home goes with the session (one was left in /tmp per run)."""

@@ -176,6 +176,7 @@ def test_documented_dvc_commands_verbatim_parity_noop_and_experiments(tmp_path):
     assert "0.003" in listed
 
 
+@pytest.mark.slow
 def test_lineage_and_rollback_commands_verbatim(tmp_path, prefect_harness):
     """After two promotions (what the demo leaves), the documented lineage, rollback and reproduce commands work."""
     from components.pipeline import steps

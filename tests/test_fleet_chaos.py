@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks.fleet_chaos import (
     BenchmarkSize,
     benchmark_settings,
@@ -21,6 +23,7 @@ from components.fleet.coordinator import backoff_delays
 SIZE = BenchmarkSize(robots=4, minutes=0.25, seed=7, quick=True)
 
 
+@pytest.mark.slow
 def test_fleet_under_every_fault_kind_stores_every_episode_exactly_once(tmp_path):
     report = run_benchmark(tmp_path / "root", SIZE)
     write_results(report, SIZE, tmp_path)  # the benchmark's JSON + PNG, as CI artifacts would be

@@ -6,6 +6,7 @@ import json
 import stat
 import time
 
+import pytest
 from typer.testing import CliRunner
 
 from components.fleet.auth import read_token_file
@@ -90,6 +91,7 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
+@pytest.mark.slow
 def test_fleet_up_trainer_ships_a_champion_and_status_shows_the_version_each_robot_serves(tmp_path, monkeypatch):
     """No Prefect run: the fleet trainer's checkpoint becomes @champion, inference hot-swaps to it and
     every robot reports acting with it. The root holds stored episodes but no model at all, so the

@@ -92,6 +92,7 @@ def studies(tmp_path_factory) -> Studies:
     return Studies(out, tiny_root, tiny_plan, tiny, seeds_plan, alone, pooled_result)
 
 
+@pytest.mark.slow
 def test_tiny_study_writes_consistent_results(studies):
     tmp_path, plan, result = studies.tiny_root, studies.tiny_plan, studies.tiny
     saved = json.loads((studies.results / "tiny.json").read_text())

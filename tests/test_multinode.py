@@ -60,6 +60,7 @@ def _two_nodes(tmp_path: Path, node1_train: TrainConfig = TRAIN, standalone: boo
     return data, [f.exception() or f.result() for f in futures]
 
 
+@pytest.mark.slow
 def test_two_nodes_train_what_one_host_trains(tmp_path: Path) -> None:
     data, (node0, node1, standalone) = _two_nodes(tmp_path, standalone=True)
     assert standalone.world_size == node0.world_size == node1.world_size == 2

@@ -29,6 +29,7 @@ def test_gpu_check_without_a_gpu_exits_zero_and_says_so(tmp_path):
     assert "no NVIDIA GPU here" in r.stdout and "GPU path NOT tested" in r.stdout
 
 
+@pytest.mark.slow
 def test_gpu_check_cpu_smoke_runs_its_python_steps(tmp_path):
     r = subprocess.run(["bash", str(SCRIPT), "--cpu-smoke"], capture_output=True, text=True, timeout=280,
                        env=_env(GPU_CHECK_OUT=str(tmp_path)))
