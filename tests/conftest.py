@@ -39,8 +39,8 @@ SHARED_SERVER_FIXTURES = frozenset({"s3_server", "postgres_server", "mlflow_serv
 def pytest_collection_modifyitems(config, items):
     """`make test` runs two xdist workers (`--dist loadgroup`): a module whose tests share an
     expensive fixture (the remote servers, a module-scoped fixture) stays on one worker so the
-    fixture is built once, and the slow tests are handed out first, so that neither worker is
-    left running a long one alone at the end. Without xdist only the order changes."""
+    fixture is built once, and modules with slow tests are handed out first, so that neither worker
+    is left running a long one alone at the end. Without xdist only the order changes."""
     by_module: dict[str, list] = {}
     for item in items:
         by_module.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
@@ -48,7 +48,10 @@ def pytest_collection_modifyitems(config, items):
         group = _shared_fixture_group(module, module_items)
         for item in module_items if group else ():
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: slow ones first
+    # modules with a slow test first, each module's tests kept together and in order: pytest builds
+    # a module-scoped fixture again when its module's tests are split
+    slow = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in slow)  # stable
 
 
 def _shared_fixture_group(module: str, items: list) -> str | None:
