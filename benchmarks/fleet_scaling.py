@@ -81,6 +81,7 @@ from components.evaluation.intervals import (
     wilson_interval,
 )
 from components.evaluation.populations import evaluate_test
+from components.fert.corpus import episode_infos
 from components.pipeline import steps
 from components.pipeline.collect import ROUND_DIR, collect_expert_demos, collect_fleet
 from components.pipeline.evaluate import evaluate_policy
@@ -254,7 +255,7 @@ def product_round(cell: Settings, plan: Plan, label: str, files: list[Path], bud
     started = time.perf_counter()
     ingested = ingest_files(cell, files, snapshot=False) if files else None
     if budget_steps is not None:
-        frames = sum(e.length for e in ws.dataset.episodes() if e.success)
+        frames = sum(info.length for _, info in episode_infos(ws.dataset) if info.success)  # the episodes table alone
         cell = cell.model_copy(update={"train": finetune_config(cell, frames, budget_steps, plan.max_epochs)})
     ingest_seconds = time.perf_counter() - started
     outcome = steps.train_policy(cell)

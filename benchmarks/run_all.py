@@ -14,8 +14,8 @@ import subprocess
 import sys
 import time
 
-BENCHMARKS = ("ingest", "shuffle", "scheduler", "fleet_load", "fleet_scaling", "pack_difficulty", "fleet_chaos",
-              "remote_stores")
+BENCHMARKS = ("ingest", "training_set", "shuffle", "scheduler", "fleet_load", "fleet_scaling", "pack_difficulty",
+              "fleet_chaos", "remote_stores")
 REMOTE = ("remote_stores",)  # what --remote runs: the flows' timings with every store on a server
 
 

@@ -482,6 +482,26 @@ def test_frames_after_a_cursor_stream_only_the_files_that_hold_them(ds, rng):
         pc.equal(everything.column("episode_id"), ids[3])).num_rows
 
 
+def test_columns_and_whole_episodes_of_listed_episodes_read_only_their_files(ds, rng):
+    """The training set's reader: the listed episodes' frames in the order listed, decoded as
+    ``episodes()`` decodes them, from only the files that hold them."""
+    for batch in range(3):  # three data files of 3 episodes
+        ds.add_episodes([make_episode(rng, f"robot-000{k}", frames=4 + k) for k in range(3)])
+    stored = list(ds.episodes())
+    order = [7, 2, 5, 8]  # episode_index values, across files and out of order
+    columns = ds.episode_columns(order, ("observation.state", "action"))
+    np.testing.assert_array_equal(columns["observation.state"], np.concatenate([stored[i].states for i in order]))
+    np.testing.assert_array_equal(columns["action"], np.concatenate([stored[i].actions for i in order]))
+    assert columns["action"].dtype == np.float32
+    whole = ds.load_episodes([5, 2])
+    assert [e.episode_id for e in whole] == [stored[5].episode_id, stored[2].episode_id]
+    np.testing.assert_array_equal(whole[0].timestamps, stored[5].timestamps)
+    (ds.root / "data" / "chunk-000" / "file-000.parquet").unlink()  # episodes 0-2: not listed below
+    assert len(ds.episode_columns([3, 6], ("action",))["action"]) == stored[3].length + stored[6].length
+    with pytest.raises(KeyError, match="episode_index \\[42\\]"):
+        ds.load_episodes([42])
+
+
 def test_stats_json_is_pooled_per_ingest_and_recomputed_when_it_does_not_match(ds, rng):
     from components.episodes.stats import stats_from_episodes_meta
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from components.config import FertConfig, TrainConfig
@@ -49,6 +50,40 @@ def test_fert_trains_from_the_champion_on_its_failures(tmp_path):
     assert not torch.equal(second.result.policy.core.state_dict()[next(iter(second.result.policy.core.state_dict()))],
                            champion_policy.core.state_dict()[next(iter(champion_policy.core.state_dict()))])
     assert second.lineage.lancedb_version == ws.store.version
+
+
+def test_the_train_task_reads_the_dataset_as_a_corpus_and_builds_what_episodes_in_memory_build(tmp_path):
+    """The train task's corpus reads the successes' frames and only the failures that query, and
+    builds the same training set, bit for bit, as the same episodes handed over in memory (the
+    fleet trainer's and ``fleetloop reproduce``'s path)."""
+    from components.fert.corpus import DatasetCorpus
+
+    settings = small_settings(tmp_path, train=TrainConfig(method="fert"), fert=FertConfig(calibration_episodes=20))
+    ingest_files(settings, collect_expert_demos(settings, tmp_path / "incoming").files, snapshot=False)
+    policy = steps.train_policy(settings).result.policy
+    fleet = collect_fleet(settings, policy, "v7", tmp_path / "round1", round_index=1)
+    ingest_files(settings, fleet.files, snapshot=False)
+    ws = Workspace(settings)
+    episodes = list(ws.dataset.episodes())
+    assert any(not ep.success for ep in episodes)
+
+    corpus = DatasetCorpus(ws.dataset)
+    loaded: list[str] = []
+    load = corpus.load
+    corpus.load = lambda ids: loaded.extend(ids) or load(ids)  # records what is decoded whole
+    for method in ("bc", "filtered_bc", "fert"):
+        cfg = settings.model_copy(update={"train": settings.train.model_copy(update={"method": method})})
+        streamed = steps.method_training_set(cfg, corpus, ws.store, 7)
+        in_memory = steps.method_training_set(cfg, episodes, ws.store, 7)
+        for name in ("states", "actions", "weights", "frame_in_episode"):
+            a, b = getattr(streamed.data, name), getattr(in_memory.data, name)
+            assert (a is None and b is None) or np.array_equal(a, b), (method, name)
+        assert {k: v for k, v in streamed.report.to_dict().items() if k != "seconds"} == \
+               {k: v for k, v in in_memory.report.to_dict().items() if k != "seconds"}
+    failed = {ep.episode_id for ep in episodes if not ep.success}
+    successes = {ep.episode_id for ep in episodes if ep.success}
+    assert failed <= set(loaded)  # the failures query (v7 has none of its own: every failure)
+    assert len(set(loaded) & successes) <= settings.fert.calibration_episodes  # held out to calibrate only
 
 
 def test_ingest_fits_the_learned_window_encoder_when_configured(tmp_path):

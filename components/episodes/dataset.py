@@ -28,7 +28,7 @@ import json
 import re
 import shutil
 from collections import Counter
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Iterator, Mapping, Sequence, Set
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +62,7 @@ from components.episodes.schema import (
     TIMESTAMP,
     CONTRACT_COLUMNS,
     episode_to_table,
+    list_column_to_numpy,
     read_episode_file,
     table_to_episode,
 )
@@ -470,6 +471,62 @@ class EpisodeDataset:
             rows = self._with_task(rows).drop_columns(list(BOOKKEEPING_COLUMNS))
             yield table_to_episode(rows)
 
+    def episode_columns(self, episode_indices: Sequence[int], columns: Sequence[str]) -> dict[str, np.ndarray]:
+        """Frame ``columns`` of the listed episodes (``episode_index`` values), concatenated in the
+        order listed, as float32 arrays ((T, d) for list columns, as ``Episode`` holds them).
+
+        Each data file holding one of them is read once, and only these columns of it: what a
+        training set is built from, without decoding whole episodes or holding more than one
+        file besides the result.
+        """
+        spans = self._spans(episode_indices)
+        bounds = np.concatenate([[0], np.cumsum([span.length for span in spans])]).astype(np.int64)
+        out: dict[str, np.ndarray] = {}
+        for key, wanted in _spans_by_file(spans):
+            table = pq.read_table(self._data_path(key), columns=[INDEX, *columns])
+            first = table.column(INDEX)[0].as_py()
+            for name in columns:
+                values = _float32_frames(table.column(name))
+                if name not in out:
+                    out[name] = np.empty((int(bounds[-1]), *values.shape[1:]), np.float32)
+                for order, span in wanted:
+                    rows = values[span.start - first : span.start - first + span.length]
+                    out[name][bounds[order] : bounds[order + 1]] = rows
+        return out
+
+    def load_episodes(self, episode_indices: Sequence[int]) -> list[Episode]:
+        """The listed episodes (``episode_index`` values) in the order listed; each data file that
+        holds one of them is read once. For the few episodes a consumer needs whole."""
+        spans = self._spans(episode_indices)
+        out: list[Episode | None] = [None] * len(spans)
+        for key, wanted in _spans_by_file(spans):
+            table = pq.read_table(self._data_path(key))
+            first = table.column(INDEX)[0].as_py()
+            for order, span in wanted:
+                rows = table.slice(span.start - first, span.length)
+                out[order] = table_to_episode(self._with_task(rows).drop_columns(list(BOOKKEEPING_COLUMNS)))
+        return [episode for episode in out if episode is not None]
+
+    def _spans(self, episode_indices: Sequence[int]) -> list[_Span]:
+        if not len(episode_indices):
+            raise ValueError("no episodes listed to read")
+        assert self._meta is not None
+        where = {int(i): row for row, i in enumerate(self._meta.column(EPISODE_INDEX).to_numpy())}
+        missing = [int(i) for i in episode_indices if int(i) not in where]
+        if missing:
+            raise KeyError(f"episode_index {missing[:5]} not in {self.root} (refresh() after another writer's ingest?)")
+        rows = self._meta.take(pa.array([where[int(i)] for i in episode_indices], pa.int64()))
+        return [
+            _Span((chunk, file), start, length)
+            for chunk, file, start, length in zip(
+                rows.column(META_DATA_CHUNK).to_pylist(), rows.column(META_DATA_FILE).to_pylist(),
+                rows.column(META_FROM).to_pylist(), rows.column(META_LENGTH).to_pylist(), strict=True,
+            )
+        ]
+
+    def _data_path(self, key: tuple[int, int]) -> Path:
+        return self.root / DATA_PATH.format(chunk_index=key[0], file_index=key[1])
+
     # ---------------------------------------------------------------- ingest
 
     @contextmanager
@@ -864,3 +921,26 @@ def _stats_columns(data: pa.Table) -> dict[str, pa.Array]:
             out[stats_column(name, stat)] = pa.array([value.tolist()], pa.list_(item))
     return out
 
+
+@dataclass(frozen=True)
+class _Span:
+    """Where one episode's frames are: its data file and its first global frame index."""
+
+    key: tuple[int, int]  # (chunk, file) of the data file
+    start: int
+    length: int
+
+
+def _spans_by_file(spans: list[_Span]) -> list[tuple[tuple[int, int], list[tuple[int, _Span]]]]:
+    """(data file, [(position in the request, span), ...]) in the order files are first needed."""
+    files: dict[tuple[int, int], list[tuple[int, _Span]]] = {}
+    for order, span in enumerate(spans):
+        files.setdefault(span.key, []).append((order, span))
+    return list(files.items())
+
+
+def _float32_frames(column: pa.ChunkedArray) -> np.ndarray:
+    """A frame column as ``table_to_episode`` decodes it: list columns (T, d), scalars (T,)."""
+    if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type) or pa.types.is_large_list(column.type):
+        return list_column_to_numpy(column).astype(np.float32, copy=False)
+    return column.to_numpy().astype(np.float32, copy=False)

@@ -95,16 +95,29 @@ def calibrate_threshold(
     seed: int,
 ) -> DivergenceThreshold:
     """Threshold and run length from held-out successful episodes (see the module doc)."""
-    if len(successes) < MIN_SUCCESSES:
+    chosen = [successes[i] for i in calibration_sample(len(successes), cfg, seed)]
+    return threshold_from_held_out(store, encoder, chosen, cfg)
+
+
+def calibration_sample(successes: int, cfg: FertConfig, seed: int) -> np.ndarray:
+    """Positions (ascending) of the successes held out to calibrate, of ``successes`` in all; the
+    rest stay in the bank. A caller that reads episodes lazily loads only these."""
+    if successes < MIN_SUCCESSES:
         raise ValueError(
             f"divergence calibration needs >= {MIN_SUCCESSES} successful episodes (half stay in the bank); "
             "ingest more demos or fleet episodes"
         )
     rng = np.random.default_rng([seed, CALIBRATION_STREAM])
-    count = min(cfg.calibration_episodes, len(successes) // 2)  # the other half is the bank
-    chosen = [successes[i] for i in np.sort(rng.choice(len(successes), size=count, replace=False))]
+    count = min(cfg.calibration_episodes, successes // 2)  # the other half is the bank
+    return np.sort(rng.choice(successes, size=count, replace=False))
+
+
+def threshold_from_held_out(
+    store: SegmentStore, encoder: WindowEncoder, chosen: Sequence[Episode], cfg: FertConfig
+) -> DivergenceThreshold:
+    """The threshold and run length from the held-out successes ``calibration_sample`` chose."""
     held_out = [ep.episode_id for ep in chosen]  # the bank never contains a calibration episode
-    half = count // 2
+    half = len(chosen) // 2
     threshold_eps, false_fire_eps = chosen[:half], chosen[half:]
     task = chosen[0].task
 

@@ -24,7 +24,14 @@ import numpy as np
 
 from components.config import FertConfig
 from components.episodes.record import Episode
-from components.fert.divergence import DivergenceThreshold, FailureContext, calibrate_threshold, failure_contexts
+from components.fert.corpus import Corpus, as_corpus
+from components.fert.divergence import (
+    DivergenceThreshold,
+    FailureContext,
+    calibration_sample,
+    failure_contexts,
+    threshold_from_held_out,
+)
 from components.fert.mixing import PoolShares, mix_pools
 from components.fert.priority import FrameTable, PriorityWeights, priority_weights
 from components.fert.retrieval import Retrieved, empty_retrieved, retrieve
@@ -86,14 +93,16 @@ class MethodTrainingSet:
 
 def build_training_set(
     method: str,
-    episodes: Sequence[Episode],
+    episodes: Corpus | Sequence[Episode],
     cfg: FertConfig,
     store: SegmentStore | None = None,
     encoder: WindowEncoder | None = None,
     failed: Sequence[Episode] | None = None,
     seed: int = 0,
 ) -> MethodTrainingSet:
-    """Frames and sampling weights for ``method``; ``episodes`` is everything ingested.
+    """Frames and sampling weights for ``method``; ``episodes`` is everything ingested, in memory
+    or as a corpus that reads only what is needed (fert/corpus.py: the successes' frames, and the
+    failures and calibration successes whole).
 
     ``failed`` picks which failures query (default: every failed episode in ``episodes``);
     fert methods need the segment store the episodes were embedded into, and its encoder.
@@ -101,23 +110,28 @@ def build_training_set(
     if method not in METHODS:
         raise ValueError(f"train.method={method!r} is unknown; choose one of {METHODS}")
     start = time.perf_counter()
+    corpus = as_corpus(episodes)
     if method == "bc":
-        table = FrameTable.from_episodes([ep for ep in episodes if ep.policy_version == DEMO_VERSION], DEMO_VERSION)
+        demos = [info for info in corpus.infos if info.policy_version == DEMO_VERSION]
+        table = FrameTable.from_corpus(corpus, DEMO_VERSION, infos=demos)
         return MethodTrainingSet(table.training_set(), _plain_report(method, table, start))
-    table = FrameTable.from_episodes(episodes, DEMO_VERSION, cfg.revisit_radius)
+    table = FrameTable.from_corpus(corpus, DEMO_VERSION, cfg.revisit_radius)
     if method == "filtered_bc":
         return MethodTrainingSet(table.uniform_set(), _plain_report(method, table, start))
 
     if store is None or encoder is None:
         raise ValueError(f"train.method={method!r} needs the segment store and its encoder (store.load_encoder())")
-    failed = [ep for ep in episodes if not ep.success] if failed is None else list(failed)
-    successes = [ep for ep in episodes if ep.success]
+    if failed is None:
+        failed = corpus.load([info.episode_id for info in corpus.infos if not info.success])
+    failed = list(failed)
+    successes = [info for info in corpus.infos if info.success]
 
     # 1-2. failure contexts, per task (the detector's bank and threshold are per task)
     contexts, thresholds = [], []
     for task in sorted({ep.task for ep in failed}):
-        task_successes = [ep for ep in successes if ep.task == task]
-        threshold = calibrate_threshold(store, encoder, task_successes, cfg, seed)
+        task_successes = [info.episode_id for info in successes if info.task == task]
+        held_out = corpus.load([task_successes[i] for i in calibration_sample(len(task_successes), cfg, seed)])
+        threshold = threshold_from_held_out(store, encoder, held_out, cfg)
         thresholds.append(threshold)
         contexts += failure_contexts(store, encoder, [ep for ep in failed if ep.task == task], threshold, cfg)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from components.episodes.record import Episode
+from components.fert.corpus import Corpus, EpisodeInfo, EpisodeList
 from components.fert.retrieval import Retrieved
 from components.fert.revisits import imitated_frames
 from components.policy.history import frame_positions
@@ -49,23 +50,33 @@ class FrameTable:
 
     @classmethod
     def from_episodes(cls, episodes: Sequence[Episode], demo_version: str, revisit_radius: float = 0.0) -> FrameTable:
-        """Frames of the *successful* episodes only; failed episodes are never imitated.
+        """Frames of the *successful* ones of ``episodes`` (see ``from_corpus``)."""
+        return cls.from_corpus(EpisodeList(episodes), demo_version, revisit_radius)
+
+    @classmethod
+    def from_corpus(cls, corpus: Corpus, demo_version: str, revisit_radius: float = 0.0,
+                    infos: Sequence[EpisodeInfo] | None = None) -> FrameTable:
+        """Frames of the *successful* episodes only (of ``infos``, default every one in
+        ``corpus``); failed episodes are never imitated. Only these frames are read.
 
         ``revisit_radius > 0`` marks frames the episode later comes back to as not imitated.
         """
-        kept = [ep for ep in episodes if ep.success]
+        kept = [info for info in (corpus.infos if infos is None else infos) if info.success]
         if not kept:
             raise ValueError("no successful episodes: FERT imitates successes only; ingest expert demos first")
-        lengths = [ep.length for ep in kept]
+        ids = [info.episode_id for info in kept]
+        lengths = np.array([info.length for info in kept], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        states, actions = corpus.frames(ids)
+        per_episode = np.split(states, starts[1:])
         return cls(
-            states=np.concatenate([ep.states for ep in kept]).astype(np.float32),
-            actions=np.concatenate([ep.actions for ep in kept]).astype(np.float32),
-            episode_ids=[ep.episode_id for ep in kept],
-            offsets={ep.episode_id: int(s) for ep, s in zip(kept, starts, strict=True)},
-            lengths={ep.episode_id: ep.length for ep in kept},
-            is_demo=np.concatenate([np.full(ep.length, ep.policy_version == demo_version) for ep in kept]),
-            imitated=imitated_frames([ep.states for ep in kept], revisit_radius) if revisit_radius > 0 else None,
+            states=states,
+            actions=actions,
+            episode_ids=ids,
+            offsets={i: int(s) for i, s in zip(ids, starts, strict=True)},
+            lengths={info.episode_id: info.length for info in kept},
+            is_demo=np.repeat(np.array([info.policy_version == demo_version for info in kept], dtype=bool), lengths),
+            imitated=imitated_frames(per_episode, revisit_radius) if revisit_radius > 0 else None,
         )
 
     def __len__(self) -> int:

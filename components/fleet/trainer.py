@@ -1,7 +1,8 @@
 """The asynchronous fleet trainer: keeps learning from whatever the fleet has stored so far.
 
     poll the episode dataset -> episodes past the data cursor join the replay buffer
-      (uninterrupted ones); the frames and weights to imitate come from the flow's own builder
+      (uninterrupted ones; noted from the episodes table, their frames read only when a training
+      set is built: fert/corpus.py); the frames and weights to imitate come from the flow's own builder
       (``pipeline.steps.method_training_set``, ``train.method``: FERT by default), rebuilt by the
       rule of ``training_set.py`` — for FERT from a pinned segment store version, so it replays
     -> ``steps_per_episode`` optimizer steps owed per new episode (replay ratio), each the one
@@ -33,12 +34,11 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from components.config import Settings
 from components.episodes.dataset import EpisodeDataset
-from components.episodes.record import Episode
+from components.fert.corpus import DatasetCorpus, EpisodeInfo, episode_infos
 from components.fert.methods import MethodTrainingSet
 from components.fert.retrieval_record import RetrievalRecord
 from components.fleet.clients import CoordinatorClient, HeartbeatThread
@@ -98,7 +98,7 @@ class FleetTrainer:
         self.policy: NormalizedPolicy | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._ids: list[str] = []  # every consumed dataset episode, in dataset order
-        self._episodes: list[tuple[int, Episode]] = []  # (dataset position, episode) of those kept
+        self._kept: list[tuple[int, EpisodeInfo]] = []  # (dataset position, info) of those kept (no frames)
         self._buffer: TrainingSet | None = None
         self._built: MethodTrainingSet | None = None
         self._pin: BuildPin | None = None  # what _buffer was built from
@@ -116,19 +116,20 @@ class FleetTrainer:
         """FERT methods: failures query the segment store (so they are kept, and builds are pinned)."""
         return self.cfg.trainer_success_only and self.settings.train.method in RETRIEVAL_METHODS
 
-    def _keep(self, episode: Episode) -> bool:
+    def _keep(self, episode: EpisodeInfo) -> bool:
         if episode.interrupted:
             return False
         return episode.success or self.retrieves or not self.cfg.trainer_success_only
 
     def _read(self, start: int, stop: int | None) -> int:
-        """Add dataset episodes [start, stop) to the buffer; returns how many were read."""
+        """Note dataset episodes [start, stop) from the episodes table (their frames are read when
+        a training set is built, fert/corpus.py); returns how many were read."""
         read = 0
-        for position, episode in enumerate(self.dataset.episodes(start, stop), start=start):
+        for position, (_, episode) in enumerate(episode_infos(self.dataset, start, stop), start=start):
             read += 1
             self._ids.append(episode.episode_id)
             if self._keep(episode):
-                self._episodes.append((position, episode))
+                self._kept.append((position, episode))
                 self.state.frames += episode.length
         if read and not self.retrieves:
             self._buffer = None  # rebuilt from everything on the next step
@@ -169,7 +170,7 @@ class FleetTrainer:
 
     def _rebuild(self, pin: BuildPin) -> None:
         """The training set of ``pin``: its first episodes, the store at its version, its champion."""
-        episodes = [ep for position, ep in self._episodes if position < pin.episodes]
+        episodes = DatasetCorpus(self.dataset, stop=pin.episodes)
         rng = capture_rng(self.generator)  # building draws from its own seeds; keep ours untouched
         try:
             built = method_training_set(self.settings, episodes, self.pins.view(pin), pin.champion)
@@ -198,15 +199,15 @@ class FleetTrainer:
             return self._buffer
         if self.retrieves:
             raise RuntimeError(f"no FERT training set yet ({self.pins.waiting or 'none built'})")
-        pin = BuildPin(self.state.cursor)
+        consumed = len(self._ids)  # the cursor, also while resume() is still restoring it
+        pin = BuildPin(consumed)
+        episodes = DatasetCorpus(self.dataset, stop=consumed)  # by id, uninterrupted
         if not self.cfg.trainer_success_only:  # every uninterrupted episode, uniform
-            episodes = sorted((ep for _, ep in self._episodes), key=lambda ep: ep.episode_id)
-            self._buffer = TrainingSet(np.concatenate([e.states for e in episodes]).astype(np.float32),
-                                       np.concatenate([e.actions for e in episodes]).astype(np.float32),
-                                       frame_in_episode=frame_positions([e.length for e in episodes]))
+            states, actions = episodes.frames([info.episode_id for info in episodes.infos])
+            self._buffer = TrainingSet(states, actions, frame_in_episode=frame_positions([i.length for i in episodes.infos]))
             self._pin = pin
         else:
-            self._use(method_training_set(self.settings, (ep for _, ep in self._episodes), None, None), pin)
+            self._use(method_training_set(self.settings, episodes, None, None), pin)
         return self._buffer
 
     @property
@@ -355,7 +356,7 @@ class FleetTrainer:
         try:
             self.shipper.ship(
                 copy.deepcopy(self.policy), self.state.step, self.state.cursor, len(self._tensors().states),
-                [loss for _, loss in self.state.losses], Counter(ep.robot_id for _, ep in self._episodes),
+                [loss for _, loss in self.state.losses], Counter(info.robot_id for _, info in self._kept),
                 self.method, started=self._checkpointed[1], **self._provenance(),
             )
         except Exception as exc:  # noqa: BLE001 - shipping must never stop training

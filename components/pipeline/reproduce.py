@@ -23,7 +23,6 @@ from pathlib import Path
 
 from components.config import Settings
 from components.episodes.dataset import EpisodeDataset
-from components.episodes.record import Episode
 from components.episodes.snapshot import (
     DvcRemote,
     checkout_from_cache,
@@ -31,6 +30,7 @@ from components.episodes.snapshot import (
     pull_snapshot,
     write_snapshot_file,
 )
+from components.fert.corpus import DatasetCorpus
 from components.pipeline.recipe import SETTINGS_ARTIFACT, STORE_TAG
 from components.pipeline.steps import (
     RETRIEVAL_METHODS,
@@ -90,14 +90,14 @@ def reproduce_version(settings: Settings, version: str, scratch: Path,
     build = _recipe_settings(registry, mv, lineage, scratch)
     log(f"v{mv.version}: restoring DVC snapshot {lineage.snapshot_hash} into {scratch}"
         + (f" from {lineage.snapshot_remote}" if lineage.snapshot_remote else ""))
-    episodes = restore_snapshot(settings, build, lineage)
-    if len(episodes) != lineage.episodes:
-        raise ReproduceError(f"snapshot {lineage.snapshot_hash} holds {len(episodes)} episodes, lineage of v{mv.version} "
+    dataset = restore_snapshot(settings, build, lineage)
+    if dataset.num_episodes != lineage.episodes:
+        raise ReproduceError(f"snapshot {lineage.snapshot_hash} holds {dataset.num_episodes} episodes, lineage of v{mv.version} "
                              f"says {lineage.episodes}: the model was trained on data ingested without a snapshot")
     store = kept_store(settings, build, mv.version, lineage) if build.train.method in RETRIEVAL_METHODS else None
     champion = lineage.champion_version if lineage.champion_version >= 0 else None
     failures_of = champion if build.fert.failures_from == "champion" else None
-    built = method_training_set(build, episodes, store, failures_of)
+    built = method_training_set(build, DatasetCorpus(dataset), store, failures_of)
     init = fine_tunable(build, Workspace(build), registry.load(champion)) if champion is not None else None
     log(f"v{mv.version}: training {build.train.method} on {len(built.data.states)} frames"
         + (f", fine-tuning v{champion}" if init is not None else ""))
@@ -105,7 +105,7 @@ def reproduce_version(settings: Settings, version: str, scratch: Path,
     return Reproduction(
         version=mv.version, trained_at_commit=lineage.git_commit, current_commit=git_commit(Path(__file__).parent),
         snapshot=lineage.snapshot_hash, store_version=store.version if store is not None else None, champion=champion,
-        episodes=len(episodes), frames=len(built.data.states),
+        episodes=dataset.num_episodes, frames=len(built.data.states),
         registered_digest=state_digest(registry.load(mv.version).state_dict()),
         rebuilt_digest=state_digest(run.policy.state_dict()), seconds=time.perf_counter() - start, scratch=str(scratch),
     )
@@ -128,7 +128,7 @@ def _recipe_settings(registry, mv: PolicyVersion, lineage: Lineage, scratch: Pat
     return Settings(**body, root=scratch)
 
 
-def restore_snapshot(source: Settings, build: Settings, lineage: Lineage) -> list[Episode]:
+def restore_snapshot(source: Settings, build: Settings, lineage: Lineage) -> EpisodeDataset:
     """The dataset at the lineage's snapshot hash, in ``build``'s root: pulled from the DVC remote
     it was pushed to, else checked out of ``source``'s DVC cache."""
     from dvc.exceptions import DvcException
@@ -149,7 +149,7 @@ def restore_snapshot(source: Settings, build: Settings, lineage: Lineage) -> lis
         where = lineage.snapshot_remote or f"the DVC cache of {source.root}"
         raise ReproduceError(f"snapshot {snapshot_hash} could not be restored from {where} (garbage-collected, or "
                              f"never pushed?): {str(exc).splitlines()[0]}") from exc
-    return list(EpisodeDataset(folder, build.episodes).episodes())
+    return EpisodeDataset(folder, build.episodes)
 
 
 def _remote_of(source: Settings, url: str) -> DvcRemote:

@@ -19,6 +19,7 @@ from typing import Any
 from components.config import Settings
 from components.episodes.record import Episode
 from components.episodes.snapshot import read_snapshot
+from components.fert.corpus import DatasetCorpus, EpisodeList
 from components.fert.methods import MethodTrainingSet, build_training_set
 from components.fert.retrieval_record import RetrievalRecord
 from components.pipeline.workspace import Workspace
@@ -38,13 +39,13 @@ def training_set(settings: Settings, ws: Workspace) -> MethodTrainingSet:
     ``method_training_set``."""
     champion = ws.registry.champion() if settings.fert.failures_from == "champion" else None
     store = ws.store if settings.train.method in RETRIEVAL_METHODS else None
-    return method_training_set(settings, ws.dataset.episodes(), store, champion.version if champion else None)
+    return method_training_set(settings, DatasetCorpus(ws.dataset), store, champion.version if champion else None)
 
 
 RETRIEVAL_METHODS = ("fert", "fert_uniform")  # the methods that query the segment store
 
 
-def method_training_set(settings: Settings, episodes: Iterable[Episode], store: SegmentStore | None,
+def method_training_set(settings: Settings, episodes: DatasetCorpus | Iterable[Episode], store: SegmentStore | None,
                         champion: int | None) -> MethodTrainingSet:
     """Frames to imitate (and how often) for ``train.method``; see components/fert/methods.py.
 
@@ -52,27 +53,32 @@ def method_training_set(settings: Settings, episodes: Iterable[Episode], store: 
     segments ``store`` retrieves for the failures of v``champion`` (``fert.failures_from``; every
     failure while there is no champion or it has not run yet) emphasized. Failed episodes' actions
     are never imitated; interrupted ones (a FATS robot stopped mid-episode) are neither imitated nor
-    queried. The flow's train task and the fleet's async trainer both build through here.
+    queried. The flow's train task and the fleet's async trainer both build through here; the
+    train task hands it the stored dataset (``DatasetCorpus``), which reads only the successes'
+    frames and the failures that query, never every episode whole.
     """
     method = settings.train.method
     # by id, not by arrival: the same stored episodes give the same training set (and model) on
     # every path, whatever order a flow, a dvc stage or the fleet's ingest stored them in
-    episodes = sorted((ep for ep in episodes if not ep.interrupted), key=lambda ep: ep.episode_id)
-    if not any(ep.success for ep in episodes):
+    # (DatasetCorpus orders them so itself)
+    corpus = episodes if isinstance(episodes, DatasetCorpus) else EpisodeList(
+        sorted((ep for ep in episodes if not ep.interrupted), key=lambda ep: ep.episode_id))
+    if not any(info.success for info in corpus.infos):
         raise RuntimeError(
             f"no successful episodes to train on in {settings.paths.episodes}; run `fleetloop ingest` with expert demos first"
         )
     if method not in RETRIEVAL_METHODS:
-        return build_training_set(method, episodes, settings.fert)
+        return build_training_set(method, corpus, settings.fert)
     encoder = store.load_encoder() if store is not None else None
     if store is None or encoder is None:
         raise RuntimeError(f"train.method={method!r} needs the segment store: run `fleetloop ingest` first "
                            f"({store.uri if store is not None else settings.paths.store})")
-    failed = [ep for ep in episodes if not ep.success]
+    failed = [info for info in corpus.infos if not info.success]
     if champion is not None:
-        mine = [ep for ep in failed if ep.policy_version == f"v{champion}"]
+        mine = [info for info in failed if info.policy_version == f"v{champion}"]
         failed = mine or failed  # the champion has not run on the fleet yet: every failure queries
-    return build_training_set(method, episodes, settings.fert, store, encoder, failed=failed, seed=settings.seed)
+    queries = corpus.load([info.episode_id for info in failed])
+    return build_training_set(method, corpus, settings.fert, store, encoder, failed=queries, seed=settings.seed)
 
 
 @dataclass(frozen=True)
