@@ -9,15 +9,19 @@ synthetic episodes: 50 frames each, 75% successes, the default simulator's width
 settings). At each size every (method, reader) builds once in a fresh process, so that its peak
 memory is its own:
 
-    streamed   ``steps.training_set(settings, ws)``: what the train task runs (fert/corpus.py's
-               DatasetCorpus: the successes' frames column-wise, only the queried failures whole)
-    in_memory  ``steps.method_training_set(settings, list(ws.dataset.episodes()), ...)``: every
-               stored episode decoded first, as the train task did before and as a caller that
-               already holds episodes (the fleet trainer did) still does
+    streamed   ``steps.method_training_set(settings, DatasetCorpus(ws.dataset), store, None)``:
+               what the train task's ``steps.training_set`` hands it (fert/corpus.py: the
+               successes' frames column-wise, only the queried failures whole)
+    in_memory  ``steps.method_training_set(settings, list(ws.dataset.episodes()), store, None)``:
+               every stored episode decoded first, as the train task did before and as a caller
+               that already holds episodes still does
+    (the champion lookup ``training_set`` adds is left out of both: no champion here, and its
+    first call starts MLflow, which is neither reader's cost)
 
 Methods: ``filtered_bc`` (reads every success) and ``fert`` (also calibrates and retrieves for every
 failure: no champion in the scratch root). Reported per cell: the build's wall time, the process's
-peak RSS and its RSS just before the build (imports, workspace), and a digest of the training set;
+RSS just before the build (imports, workspace) and its peak RSS during the build (VmHWM, reset
+before it), and a digest of the training set;
 ``identical`` says whether both readers built the same bits. Both readers run side by side in one
 run, alternating which goes first per size.
 
@@ -32,7 +36,6 @@ import hashlib
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -84,29 +87,29 @@ def build_in_child(root: Path, method: str, reader: str) -> dict:
 
 def child(root: Path, method: str, reader: str) -> None:
     """Build and print one JSON line: seconds, RSS before, peak RSS, digest of the training set."""
+    from components.fert.corpus import DatasetCorpus
     from components.pipeline import steps
     from components.pipeline.workspace import Workspace
 
     settings = settings_for(root, method)
     ws = Workspace(settings)
     store = ws.store if method in steps.RETRIEVAL_METHODS else None
-    before = _rss_mb()
+    before = _status_mb("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) restarts from here
     t0 = time.perf_counter()
-    if reader == "streamed":
-        built = steps.training_set(settings, ws)
-    else:
-        built = steps.method_training_set(settings, list(ws.dataset.episodes()), store, None)
+    episodes = DatasetCorpus(ws.dataset) if reader == "streamed" else list(ws.dataset.episodes())
+    built = steps.method_training_set(settings, episodes, store, None)
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    print(json.dumps({"seconds": seconds, "rss_before_mb": before, "peak_rss_mb": peak,
+    print(json.dumps({"seconds": seconds, "rss_before_mb": before, "peak_rss_mb": _status_mb("VmHWM"),
                       "frames": len(built.data.states), "digest": _digest(built.data)}))
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+def _status_mb(field: str) -> float:
+    """VmRSS / VmHWM of this process in MB. Not getrusage's ru_maxrss: that one survives exec and
+    starts at the RSS of the process that forked this one."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
     return float("nan")
 
 
