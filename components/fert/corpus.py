@@ -9,8 +9,9 @@
 ``DatasetCorpus`` reads a stored dataset through its streaming readers
 (``EpisodeDataset.episode_columns`` / ``load_episodes``): building a training set decodes no
 failed episode that does not query and holds no ``Episode`` per stored episode, so its memory is
-the training set's frames. ``EpisodeList`` wraps episodes already in memory (the fleet's trainer,
-``fleetloop reproduce``, tests); both give the same training set for the same episodes.
+the training set's frames; the train task, the fleet trainer and ``fleetloop reproduce`` build
+from it. ``EpisodeList`` wraps episodes a caller already holds in memory (benchmarks, tests); both
+give the same training set for the same episodes.
 """
 
 from __future__ import annotations
