@@ -33,6 +33,10 @@ from components.config import (  # noqa: E402
 
 # Tests that start these session servers run on one xdist worker, so each server starts once.
 SHARED_SERVER_FIXTURES = frozenset({"s3_server", "postgres_server", "mlflow_server"})
+# Modules that start a whole fleet (coordinator, services, trainer, robots) and judge it by timing:
+# one at a time, on one worker. Two fleets at once starved each other on 2 cores (a member needed
+# more than its 6-s grace to exit, a robot reported late).
+WHOLE_FLEET_MODULES = frozenset({"tests/test_fleet_chaos.py", "tests/test_fleet_cli.py", "tests/test_fleet_lifecycle.py"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
@@ -58,6 +62,8 @@ def _shared_fixture_group(module: str, items: list) -> str | None:
     """The xdist group of a test module whose tests share an expensive fixture, else None."""
     if any(SHARED_SERVER_FIXTURES & set(item.fixturenames) for item in items):
         return "remote-servers"
+    if module in WHOLE_FLEET_MODULES:
+        return "whole-fleets"
     for item in items:
         defs = item._fixtureinfo.name2fixturedefs  # this test's resolved fixtures (pytest internals)
         if any(defs[name][-1].scope == "module" for name in item.fixturenames if defs.get(name)):
