@@ -263,6 +263,15 @@ def knn(scale: Scale, settings: Settings) -> dict:
     params = search_params(store.index_type(), K, settings.store)
     print(f"kNN store: {segments:,} segments (top-up {top_up_s:.0f}s), {plan.describe()} built in "
           f"{index_build_s:.1f}s, upkeep {upkeep_s:.1f}s", flush=True)
+    # the product's single-query path (store.resident_index) beside LanceDB's own, on one table
+    lancedb_only = SegmentStore.open(store.location, settings.store.model_copy(update={"resident_index": False}),
+                                     store.dim)
+    resident = store.resident()
+    resident_info = {"kind": resident.kind, "lists": getattr(resident.index, "nlist", 1),
+                     "nprobe": resident.nprobe, "encoding": settings.store.resident_encoding,
+                     "build_s": resident.build_s, "bytes": resident.nbytes}
+    print(f"resident index: {resident.kind}, {resident_info['lists']} lists, built in {resident.build_s:.1f}s, "
+          f"{resident.nbytes / 2**20:.0f} MiB", flush=True)
 
     probe = [e for e in synthetic_episodes(10_000_019, 4 * scale.queries, ws.obs_dim, ws.act_dim) if not e.success]
     windows = np.concatenate([episode_windows(e, settings.store.window, settings.store.stride)[1] for e in probe])
@@ -270,31 +279,51 @@ def knn(scale: Scale, settings: Settings) -> dict:
     queries = encoder.encode(windows[np.sort(pick)])
     cases = []
     truth = {}
-    index_name = (f"{store.index_type()} nprobes={params.nprobes}" + (f" ef={params.ef}" if params.ef else "")
+    index_name = (f"LanceDB {store.index_type()} nprobes={params.nprobes}" + (f" ef={params.ef}" if params.ef else "")
                   + f" refine={params.refine_factor}")
-    for exact in (True, False):
+    resident_name = (f"resident IVF{resident_info['lists']},{resident_info['encoding']} nprobe={resident.nprobe}"
+                     if resident.kind == "ivf" else "resident flat")
+    paths = (("brute force", lancedb_only, True), (index_name, lancedb_only, False), (resident_name, store, False))
+    for name, searcher, exact in paths:
         for success in (None, True):
-            seconds, cpu_seconds, ids = time_queries(store, queries, exact=exact, success=success)
+            seconds, cpu_seconds, ids = time_queries(searcher, queries, exact=exact, success=success)
             if exact:
                 truth[success] = ids
-            cases.append({"name": ("brute force" if exact else index_name) + (" + success" if success else ""),
+            cases.append({"name": name + (" + success" if success else ""), "path": name.split()[0],
                           "index": not exact, "success_filter": bool(success), "latency": asdict(latency(seconds, cpu_seconds)),
                           "recall_at_10": 1.0 if exact else recall(ids, truth[success]),
                           "load_avg_after": os.getloadavg()})
-    for case in cases:
+    floor = lancedb_floor(ws, encoder, queries)
+    for case in [*cases, floor]:
         print(f"{case['name']}: p50 {case['latency']['p50_ms']:.2f} ms, p99 {case['latency']['p99_ms']:.2f} ms "
               f"(CPU p50 {case['latency']['cpu_p50_ms']:.2f}, p99 {case['latency']['cpu_p99_ms']:.2f}), recall@10 {case['recall_at_10']:.3f} (load {case['load_avg_after'][0]:.1f})", flush=True)
-    headline = cases[2]
+    headline, lancedb_index = cases[4], cases[2]  # the product's path (resident), then LanceDB's index, unfiltered
     bulk = bulk_queries(store, encoder, settings, windows)
     return {
         "segments": segments, "k": K, "top_up_s": top_up_s, "compact_s": compact_s, "index_build_s": index_build_s,
         "load_avg_before_build": load_before_build, "upkeep_s": upkeep_s,
         "index": {**asdict(plan), "type": plan.kind, "search": asdict(params)},
+        "resident": resident_info,
         "p50_ms": headline["latency"]["p50_ms"], "p99_ms": headline["latency"]["p99_ms"],
         "recall_at_10": headline["recall_at_10"],
+        "lancedb_index": {"p50_ms": lancedb_index["latency"]["p50_ms"], "p99_ms": lancedb_index["latency"]["p99_ms"],
+                          "recall_at_10": lancedb_index["recall_at_10"]},
+        "lancedb_floor": floor,
         "cases": cases,
         "bulk": bulk,
     }
+
+
+def lancedb_floor(ws: Workspace, encoder, queries: np.ndarray) -> dict:
+    """LanceDB's own per-query cost with nothing to search: the same queries through
+    ``SegmentStore.search`` (resident index off) on a ~100-row table, flat."""
+    with tempfile.TemporaryDirectory() as folder:
+        cfg = ws.settings.store.model_copy(update={"resident_index": False})
+        tiny = SegmentStore.open(Path(folder) / "segments", cfg, encoder.dim)
+        tiny.upsert(synthetic_episodes(20_000_003, 9, ws.obs_dim, ws.act_dim), encoder, snapshot="bench-floor")
+        seconds, cpu_seconds, _ = time_queries(tiny, queries, exact=False, success=None)
+        return {"name": f"LanceDB floor: {tiny.count()}-row table, flat", "rows": tiny.count(),
+                "latency": asdict(latency(seconds, cpu_seconds)), "recall_at_10": 1.0, "load_avg_after": os.getloadavg()}
 
 
 def bulk_queries(store: SegmentStore, encoder, settings: Settings, windows: np.ndarray) -> dict:
@@ -384,7 +413,7 @@ def plot(result: dict, path: Path) -> None:
     disk_ax.set_ylim(bottom=0)
     disk_ax.legend()
     (label, knn_result), = result["knn"].items()
-    fig.suptitle(f"kNN at {knn_result['segments']:,} segments: IVF_PQ p50 {knn_result['p50_ms']:.1f} ms, "
+    fig.suptitle(f"kNN at {knn_result['segments']:,} segments (store.search, one query): p50 {knn_result['p50_ms']:.1f} ms, "
                  f"p99 {knn_result['p99_ms']:.1f} ms, recall@10 {knn_result['recall_at_10']:.3f} "
                  f"({result['machine']['cpus']} shared cores)", fontsize=10)
     fig.tight_layout()
@@ -395,8 +424,8 @@ def plot(result: dict, path: Path) -> None:
 def plot_knn(result: dict, path: Path, plt) -> None:
     """``--knn-only``: p50 and p99 per case (log scale), recall in the labels."""
     (label, knn_result), = result["knn"].items()
-    cases = knn_result["cases"]
-    fig, ax = plt.subplots(figsize=(10, 4.2))
+    cases = knn_result["cases"] + ([knn_result["lancedb_floor"]] if "lancedb_floor" in knn_result else [])
+    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.55 * len(cases)))
     y = np.arange(len(cases))
     ax.barh(y + 0.2, [c["latency"]["p50_ms"] for c in cases], 0.4, label="p50", color="#4c72b0")
     ax.barh(y - 0.2, [c["latency"]["p99_ms"] for c in cases], 0.4, label="p99", color="#c44e52")

@@ -184,6 +184,17 @@ class StoreConfig(Section):
     hnsw_ef: int = Field(default=40, ge=1)  # per-partition search breadth (>= k is used)
     hnsw_refine_factor: int = Field(default=0, ge=0)  # re-rank k*factor SQ hits exactly; 0 = off
     metric: Literal["l2", "cosine"] = "l2"  # used to build the index AND to query it
+    # --- resident index (components/store/resident.py): searches of fewer than scan_min_queries
+    # queries answered from a FAISS copy of the table in memory, rebuilt when the table moves.
+    # LanceDB's own query costs ~5 ms p50 / 12 ms p99 even on a 100-row table (docs/results.md)
+    resident_index: bool = True
+    resident_list_rows: int = Field(default=1_000, ge=1)  # IVF lists = rows / this (flat below index_min_rows)
+    resident_nprobe: int = Field(default=32, ge=1)  # lists probed per query (more when a filter keeps few rows)
+    resident_encoding: Literal["Flat", "SQ8"] = "Flat"  # float32 (4 B/dim) or 8-bit (1 B/dim) vectors
+    # a larger table stays on LanceDB's index: Flat holds 4 x dim bytes per row (352 B at 88 dims)
+    resident_max_rows: int = Field(default=5_000_000, ge=0)
+    # other processes' writes reach single queries within this many seconds (this handle's own at once)
+    resident_check_s: float = Field(default=1.0, ge=0)
     # queries per LanceDB call: an indexed search materialises k * refine_factor rows per query,
     # so FERT's tens of thousands of failure windows in one call took >15 GB (96-robot study)
     search_batch_queries: int = Field(default=1024, ge=1)

@@ -27,7 +27,10 @@ from components.store import (
 from components.store.index_plan import IVF_MIN_ROWS, plan_index, plan_ivf_pq, search_params, sub_vectors_for
 
 STATE_DIM = 4
-CFG = StoreConfig(window=8, stride=4, index_min_rows=256, index_sub_vectors=8, upsert_batch_rows=60)
+# resident_index off: these tests are about LanceDB's own search path (the resident index that
+# answers single queries by default has its tests in test_resident_index.py)
+CFG = StoreConfig(window=8, stride=4, index_min_rows=256, index_sub_vectors=8, upsert_batch_rows=60,
+                  resident_index=False)
 
 
 def make_episode(rng: np.random.Generator, length: int = 30, success: bool = True,
@@ -436,7 +439,7 @@ def _sim_width_fleet(seed: int, count: int) -> list[Episode]:
 
 def test_store_with_sim_width_keeps_ingesting_past_the_index_threshold(tmp_path: Path) -> None:
     # the default index_sub_vectors (16) does not divide 88: the store must derive a divisor
-    cfg = StoreConfig(index_type="IVF_PQ", index_min_rows=300, index_fold_rows=150)
+    cfg = StoreConfig(index_type="IVF_PQ", index_min_rows=300, index_fold_rows=150, resident_index=False)
     assert 88 % cfg.index_sub_vectors
     first = _sim_width_fleet(0, 10)
     encoder = NormalizedStateEncoder(8).fit(np.concatenate([episode_windows(e, 8, 4)[1] for e in first]))

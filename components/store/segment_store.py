@@ -27,12 +27,15 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
+import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import lancedb
 import numpy as np
@@ -48,6 +51,9 @@ from components.store.index_plan import IVF_MIN_ROWS, IndexPlan, plan_index, sea
 from components.store.location import StoreLocation, table_bytes
 from components.store.scan import scan_nearest, vectors_of
 from components.store.windows import cut_windows
+
+if TYPE_CHECKING:
+    from components.store.resident import ResidentIndex
 
 VECTOR = "vector"
 # Metadata on the vector field: which encoder made the vectors (fingerprint + JSON state).
@@ -201,6 +207,9 @@ class SegmentStore:
         self.location = location
         self.read_only = read_only
         self._index_type_seen: tuple[int, str | None] | None = None  # (table version, its vector index type)
+        # (table version, its resident index or None when too large): built on first use
+        self._resident: tuple[int, ResidentIndex | None] | None = None
+        self._resident_checked = -math.inf  # monotonic time the table's version was last compared with it
 
     @property
     def uri(self) -> str:
@@ -339,6 +348,7 @@ class SegmentStore:
     # ------------------------------------------------------------------ writes
 
     def _writable(self) -> None:
+        self._resident_checked = -math.inf  # the next single query sees this handle's write
         if self.read_only:
             raise ValueError(
                 f"this SegmentStore is a read-only view at version {self.version}; "
@@ -678,9 +688,11 @@ class SegmentStore:
         """k nearest segments for each row of ``vectors`` (Q, D), filtered before ranking.
 
         At least ``store.scan_min_queries`` queries: one exact streaming pass over the table for
-        all of them (``scan.py``; many queries amortise the read). Fewer: LanceDB, through its
-        index once built (``exact=True``: flat), ``store.search_batch_queries`` queries per call
-        (memory stays bounded; the result does not depend on the batch size).
+        all of them (``scan.py``; many queries amortise the read). Fewer: the resident index
+        (``resident()``: a FAISS copy of this version in memory) when ``store.resident_index`` is
+        on, else LanceDB, through its index once built (``exact=True``: LanceDB flat),
+        ``store.search_batch_queries`` queries per call (memory stays bounded; the result does not
+        depend on the batch size).
         """
         queries = np.asarray(vectors, dtype=np.float32)
         if queries.ndim == 1:
@@ -695,6 +707,10 @@ class SegmentStore:
         if not np.isfinite(queries).all():
             raise ValueError("search vectors contain NaN/inf")
         n_queries = queries.shape[0]
+        few = 0 < n_queries < self.cfg.scan_min_queries
+        resident = self._current_resident() if few and not exact else None
+        if resident is not None:
+            return resident.search(queries, k, success, task, robot_id, exclude_episode_ids)
         version = self.version
         if n_queries == 0:
             return _empty_result(n_queries, k, self.cfg.metric, version)
@@ -707,6 +723,40 @@ class SegmentStore:
         parts = [self._search_batch(queries[i : i + batch], k, filters, exact, version)
                  for i in range(0, n_queries, batch)]
         return parts[0] if len(parts) == 1 else _concat_results(parts)
+
+    def resident(self, version: int | None = None) -> ResidentIndex | None:
+        """The resident index of ``version`` (default: the current one), built on first use and
+        rebuilt once the table has moved past it (one read of the table, read at that version).
+        None when ``store.resident_index`` is off or the table holds more than
+        ``store.resident_max_rows`` rows (LanceDB's index answers then)."""
+        if not self.cfg.resident_index:
+            return None
+        version = self.version if version is None else version
+        if self._resident is not None and self._resident[0] == version:
+            return self._resident[1]
+        view = self.checkout(version)
+        if view.count() > self.cfg.resident_max_rows:
+            self._resident = (version, None)
+            return None
+        from components.store.resident import FILTER_COLUMNS, ResidentIndex
+
+        batches = (view._table.search().select([VECTOR, *RESULT_COLUMNS, *FILTER_COLUMNS]).limit(None)
+                   .to_batches(self.cfg.scan_rows))
+        self._resident = (version, ResidentIndex.build(batches, version, self.dim, self.cfg))
+        return self._resident[1]
+
+    def _current_resident(self) -> ResidentIndex | None:
+        """``resident()``, comparing the table's version at most every ``store.resident_check_s``
+        (and after this handle's own writes): the version check is a LanceDB round trip whose
+        wake-up of LanceDB's threads cost more than the FAISS search itself on 2 cores."""
+        if not self.cfg.resident_index:
+            return None
+        if self._resident is not None and (
+            self.read_only or time.monotonic() - self._resident_checked < self.cfg.resident_check_s
+        ):
+            return self._resident[1]
+        self._resident_checked = time.monotonic()
+        return self.resident()
 
     @staticmethod
     def _filters(success: bool | None, task: str | None, robot_id: str | None,
