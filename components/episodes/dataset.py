@@ -379,12 +379,15 @@ class EpisodeDataset:
         """Episode ids in episode_index order (a slice of it), from the episodes table alone."""
         if self._meta is None:
             return []
-        return self._rows(start, stop).column(EPISODE_ID).to_pylist()
+        return self.episode_rows(start, stop).column(EPISODE_ID).to_pylist()
 
-    def _rows(self, start: int = 0, stop: int | None = None) -> pa.Table:
+    def episode_rows(self, start: int = 0, stop: int | None = None) -> pa.Table:
         """Rows ``start:stop`` of the episodes table in episode_index order: a zero-copy slice,
-        as the table is stored in that order (a take on a table of another origin)."""
-        assert self._meta is not None
+        as the table is stored in that order (a take on a table of another origin). What a
+        consumer following the ingest reads of the new episodes, at a cost that does not grow
+        with the episodes before ``start``."""
+        if self._meta is None:
+            return self.episode_index()
         index = self._meta.column(EPISODE_INDEX).to_numpy()
         picked = range(len(index))[start:stop]
         if (np.diff(index) > 0).all():
@@ -440,7 +443,7 @@ class EpisodeDataset:
         """
         if self._meta is None:
             return
-        meta = self._rows(start, stop)
+        meta = self.episode_rows(start, stop)
         if meta.num_rows == 0:
             return
         keys = list(zip(meta.column(META_DATA_CHUNK).to_pylist(), meta.column(META_DATA_FILE).to_pylist()))
@@ -456,7 +459,7 @@ class EpisodeDataset:
         without reading or decoding the episodes before it (a consumer following the ingest)."""
         if self._meta is None:
             return
-        meta = self._rows(start, stop)
+        meta = self.episode_rows(start, stop)
         keys = list(zip(meta.column(META_DATA_CHUNK).to_pylist(), meta.column(META_DATA_FILE).to_pylist()))
         starts = meta.column(META_FROM).to_pylist()
         lengths = meta.column(META_LENGTH).to_pylist()

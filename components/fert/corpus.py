@@ -108,10 +108,9 @@ class DatasetCorpus:
 def episode_infos(dataset: EpisodeDataset, start: int = 0, stop: int | None = None) -> list[tuple[int, EpisodeInfo]]:
     """(episode_index, info) of the stored episodes ``start:stop`` in dataset order, from the
     episodes table alone: what a consumer following the ingest needs to know of each new one."""
-    table = dataset.episode_index()
+    table = dataset.episode_rows(start, stop)
     if not table.num_rows:
         return []
-    table = table.sort_by(EPISODE_INDEX).slice(start, None if stop is None else max(0, stop - start))
     names = (EPISODE_INDEX, EPISODE_ID, ROBOT_ID, META_TASKS, SUCCESS, INTERRUPTED, POLICY_VERSION, META_LENGTH)
     rows = zip(*(table.column(name).to_pylist() for name in names), strict=True)
     return [(int(index), EpisodeInfo(eid, robot, tasks[0], bool(ok), bool(cut), version, int(length)))
