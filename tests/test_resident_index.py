@@ -117,3 +117,10 @@ def test_other_writers_reach_single_queries_within_resident_check_s(tmp_path: Pa
     assert stale.version == before[0].version < writer.version and stale.episode_ids[0, 0] != extra[0].episode_id
     assert fresh.version == writer.version and fresh.episode_ids[0, 0] == extra[0].episode_id
     assert before[1].episode_ids[0, 0] != extra[0].episode_id
+
+
+def test_an_empty_table_answers_padded_results(tmp_path: Path) -> None:
+    store = SegmentStore.open(tmp_path / "segments", CFG, 32)
+    got = store.search(np.zeros((2, 32), np.float32), k=3, success=True)
+    assert got.counts.tolist() == [0, 0] and np.isinf(got.distances).all() and (got.segment_ids == "").all()
+    assert got.version == store.version and len(store.resident()) == 0
