@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from components.config import StoreConfig
+from components.store.scan import vectors_of
 from components.store.segment_store import (
     RESULT_COLUMNS,
     VECTOR,
@@ -71,7 +72,7 @@ class ResidentIndex:
 
     @property
     def kind(self) -> str:
-        return "flat" if isinstance(self.index, (faiss.IndexFlat, faiss.IndexFlatL2, faiss.IndexFlatIP)) else "ivf"
+        return "flat" if isinstance(self.index, faiss.IndexFlat) else "ivf"
 
     @property
     def nbytes(self) -> int:
@@ -87,16 +88,18 @@ class ResidentIndex:
         """Read ``batches`` (the table at ``version``: VECTOR, RESULT_COLUMNS, ``task``) and index
         them; IVF k-means is seeded by ``seed`` so the same table gives the same index."""
         t0 = time.perf_counter()
+        columns = [*RESULT_COLUMNS, *FILTER_COLUMNS]
         parts, kept = [], []
         for batch in batches:
             if batch.num_rows:
-                parts.append(_vectors(batch.column(VECTOR), dim))
-                kept.append(batch.select([*RESULT_COLUMNS, *FILTER_COLUMNS]))
-        vectors = np.concatenate(parts) if parts else np.zeros((0, dim), np.float32)
+                parts.append(vectors_of(batch.column(VECTOR), dim))
+                kept.append(batch.select(columns))
+        # a fresh float32 array (FAISS normalizes cosine vectors in place)
+        vectors = np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros((0, dim), np.float32)
         del parts
         if cfg.metric == "cosine":
             faiss.normalize_L2(vectors)
-        table = pa.Table.from_batches(kept) if kept else segment_schema(dim).empty_table().select(list(RESULT_COLUMNS + FILTER_COLUMNS))
+        table = pa.Table.from_batches(kept) if kept else segment_schema(dim).empty_table().select(columns)
         index = _make_index(vectors, dim, cfg, seed)
         task_codes, tasks = _codes(table.column("task"))
         robot_codes, robots = _codes(table.column("robot_id"))
@@ -113,7 +116,7 @@ class ResidentIndex:
     def search(self, queries: np.ndarray, k: int, success: bool | None = None, task: str | None = None,
                robot_id: str | None = None, exclude_episode_ids: Iterable[str] = ()) -> SearchResult:
         """k nearest rows per query among those passing the filters."""
-        q = np.ascontiguousarray(queries, dtype=np.float32).copy()
+        q = np.array(queries, dtype=np.float32, order="C")  # a copy: cosine normalizes it in place
         if self.metric == "cosine":
             faiss.normalize_L2(q)
         result = _empty_result(q.shape[0], k, self.metric, self.version)
@@ -180,14 +183,8 @@ def _make_index(vectors: np.ndarray, dim: int, cfg: StoreConfig, seed: int) -> f
     return index
 
 
-def _vectors(column: pa.Array | pa.ChunkedArray, dim: int) -> np.ndarray:
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    return np.array(array.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, dim)
-
-
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, dict[str, int]]:
     """A string column as int32 codes and the name -> code map."""
     encoded = pc.dictionary_encode(column.combine_chunks())
     names = encoded.dictionary.to_pylist()
     return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32), {n: i for i, n in enumerate(names)}
-

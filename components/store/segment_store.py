@@ -740,8 +740,7 @@ class SegmentStore:
             return None
         from components.store.resident import FILTER_COLUMNS, ResidentIndex
 
-        batches = (view._table.search().select([VECTOR, *RESULT_COLUMNS, *FILTER_COLUMNS]).limit(None)
-                   .to_batches(self.cfg.scan_rows))
+        batches = view._row_batches([VECTOR, *RESULT_COLUMNS, *FILTER_COLUMNS])
         self._resident = (version, ResidentIndex.build(batches, version, self.dim, self.cfg))
         return self._resident[1]
 
@@ -749,8 +748,6 @@ class SegmentStore:
         """``resident()``, comparing the table's version at most every ``store.resident_check_s``
         (and after this handle's own writes): the version check is a LanceDB round trip whose
         wake-up of LanceDB's threads cost more than the FAISS search itself on 2 cores."""
-        if not self.cfg.resident_index:
-            return None
         if self._resident is not None and (
             self.read_only or time.monotonic() - self._resident_checked < self.cfg.resident_check_s
         ):
@@ -775,10 +772,8 @@ class SegmentStore:
 
     def _scan(self, queries: np.ndarray, k: int, filters: list[str], version: int) -> SearchResult:
         """Exact answer in one pass over the (filtered) table: see components/store/scan.py."""
-        scan = self._table.search().select([VECTOR, *RESULT_COLUMNS]).limit(None)
-        if filters:
-            scan = scan.where(" AND ".join(filters))
-        hits, rows = scan_nearest(scan.to_batches(self.cfg.scan_rows), VECTOR, queries, k, self.cfg.metric,
+        batches = self._row_batches([VECTOR, *RESULT_COLUMNS], filters)
+        hits, rows = scan_nearest(batches, VECTOR, queries, k, self.cfg.metric,
                                   self.cfg.scan_query_block, keep=RESULT_COLUMNS)
         result = _empty_result(queries.shape[0], k, self.cfg.metric, version)
         found = hits.positions >= 0
@@ -788,6 +783,13 @@ class SegmentStore:
         _place(result, q, r, rows.take(pa.array(hits.positions[q, r])), hits.distances[q, r])
         result.counts[:] = found.sum(axis=1)
         return result
+
+    def _row_batches(self, columns: list[str], filters: Sequence[str] = ()) -> Iterator[pa.RecordBatch]:
+        """The table's (filtered) rows, ``columns`` only, streamed ``store.scan_rows`` at a time."""
+        scan = self._table.search().select(columns).limit(None)
+        if filters:
+            scan = scan.where(" AND ".join(filters))
+        return scan.to_batches(self.cfg.scan_rows)
 
     def _search_batch(self, queries: np.ndarray, k: int, filters: list[str], exact: bool, version: int) -> SearchResult:
         n_queries = queries.shape[0]
