@@ -143,12 +143,34 @@ class Plan:
 
 PLANS = {
     "pickplace": Plan("pickplace", 9, 6, (1, 8, 32, 96), 200, 600, 16, 12, True),
+    # the multi-stage task (components/sim/pack.py); FERT settings frozen as params.yaml has them
+    "pack": Plan("pack", 4, 6, (1, 8, 32, 96), 200, 600, 16, 12, False),
     "metaworld": Plan("metaworld", 2, 1, (1, 8, 32, 96), 150, 300, 12, 4, False,
                       {"bias_spread": 0.15, "motion_noise_std": 0.0}, validation_robots=0),
 }
 QUICK = {
     "pickplace": Plan("pickplace", 1, 2, (1, 8), 200, 150, 8, 4, False, validation_robots=4, validation_trials=4),
     "metaworld": Plan("metaworld", 1, 1, (1, 4), 60, 60, 2, 2, False, validation_robots=2, validation_trials=2),
+    "pack": Plan("pack", 1, 2, (1, 8), 200, 150, 8, 4, False, validation_robots=4, validation_trials=4),
+}
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What a study must show (issue 16), stated before the run that tests it; every figure is the
+    thresholded (deployed) policy on test robots, the gap at the largest fleet size."""
+
+    initial: tuple[float, float]  # the initial (bootstrap) policy lands in this range
+    fert_at_largest: float  # FERT at the largest fleet size at least this
+    gap_points: float = 0.0  # FERT − filtered BC at least this many points ...
+    residual_removed: float = 0.0  # ... and FERT removes at least this share of filtered BC's failures
+    grows_from: int | None = None  # FERT's seed-level step is above 0 at every size after this one
+
+
+TARGETS = {
+    "pickplace": Targets((0.70, 0.85), 0.97, residual_removed=0.40),
+    "pack": Targets((0.55, 0.75), 0.95, gap_points=3.0, grows_from=8),
+    "metaworld": Targets((0.70, 0.85), 0.97, gap_points=3.0, grows_from=1),
 }
 
 
@@ -392,8 +414,9 @@ def plan_settings(plan: Plan, base: Settings | None = None) -> Settings:
         "sim": settings.sim.model_copy(update={"name": plan.sim, **plan.sim_overrides}),
         "fert": settings.fert.model_copy(update=plan.fert_overrides),
     })
-    if plan.sim == "metaworld":
-        settings = settings.model_copy(update={"sim": settings.sim.model_copy(update={"task": "pick-place-v3", "max_steps": 150})})
+    task = {"metaworld": {"task": "pick-place-v3", "max_steps": 150}, "pack": {"task": "pack"}}.get(plan.sim)
+    if task:
+        settings = settings.model_copy(update={"sim": settings.sim.model_copy(update=task)})
     return settings
 
 
@@ -448,25 +471,9 @@ def summarize_run(
                     "thresholded": pooled(scores, conf), "sampled": pooled(scores, conf, sampled=True),
                     "failures_by_stage": _sum_dicts([s.failures_by_stage for s in scores]),
                 }
-    largest = str(plan.fleet_sizes[-1])
-    fert, fbc = table.get("fert", {}).get(largest), table.get("filtered_bc", {}).get(largest)
     init = pooled(initial, conf)
-    targets = {}
-    if fert and fbc:
-        fert_curve = [table["fert"][str(n)]["thresholded"]["rate"] for n in plan.fleet_sizes]
-        targets = {
-            "initial_in_70_85": 0.70 <= init["rate"] <= 0.85,
-            "fert_largest_fleet_ge_97": fert["thresholded"]["rate"] >= 0.97,
-            "fert_minus_filtered_bc_points": 100 * (fert["thresholded"]["rate"] - fbc["thresholded"]["rate"]),
-            "fert_beats_filtered_bc_by_3": fert["thresholded"]["rate"] - fbc["thresholded"]["rate"] >= 0.03,
-            "fert_grows_with_fleet": bool(all(b >= a for a, b in zip(fert_curve, fert_curve[1:], strict=False))),
-            "fert_largest_minus_smallest_points": 100 * (fert_curve[-1] - fert_curve[0]),
-            **interval_targets(table, plan.fleet_sizes, conf),
-        }
     by_fleet = seed_level(rows, plan.fleet_sizes, settings)
-    gap = by_fleet.get(largest, {}).get("seed_level", {}).get("fert_minus_filtered_bc")
-    if targets and gap:
-        targets["fert_minus_filtered_bc_seed_level_above_0"] = gap["ci95"] is not None and gap["ci95"][0] > 0
+    targets = study_targets(TARGETS[plan.sim], table, by_fleet, init, plan.fleet_sizes, conf)
     return {
         "benchmark": "fleet_scaling",
         "plan": asdict(plan),
@@ -539,6 +546,34 @@ def _seed_difference(rows: list[RunRow], a: tuple[str, int], b: tuple[str, int],
 def _outcomes(score: Score) -> SeedRobotOutcomes:
     return SeedRobotOutcomes(tuple(score.successes_by_robot[r] for r in sorted(score.successes_by_robot)),
                              score.trials_per_robot)
+
+
+def study_targets(criteria: Targets, table: dict, by_fleet: dict, init: dict, fleet_sizes, conf: float) -> dict:
+    """Each criterion of ``criteria`` against the run: figures, and whether each holds. A gap target
+    holds only when its seed-level interval is above 0 too; growth needs every step's seed-level
+    mean above 0 (the intervals are reported beside it). Empty without both fleet methods."""
+    largest = str(fleet_sizes[-1])
+    if largest not in table.get("fert", {}) or largest not in table.get("filtered_bc", {}):
+        return {}
+    fert, fbc = table["fert"][largest]["thresholded"]["rate"], table["filtered_bc"][largest]["thresholded"]["rate"]
+    gap = by_fleet[largest]["seed_level"]["fert_minus_filtered_bc"]
+    above_0 = gap["ci95"] is not None and gap["ci95"][0] > 0
+    removed = (fert - fbc) / (1.0 - fbc) if fbc < 1.0 else 0.0
+    steps = {str(n): by_fleet[str(n)]["seed_level"]["fert_step_from_previous_fleet"]["mean"] for n in fleet_sizes[1:]}
+    judged = [steps[str(n)] for n in fleet_sizes[1:] if criteria.grows_from is not None and n > criteria.grows_from]
+    return {
+        "criteria": asdict(criteria),
+        "initial_in_range": criteria.initial[0] <= init["rate"] <= criteria.initial[1],
+        "fert_largest_fleet_rate": fert,
+        "fert_largest_fleet_meets": fert >= criteria.fert_at_largest,
+        "fert_minus_filtered_bc_points": 100 * (fert - fbc),
+        "residual_failures_removed": removed,
+        "fert_minus_filtered_bc_seed_level_above_0": above_0,
+        "gap_meets": above_0 and 100 * (fert - fbc) >= criteria.gap_points and removed >= criteria.residual_removed,
+        "fert_step_means_points": steps,
+        "fert_grows_with_fleet": None if criteria.grows_from is None else bool(judged) and all(v > 0 for v in judged),
+        **interval_targets(table, fleet_sizes, conf),
+    }
 
 
 def interval_targets(table: dict, fleet_sizes, confidence: float) -> dict:
@@ -754,26 +789,35 @@ def render_section(result: dict) -> str:
             cells = [f"{_pct(by_fleet[str(n)][mode])} ({_spread(by_fleet[str(n)][mode])})" if str(n) in by_fleet else "–"
                      for n in fleets]
             lines.append(f"| {method} | {mode} | " + " | ".join(cells) + " |")
-    targets = result.get("targets") or {}
-    if targets:
-        lines += [
-            "",
-            "Targets (thresholded): initial in 70–85%: **{}**; FERT at {} robots ≥ 97%: **{}**; FERT − filtered BC at {} "
-            "robots: **{:+.2f} pts** (target ≥ +3: {}); FERT grows with fleet size: **{}** ({:+.1f} pts from {} to {} robots).".format(
-                targets["initial_in_70_85"], fleets[-1], targets["fert_largest_fleet_ge_97"], fleets[-1],
-                targets["fert_minus_filtered_bc_points"], targets["fert_beats_filtered_bc_by_3"],
-                targets["fert_grows_with_fleet"], targets["fert_largest_minus_smallest_points"], fleets[0], fleets[-1]),
-        ]
-        if "fert_minus_filtered_bc_ci_points" in targets:  # results from before the intervals were added lack them
-            gap = targets["fert_minus_filtered_bc_ci_points"]
-            steps = "; ".join(f"{k.replace('->', ' → ')}: {_ci(v)}" for k, v in targets["fert_growth_steps_ci_points"].items())
-            lines += [
-                "",
-                f"Differences with 95% intervals (secondary: Newcombe, pooled trials as if independent): FERT − filtered BC at {fleets[-1]} robots "
-                f"{_ci(gap)}; FERT from one fleet size to the next (robots): {steps}.",
-            ]
+    lines += _target_lines(result)
     lines += _seed_level_lines(result)
     return "\n".join(lines) + "\n"
+
+
+def _target_lines(result: dict) -> list[str]:
+    """The targets of the run's task as stated before it (``TARGETS``), each with its figure."""
+    targets, fleets = result.get("targets") or {}, result["plan"]["fleet_sizes"]
+    if "criteria" not in targets:  # results from before per-task targets: their figures are in the JSON
+        return []
+    c = targets["criteria"]
+    parts = [
+        f"initial in {100 * c['initial'][0]:.0f}–{100 * c['initial'][1]:.0f}%: **{targets['initial_in_range']}**",
+        (f"FERT at {fleets[-1]} robots ≥ {100 * c['fert_at_largest']:.0f}%: "
+         f"**{targets['fert_largest_fleet_meets']}** ({100 * targets['fert_largest_fleet_rate']:.1f}%)"),
+        (f"FERT − filtered BC at {fleets[-1]} robots {targets['fert_minus_filtered_bc_points']:+.2f} pts, "
+         f"{100 * targets['residual_failures_removed']:.0f}% of filtered BC's failures removed, seed-level interval "
+         f"above 0: {targets['fert_minus_filtered_bc_seed_level_above_0']} (target ≥ {c['gap_points']:+.0f} pts and "
+         f"≥ {100 * c['residual_removed']:.0f}% removed with the interval above 0: **{targets['gap_meets']}**)"),
+    ]
+    if c["grows_from"] is not None:
+        steps = ", ".join(f"→ {n}: {v:+.1f}" for n, v in targets["fert_step_means_points"].items())
+        parts.append(f"FERT grows at every step after {c['grows_from']} robots: **{targets['fert_grows_with_fleet']}** "
+                     f"(seed-level mean steps, pts: {steps})")
+    gap = targets["fert_minus_filtered_bc_ci_points"]
+    sizes = "; ".join(f"{k.replace('->', ' → ')}: {_ci(v)}" for k, v in targets["fert_growth_steps_ci_points"].items())
+    return ["", "Targets (thresholded, test robots; stated before the run): " + "; ".join(parts) + ".", "",
+            f"Secondary (Newcombe, pooled trials as if independent): FERT − filtered BC at {fleets[-1]} robots "
+            f"{_ci(gap)}; FERT from one fleet size to the next: {sizes}."]
 
 
 def _seed_level_lines(result: dict) -> list[str]:

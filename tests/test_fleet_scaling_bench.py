@@ -108,7 +108,14 @@ def test_tiny_study_writes_consistent_results(studies):
             # every failed held-out trial is counted once in the stage breakdown
             assert sum(cell["failures_by_stage"].values()) == t["trials"] - t["successes"], (method, fleet)
             assert t["ci_low"] <= t["rate"] <= t["ci_high"]
-    assert set(result["targets"]) >= {"fert_largest_fleet_ge_97", "fert_beats_filtered_bc_by_3", "fert_grows_with_fleet"}
+    targets = result["targets"]  # pick-place's criteria (fs.TARGETS), each with its figure
+    assert targets["criteria"]["fert_at_largest"] == fs.TARGETS["pickplace"].fert_at_largest
+    assert targets["fert_largest_fleet_meets"] == (targets["fert_largest_fleet_rate"] >= 0.97)
+    fert2, fbc2 = (result["results"][m]["2"]["thresholded"]["rate"] for m in ("fert", "filtered_bc"))
+    if fbc2 < 1:
+        assert targets["residual_failures_removed"] == pytest.approx((fert2 - fbc2) / (1 - fbc2))
+    assert targets["fert_minus_filtered_bc_seed_level_above_0"] is False and targets["gap_meets"] is False  # one seed
+    assert list(targets["fert_step_means_points"]) == ["2"] and targets["fert_grows_with_fleet"] is None
     gap, low, high = result["targets"]["fert_minus_filtered_bc_ci_points"]
     assert gap == pytest.approx(result["targets"]["fert_minus_filtered_bc_points"]) and low <= gap <= high
     assert list(result["targets"]["fert_growth_steps_ci_points"]) == ["1->2"]
