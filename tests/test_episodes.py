@@ -219,6 +219,41 @@ def test_unreadable_file_is_quarantined(ds, rng, tmp_path):
     assert read_reason(tmp_path / "quarantine" / "garbage.parquet")["field"] == "<file>"
 
 
+def test_a_parquet_file_with_damaged_pages_is_quarantined_not_raised(ds, rng, tmp_path):
+    """Corrupt compressed pages make pyarrow raise OSError, not ArrowInvalid: still a quarantine."""
+    good = write_episode_file(make_episode(rng), tmp_path / "incoming" / "good.parquet")
+    data = bytearray(good.read_bytes())
+    data[8:40] = bytes(32)  # zero part of the first page: its header and compressed bytes
+    bad = tmp_path / "incoming" / "damaged.parquet"
+    bad.write_bytes(bytes(data))
+    report = ds.ingest([bad, write_episode_file(make_episode(rng), tmp_path / "incoming" / "next.parquet")],
+                       KNOWN, tmp_path / "quarantine")
+    assert len(report.added) == 1 and ds.num_episodes == 1
+    assert read_reason(tmp_path / "quarantine" / "damaged.parquet")["field"] == "<file>"
+
+
+def test_episode_stats_columns_are_each_episodes_own_and_null_where_it_lacks_the_feature(ds, rng, tmp_path):
+    """The batch's stats are computed column-wise; each row must equal the statistics of that
+    episode's frames alone, bit for bit, and an extra feature only some episodes carry is null
+    for the others."""
+    from components.episodes.stats import column_values, feature_stats, stats_column
+
+    episodes = [make_episode(rng, frames=5 + i) for i in range(3)]
+    episodes[1] = dataclasses.replace(episodes[1], extras={"next.reward": np.linspace(0, 1, 6, dtype=np.float32)})
+    files = [write_episode_file(ep, tmp_path / "in" / f"{i}.parquet") for i, ep in enumerate(episodes)]
+    ds.ingest(files, KNOWN, tmp_path / "quarantine")
+    meta = ds.episodes_meta()
+    for i, ep in enumerate(episodes):
+        own = feature_stats(column_values(episode_to_table(ep).column("observation.state")))
+        for stat, value in own.items():
+            assert meta.column(stats_column("observation.state", stat))[i].as_py() == value.tolist(), (i, stat)
+    reward = meta.column(stats_column("next.reward", "mean")).to_pylist()
+    assert reward[0] is None and reward[2] is None
+    assert reward[1] == [float(np.float64(episodes[1].extras["next.reward"].astype(np.float64).mean()))]
+    names = meta.column_names
+    assert names.index(stats_column("observation.state", "min")) == names.index("content_hash") + 1
+
+
 def test_quarantine_never_overwrites_an_earlier_file(tmp_path):
     err = EpisodeValidationError("x", "action", "NaN", "fix it")
     targets = []

@@ -761,7 +761,6 @@ class EpisodeDataset:
                 INTERRUPTED: pa.array([ep.interrupted], pa.bool_()),
                 META_CONTENT_HASH: pa.array([item.content_hash], pa.string()),
             }
-            row.update(_stats_columns(data))
             if item.incoming.meta_extra is not None:
                 for name in item.incoming.meta_extra.column_names:
                     if name not in row and not is_location_column(name):
@@ -782,12 +781,14 @@ class EpisodeDataset:
             frame_index += ep.length
 
         path = self.root / DATA_PATH.format(chunk_index=data_chunk, file_index=data_file)
-        _atomic_write_parquet(path, pa.concat_tables(data_tables, promote_options="permissive"), self.cfg.compression)
+        written = pa.concat_tables(data_tables, promote_options="permissive")
+        _atomic_write_parquet(path, written, self.cfg.compression)
         for (key, src), (chunk, number) in sorted(video_slots.items()):
             _atomic_copy(src, self.root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=number))
         _atomic_write_parquet(self.root / TASKS_PATH, tasks_table(tasks), self.cfg.compression)
         # one chunk per column: per-episode row tables would leave a chunk per episode
         added = pa.concat_tables(meta_rows, promote_options="permissive").combine_chunks()
+        added = _with_stats(added, written, [t.num_rows for t in data_tables])
         previous = [self._meta] if self._meta is not None else []
         self._info = {**info, "features": features}
         if video_slots:
@@ -910,18 +911,41 @@ def _data_table(canonical: pa.Table, episode_index: int, first_frame: int, task_
     return pa.table(columns)
 
 
-def _stats_columns(data: pa.Table) -> dict[str, pa.Array]:
-    """Per-episode ``stats/<feature>/<stat>`` columns for every flat numeric frame feature."""
-    out: dict[str, pa.Array] = {}
+def _with_stats(meta: pa.Table, data: pa.Table, lengths: list[int]) -> pa.Table:
+    """``meta`` (one row per episode) with the ``stats/<feature>/<stat>`` columns of every flat
+    numeric frame feature of ``data`` (the episodes' frames, in order, ``lengths`` rows each),
+    placed after the content hash. A feature an episode lacks (or holds unevenly) is null there.
+
+    One conversion per feature for the whole batch, then each episode's rows: the statistics of a
+    slice are those of the episode's own frames (the same reductions over the same values)."""
+    ends = np.cumsum(lengths)
+    spans = list(zip(ends - np.asarray(lengths), ends))
+    position = meta.column_names.index(META_CONTENT_HASH) + 1
     for name in data.column_names:
         if name in (SUCCESS, INTERRUPTED):
             continue
-        values = column_values(data.column(name))
-        if values is None or values.size == 0:
+        per_episode = _episode_stats(data.column(name), spans)
+        if all(stats is None for stats in per_episode):
             continue
-        for stat, value in feature_stats(values).items():
-            item = pa.int64() if stat == "count" else pa.float64()
-            out[stats_column(name, stat)] = pa.array([value.tolist()], pa.list_(item))
+        for stat in STAT_NAMES:
+            item, column = pa.int64() if stat == "count" else pa.float64(), stats_column(name, stat)
+            carried = [None] * meta.num_rows  # an import's own stats of this feature: kept where we have none
+            if column in meta.column_names:
+                carried = meta.column(column).to_pylist()
+                meta = meta.remove_column(meta.column_names.index(column))  # it sat after ours: position holds
+            values = [carried[i] if stats is None else stats[stat].tolist() for i, stats in enumerate(per_episode)]
+            meta = meta.add_column(position, column, pa.array(values, pa.list_(item)))
+            position += 1
+    return meta
+
+
+def _episode_stats(column: pa.ChunkedArray, spans: list[tuple[int, int]]) -> list[dict[str, np.ndarray] | None]:
+    """``feature_stats`` of each span's frames of one column; None where it has no flat numbers."""
+    values = column_values(column)
+    out: list[dict[str, np.ndarray] | None] = []
+    for start, stop in spans:
+        mine = values[start:stop] if values is not None else column_values(column.slice(start, stop - start))
+        out.append(feature_stats(mine) if mine is not None and mine.size else None)
     return out
 
 

@@ -8,7 +8,6 @@ constant columns. Any other column is an *extra* feature, carried through untouc
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
@@ -192,7 +191,10 @@ def table_to_ipc(table: pa.Table) -> bytes:
 def read_episode_bytes(data: bytes) -> pa.Table:
     """Parquet bytes or Arrow IPC stream bytes → table. Raises ``ValueError`` if neither."""
     if data[:4] == PARQUET_MAGIC:
-        return pq.read_table(io.BytesIO(data))
+        try:  # ParquetFile, not read_table: no dataset discovery, ~5x less per small file
+            return pq.ParquetFile(pa.BufferReader(data)).read()
+        except OSError as exc:  # damaged pages (e.g. corrupt snappy data) raise OSError, not ArrowInvalid
+            raise ValueError(f"a damaged Parquet file ({exc})") from exc
     try:
         return ipc.open_stream(pa.py_buffer(data)).read_all()
     except (pa.ArrowInvalid, OSError) as exc:
