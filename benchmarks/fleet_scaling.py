@@ -59,12 +59,12 @@ import multiprocessing
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
-from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -323,6 +323,7 @@ def cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, 
     """``plan.rounds`` CEL rounds of ``method`` on ``fleet`` robots in a fresh product root."""
     start = time.perf_counter()
     root = scratch / f"cell-{seed}-{method}-{fleet}"
+    shutil.rmtree(root, ignore_errors=True)  # a stopped run's half-done cell (--cells): start it afresh
     cell = cell_settings(settings, plan, method, root, seed)
     validated: dict[int, EvaluationReport] = {}
     bootstrap_cell(cell, plan, validated)
@@ -351,32 +352,72 @@ def cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, 
 
 
 # ------------------------------------------------------------------------------- the run
-def run(plan: Plan, out_name: str, workers: int = 1, settings: Settings | None = None, log_models: bool = True) -> dict:
+def run(plan: Plan, out_name: str, workers: int = 1, settings: Settings | None = None, log_models: bool = True,
+        cells: Path | None = None, finished_only: bool = False, command: str = "") -> dict:
     """Every seed of ``plan`` (``workers`` > 1: that many seeds at once, one process and one torch
     thread each; a seed's figures do not depend on which process ran it), then every cell's final
-    policy to MLflow (``log_models``; the root's store), then the JSON + PNG."""
+    policy to MLflow (``log_models``; the root's store), then the JSON + PNG.
+
+    ``cells``: a folder that keeps each seed's results (and final policies) as the seed finishes;
+    seeds already there are not run again, so a stopped study resumes. ``finished_only``: run
+    nothing, report the seeds the folder holds (the JSON's ``seeds_reported`` says which)."""
     torch.set_num_threads(1)
     settings = plan_settings(plan, settings)
-    scratch = Path(tempfile.mkdtemp(prefix="fleet_scaling_"))
+    scratch = cells or Path(tempfile.mkdtemp(prefix="fleet_scaling_"))
+    scratch.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    seeds = range(plan.seeds)
-    workers = min(workers, plan.seeds)
+    todo = [] if finished_only else [s for s in range(plan.seeds) if not _seed_file(scratch, s).exists()]
     try:
-        if workers > 1:
-            context = multiprocessing.get_context("spawn")  # LanceDB and torch state do not survive a fork
-            with ProcessPoolExecutor(workers, mp_context=context) as pool:
-                per_seed = list(pool.map(run_seed, repeat(settings), repeat(plan), seeds, repeat(scratch)))
-        else:
-            per_seed = [run_seed(settings, plan, seed, scratch) for seed in seeds]
+        for seed, done in _run_seeds(settings, plan, todo, scratch, workers):
+            _seed_file(scratch, seed).write_text(json.dumps(_seed_json(done), indent=1) + "\n")
+        seeds = [s for s in range(plan.seeds) if _seed_file(scratch, s).exists()]
+        if not seeds:
+            raise SystemExit(f"{scratch} holds no finished seed of this plan: nothing to report")
+        per_seed = [_seed_from_json(json.loads(_seed_file(scratch, s).read_text())) for s in seeds]
         rows = [row for _, seed_rows in per_seed for row in seed_rows]
         if log_models:
             log_cell_policies(settings, plan, rows)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if cells is None:
+            shutil.rmtree(scratch, ignore_errors=True)
     initial = [score for score, _ in per_seed]
-    result = summarize_run(plan, settings, rows, initial, time.perf_counter() - started, workers)
+    result = summarize_run(plan, settings, rows, initial, time.perf_counter() - started, min(workers, plan.seeds))
+    result["seeds_reported"] = seeds
+    if command:
+        result["command"] = command
     write_outputs(result, out_name)
     return result
+
+
+def _run_seeds(settings: Settings, plan: Plan, seeds: list[int], scratch: Path, workers: int):
+    """(seed, run_seed's result) as each seed finishes."""
+    if min(workers, len(seeds)) > 1:
+        context = multiprocessing.get_context("spawn")  # LanceDB and torch state do not survive a fork
+        with ProcessPoolExecutor(min(workers, len(seeds)), mp_context=context) as pool:
+            futures = {pool.submit(run_seed, settings, plan, seed, scratch): seed for seed in seeds}
+            for future in as_completed(futures):
+                yield futures[future], future.result()
+    else:
+        for seed in seeds:
+            yield seed, run_seed(settings, plan, seed, scratch)
+
+
+def _seed_file(folder: Path, seed: int) -> Path:
+    return folder / f"seed-{seed}.json"
+
+
+def _seed_json(done: tuple[Score, list[RunRow]]) -> dict:
+    initial, rows = done
+    return {"initial": asdict(initial), "rows": [asdict(row) for row in rows]}
+
+
+def _seed_from_json(data: dict) -> tuple[Score, list[RunRow]]:
+    rows = []
+    for row in data["rows"]:
+        lineage = row.pop("lineage")
+        rows.append(RunRow(**{**row, "score": Score(**row["score"]),
+                              "lineage": Lineage(**lineage) if lineage is not None else None}))
+    return Score(**data["initial"]), rows
 
 
 def log_cell_policies(settings: Settings, plan: Plan, rows: list[RunRow]) -> None:
@@ -644,7 +685,7 @@ def plot(result: dict, path: Path) -> None:
     axes[0].set_ylabel("success % (Wilson 95% CI; dots = seeds)")
     axes[0].legend(fontsize=8, loc="lower left")
     plan = result["plan"]
-    fig.suptitle(f"{plan['sim']}: {plan['rounds']} CEL rounds, {plan['seeds']} seeds, "
+    fig.suptitle(f"{plan['sim']}: {plan['rounds']} CEL rounds, {len(result.get('seeds_reported', range(plan['seeds'])))} seeds, "
                  f"{plan['heldout_robots']} test robots (fresh per seed) x {plan['trials_per_robot']} trials per seed")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -679,6 +720,9 @@ def main() -> None:
     parser.add_argument("--explain", metavar="DIR", help="write the failure explorer of every fert round under "
                         "DIR/<cell>/<round> (off by default: a few seconds of plotting per round)")
     parser.add_argument("--replot", action="store_true", help="redraw the PNG and docs section from the saved JSON")
+    parser.add_argument("--cells", type=Path, help="keep each finished seed here; seeds already there are not re-run")
+    parser.add_argument("--finished-only", action="store_true",
+                        help="with --cells: run nothing, report the seeds that folder holds")
     args = parser.parse_args()
     if args.replot:
         path = RESULTS / f"fleet_scaling_{args.sim}.json"
@@ -713,7 +757,10 @@ def main() -> None:
     plan = Plan(**{**asdict(plan), **updates})
     out = args.out or f"fleet_scaling_{args.sim}" + ("_quick" if args.quick else "")
     log(f"plan: {plan}")
-    result = run(plan, out, workers=args.workers, log_models=not args.no_log_models)
+    if args.finished_only and not args.cells:
+        parser.error("--finished-only reports the seeds of a --cells folder: pass --cells DIR")
+    result = run(plan, out, workers=args.workers, log_models=not args.no_log_models, cells=args.cells,
+                 finished_only=args.finished_only, command=" ".join(["python -m benchmarks.fleet_scaling", *sys.argv[1:]]))
     log(f"targets: {json.dumps(result['targets'])}")
     if not args.quick and not args.out:
         write_docs(result)
@@ -754,21 +801,24 @@ def render_section(result: dict) -> str:
     """This simulator's sub-section: the table, the targets, and how the run was sized."""
     plan, sim = result["plan"], result["plan"]["sim"]
     fleets = plan["fleet_sizes"]
+    seeds = len(result.get("seeds_reported", range(plan["seeds"])))
+    planned = "" if seeds == plan["seeds"] else f" (of {plan['seeds']} planned; seeds {result['seeds_reported']})"
+    command = result.get("command", f"python -m benchmarks.fleet_scaling --sim {sim}")
     lines = [
         f"### {sim}",
         "",
-        f"`python -m benchmarks.fleet_scaling --sim {sim}` → `benchmarks/results/fleet_scaling_{sim}.json`, "
+        f"`{command}` → `benchmarks/results/fleet_scaling_{sim}.json`, "
         f"`fleet_scaling_{sim}.png`; {result['seconds'] / 60:.0f} min on the shared 2-core machine"
         f"{_workers(result)}.",
         "",
-        f"Plan: {plan['seeds']} seeds × {plan['rounds']} CEL rounds; fleet sizes {', '.join(map(str, fleets))}; "
+        f"Plan: {seeds} seeds{planned} × {plan['rounds']} CEL rounds; fleet sizes {', '.join(map(str, fleets))}; "
         f"{plan['steps_per_robot']} steps per robot per round (fixed collection time); ~{plan['finetune_steps']} "
         f"fine-tuning steps per round for every method, starting from the current policy; "
         + (f"a round's policy is kept only if it does at least as well on {plan['validation_robots']} validation robots × "
            f"{plan['validation_trials']} trials; " if plan.get("validation_robots") else "every round's policy is kept; ")
         + f"held-out: "
         f"{plan['heldout_robots']} robots × {plan['trials_per_robot']} trials per seed "
-        f"({plan['heldout_robots'] * plan['trials_per_robot'] * plan['seeds']} pooled per cell). "
+        f"({plan['heldout_robots'] * plan['trials_per_robot'] * seeds} pooled per cell). "
         f"Motion exploration noise (collection): {result['settings']['sim'].get('motion_noise_std', plan.get('motion_noise', 0.0))}; "
         f"sim overrides: {plan.get('sim_overrides') or 'none'}; FERT overrides: {plan.get('fert_overrides') or 'none'}.",
         "",

@@ -57,7 +57,8 @@ class Studies:
     tiny_plan: fs.Plan
     tiny: dict  # one seed, two fleet sizes, every method, explained and logged to MLflow
     seeds_plan: fs.Plan
-    alone: dict  # two seeds, one after the other in this process
+    alone: dict  # two seeds, one after the other in this process, each kept in alone_cells as it finished
+    alone_cells: Path
     pooled: dict  # the same two seeds in two worker processes
 
 
@@ -84,12 +85,13 @@ def studies(tmp_path_factory) -> Studies:
         try:
             pooled = pool.submit(fs.run, seeds_plan, "pooled", workers=2, settings=_small(seeds_root / "pooled"),
                                  log_models=False)
-            alone = fs.run(seeds_plan, "alone", settings=_small(seeds_root / "alone"), log_models=False)
+            alone = fs.run(seeds_plan, "alone", settings=_small(seeds_root / "alone"), log_models=False,
+                           cells=out / "alone-cells")
             pooled_result = pooled.result()
             tiny = fs.run(tiny_plan, "tiny", settings=_small(tiny_root))
         finally:
             torch.set_num_threads(threads)  # run() pins torch to 1 thread, as the benchmark does
-    return Studies(out, tiny_root, tiny_plan, tiny, seeds_plan, alone, pooled_result)
+    return Studies(out, tiny_root, tiny_plan, tiny, seeds_plan, alone, out / "alone-cells", pooled_result)
 
 
 @pytest.mark.slow
@@ -195,3 +197,27 @@ def test_cells_drive_the_product_and_gate_on_validation_robots(tmp_path):
 
     assert two_proportion_gate(5, 6, 5, 6, cell.registry.gate_alpha).promote  # equal: kept
     assert not two_proportion_gate(4, 6, 5, 6, cell.registry.gate_alpha).promote  # worse: refused
+
+
+def test_a_stopped_study_resumes_from_its_finished_seeds_and_can_report_them(studies, monkeypatch):
+    """--cells keeps each seed as it finishes: a rerun runs only the missing seeds (here none), and
+    --finished-only reports what the folder holds, saying which seeds of the plan those are."""
+    cells, plan = studies.alone_cells, studies.seeds_plan
+    assert sorted(p.name for p in cells.glob("seed-*.json")) == ["seed-0.json", "seed-1.json"]
+    assert not list(cells.glob("cell-*"))  # every cell's root is gone once its seed is kept
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a kept seed was run again")
+
+    monkeypatch.setattr(fs, "run_seed", no_run)
+    monkeypatch.setattr(fs, "RESULTS", studies.results)
+    again = fs.run(plan, "again", settings=_small(studies.tiny_root.parent / "again"), log_models=False, cells=cells)
+    assert again["results"] == studies.alone["results"] and again["initial"] == studies.alone["initial"]
+    assert again["seeds_reported"] == [0, 1]
+
+    (cells / "seed-1.json").unlink()  # as if the run had been stopped during seed 1
+    one = fs.run(plan, "one", settings=_small(studies.tiny_root.parent / "one"), log_models=False, cells=cells,
+                 finished_only=True)
+    assert one["seeds_reported"] == [0] and one["plan"]["seeds"] == 2
+    assert one["test_population_seeds"] == studies.alone["test_population_seeds"][:1]
+    assert "1 seeds (of 2 planned; seeds [0])" in fs.render_section(one)
