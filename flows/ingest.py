@@ -1,4 +1,4 @@
-"""`ingest`: read files (fan-out, cached on content) → validate + store → DVC snapshot → embed (fan-out) → upsert."""
+"""`ingest`: read files (fan-out in chunks, cached on content) → validate + store → DVC snapshot → embed (fan-out in chunks) → upsert."""
 
 from __future__ import annotations
 
@@ -14,16 +14,23 @@ from components.store.encoder import encoder_fingerprint
 from flows.runtime import flow_options, io_options, prepare_environment, task_runner
 
 
-def _file_key(context, parameters) -> str:
-    """A file's read is cached on its path and content: a changed file is read again."""
-    path = Path(parameters["path"])
-    content = hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "missing"
-    return f"read:{path.resolve()}:{content}"
+def _files_key(context, parameters) -> str:
+    """A chunk's read is cached on its files' paths and contents: a changed file is read again."""
+    digest = hashlib.sha256()
+    for path in map(Path, parameters["paths"]):
+        digest.update(str(path.resolve()).encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest() if path.exists() else b"missing")
+    return f"read:{digest.hexdigest()}"
 
 
-@task(name="read-episode", cache_key_fn=_file_key, persist_result=True)
-def read_task(settings: Settings, path: Path):
-    return step.read_file(settings, path)
+@task(name="read-episodes", cache_key_fn=_files_key, persist_result=True)
+def read_task(settings: Settings, paths: list[Path]) -> list:
+    return [step.read_file(settings, path) for path in paths]
+
+
+def chunks(items: list, size: int) -> list[list]:
+    """``items`` in runs of ``size``: the fan-out grain (``ops.ingest_files_per_task``, ...)."""
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 @task(name="sync-dataset", cache_policy=NO_CACHE)
@@ -43,20 +50,21 @@ def snapshot_task(settings: Settings, changed: bool):
 
 
 def _embed_key(context, parameters) -> str:
-    """An episode's segment rows depend only on its content, the encoder and the window config."""
-    episode, settings = parameters["episode"], parameters["settings"]
-    digest = hashlib.sha256()
-    for array in (episode.states, episode.actions):
-        digest.update(array.tobytes())
-    fields = (episode.episode_id, episode.robot_id, episode.task, episode.success, episode.policy_version, parameters["snapshot"])
-    digest.update(repr(fields).encode())
+    """Segment rows depend only on the episodes' content, the encoder and the window config."""
+    settings, digest = parameters["settings"], hashlib.sha256()
+    for episode in parameters["episodes"]:
+        for array in (episode.states, episode.actions):
+            digest.update(array.tobytes())
+        fields = (episode.episode_id, episode.robot_id, episode.task, episode.success, episode.policy_version)
+        digest.update(repr(fields).encode())
+    digest.update(parameters["snapshot"].encode())
     digest.update(settings.store.model_dump_json().encode())
     return f"embed:{settings.root}:{digest.hexdigest()[:24]}:{encoder_fingerprint(parameters['encoder'])}"
 
 
-@task(name="embed-episode", cache_key_fn=_embed_key, persist_result=True)
-def embed_task(settings: Settings, episode, encoder, snapshot: str):
-    return step.embed(settings, [episode], encoder, snapshot)
+@task(name="embed-episodes", cache_key_fn=_embed_key, persist_result=True)
+def embed_task(settings: Settings, episodes: list, encoder, snapshot: str):
+    return step.embed(settings, episodes, encoder, snapshot)
 
 
 @task(name="plan-embedding", cache_policy=NO_CACHE)
@@ -92,14 +100,16 @@ def ingest(files: list[Path] | None = None, settings: Settings | None = None) ->
     synced = sync_task.with_options(**io)(settings)
     if synced.action == "pulled":
         logger.info("dataset brought to the remote's head %s (%d episodes)", synced.snapshot, synced.episodes)
-    items = [f.result() for f in read_task.with_options(**io).map(unmapped(settings), files)]
+    reads = read_task.with_options(**io).map(unmapped(settings), chunks(files, settings.ops.ingest_files_per_task))
+    items = [item for f in reads for item in f.result()]
     report = store_task.with_options(**io)(settings, items)
     snapshot = snapshot_task.with_options(**io)(settings, report.changed)
     encoder, new = embed_plan_task.with_options(**io)(settings)
     upserted = 0
     if encoder is not None:
         snap = snapshot.hash if snapshot else ""
-        rows = [f.result() for f in embed_task.map(unmapped(settings), new, unmapped(encoder), unmapped(snap))]
+        batches = chunks(new, settings.ops.embed_episodes_per_task)
+        rows = [f.result() for f in embed_task.map(unmapped(settings), batches, unmapped(encoder), unmapped(snap))]
         result = upsert_task.with_options(**io)(settings, rows, encoder)
         upserted = (result.inserted + result.updated) if result else 0
     logger.info("%s; snapshot %s", report.summary(), snapshot.hash if snapshot else "-")

@@ -4,6 +4,7 @@ on a local 2-CPU Ray cluster."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -103,8 +104,12 @@ print('VERSION', promotion.candidate.version)
 """
 
 
+READ_GRAIN = 5  # files per read task in the bootstrap tests: 12 demo files -> 3 read tasks
+
+
 def _bootstrap_process(root: Path, api: str, epochs: int) -> subprocess.Popen:
-    env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_LOGGING_LEVEL": "INFO", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_LOGGING_LEVEL": "INFO", "PYTHONUNBUFFERED": "1",
+           "FLEETLOOP_OPS__INGEST_FILES_PER_TASK": str(READ_GRAIN)}  # several read tasks to cache
     return subprocess.Popen([sys.executable, "-c", BOOTSTRAP_RUN, str(root), str(epochs)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -140,9 +145,9 @@ def test_killed_flow_reruns_from_cached_tasks_and_its_runs_are_read_back(tmp_pat
             return sorted(r.state.name for r in runs if r.created >= started)  # this test's runs only
 
         collect, reads, trains = states("collect-expert"), states("read-episode"), states("train-policy")
-    n_files = 2 * 6  # small_settings: 2 expert robots x 6 episodes
+    n_reads = math.ceil(2 * 6 / READ_GRAIN)  # small_settings: 2 expert robots x 6 episodes
     assert collect == ["Cached", "Completed"], collect
-    assert reads.count("Cached") == n_files and reads.count("Completed") == n_files, reads
+    assert reads.count("Cached") == n_reads and reads.count("Completed") == n_reads, reads
     assert "Completed" in trains  # the killed training ran again (its inputs changed), to completion
 
 
@@ -159,7 +164,8 @@ def test_ingest_and_evaluation_fan_out_on_a_dask_cluster(tmp_path, prefect_serve
     from flows.train import train
 
     with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster:
-        settings = small_settings(tmp_path, ops=OpsConfig(dask_address=cluster.scheduler_address, eval_robots_per_task=1))
+        settings = small_settings(tmp_path, ops=OpsConfig(dask_address=cluster.scheduler_address, eval_robots_per_task=1,
+                                                           ingest_files_per_task=4, embed_episodes_per_task=4))
         demos = collect_expert_demos(settings, settings.paths.incoming / "expert")
         result = run_ingest(demos.files, settings)
         assert len(result.report.added) == demos.episodes
@@ -271,9 +277,11 @@ def test_ingest_and_evaluation_fan_out_on_a_local_ray_cluster(tmp_path, prefect_
     from flows.train import train
 
     ray = ray_stopped
-    settings = small_settings(tmp_path, ops=OpsConfig(engine="ray", max_workers=2, ray_object_store_mb=128, eval_robots_per_task=1))
+    settings = small_settings(tmp_path, ops=OpsConfig(engine="ray", max_workers=2, ray_object_store_mb=128, eval_robots_per_task=1,
+                                                      ingest_files_per_task=4, embed_episodes_per_task=4))
     demos = collect_expert_demos(settings, settings.paths.incoming / "expert")
-    tasks_expected = {"read-episode": len(demos.files), "embed-episode": demos.episodes, "heldout-rollouts": len(robot_groups(settings))}
+    tasks_expected = {"read-episodes": math.ceil(len(demos.files) / 4), "embed-episodes": math.ceil(demos.episodes / 4),
+                      "heldout-rollouts": len(robot_groups(settings))}
 
     @flow(name="ingest-train-evaluate")
     def ingest_train_evaluate():
