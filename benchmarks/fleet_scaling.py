@@ -856,8 +856,8 @@ def _target_lines(result: dict) -> list[str]:
          f"**{targets['fert_largest_fleet_meets']}** ({100 * targets['fert_largest_fleet_rate']:.1f}%)"),
         (f"FERT − filtered BC at {fleets[-1]} robots {targets['fert_minus_filtered_bc_points']:+.2f} pts, "
          f"{100 * targets['residual_failures_removed']:.0f}% of filtered BC's failures removed, seed-level interval "
-         f"above 0: {targets['fert_minus_filtered_bc_seed_level_above_0']} (target ≥ {c['gap_points']:+.0f} pts and "
-         f"≥ {100 * c['residual_removed']:.0f}% removed with the interval above 0: **{targets['gap_meets']}**)"),
+         f"above 0: {targets['fert_minus_filtered_bc_seed_level_above_0']} (target {_gap_criterion(c)} with the "
+         f"interval above 0: **{targets['gap_meets']}**)"),
     ]
     if c["grows_from"] is not None:
         steps = ", ".join(f"→ {n}: {v:+.1f}" for n, v in targets["fert_step_means_points"].items())
@@ -868,6 +868,12 @@ def _target_lines(result: dict) -> list[str]:
     return ["", "Targets (thresholded, test robots; stated before the run): " + "; ".join(parts) + ".", "",
             f"Secondary (Newcombe, pooled trials as if independent): FERT − filtered BC at {fleets[-1]} robots "
             f"{_ci(gap)}; FERT from one fleet size to the next: {sizes}."]
+
+
+def _gap_criterion(c: dict) -> str:
+    parts = [f"≥ {c['gap_points']:+.0f} pts"] if c["gap_points"] else []
+    parts += [f"≥ {100 * c['residual_removed']:.0f}% of failures removed"] if c["residual_removed"] else []
+    return " and ".join(parts) or "> 0"
 
 
 def _seed_level_lines(result: dict) -> list[str]:
