@@ -221,3 +221,30 @@ def test_a_stopped_study_resumes_from_its_finished_seeds_and_can_report_them(stu
     assert one["seeds_reported"] == [0] and one["plan"]["seeds"] == 2
     assert one["test_population_seeds"] == studies.alone["test_population_seeds"][:1]
     assert "1 seeds (of 2 planned; seeds [0])" in fs.render_section(one)
+
+
+def test_pack_targets_judge_the_gap_with_its_seed_level_interval_and_growth_after_8_robots():
+    """fs.TARGETS["pack"] against made-up figures: each criterion holds or fails on its own figure."""
+    def cell(rate: float) -> dict:
+        return {"thresholded": {"rate": rate, "successes": round(rate * 768), "trials": 768}}
+
+    def level(gap: float, low: float, steps: dict[int, float]) -> dict:
+        out = {"96": {"seed_level": {"fert_minus_filtered_bc": {"mean": gap, "ci95": [low, gap + 2]}}}}
+        for n, step in steps.items():
+            out.setdefault(str(n), {"seed_level": {}})["seed_level"]["fert_step_from_previous_fleet"] = {"mean": step}
+        return out
+
+    sizes = (1, 8, 32, 96)
+    table = {"fert": {str(n): cell(r) for n, r in zip(sizes, (0.70, 0.72, 0.90, 0.96))},
+             "filtered_bc": {str(n): cell(r) for n, r in zip(sizes, (0.70, 0.72, 0.85, 0.92))}}
+    growing = level(4.0, 0.5, {8: -1.0, 32: 18.0, 96: 6.0})  # a dip before 8 robots is not judged
+    met = fs.study_targets(fs.TARGETS["pack"], table, growing, {"rate": 0.60}, sizes, 0.95)
+    assert met["initial_in_range"] and met["fert_largest_fleet_meets"] and met["gap_meets"]
+    assert met["fert_grows_with_fleet"] is True
+    assert met["residual_failures_removed"] == pytest.approx(0.5)
+
+    flat = level(4.0, -0.5, {8: 5.0, 32: 7.0, 96: -0.7})  # the same gap, its interval crossing 0
+    missed = fs.study_targets(fs.TARGETS["pack"], table, flat, {"rate": 0.80}, sizes, 0.95)
+    assert not missed["initial_in_range"] and not missed["gap_meets"] and missed["fert_grows_with_fleet"] is False
+    assert "(target ≥ +3 pts with the interval above 0: **False**)" in "\n".join(
+        fs._target_lines({"targets": missed, "plan": {"fleet_sizes": list(sizes)}}))
