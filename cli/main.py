@@ -325,6 +325,7 @@ def evaluate(
 ) -> None:
     """Evaluate any registered model on a fresh population of test robots (never tuned, selected or gated on)."""
     from cli.reports import evaluation_report, evaluation_summary
+    from components.pipeline.evaluate import PolicySimMismatch
     from components.registry.model_registry import RegistryError
 
     try:
@@ -332,6 +333,8 @@ def evaluate(
     except RegistryError as exc:
         raise CliError(str(exc), "list versions and aliases with `fleetloop status`; a URI reads models:/NAME/VERSION "
                                  "or models:/NAME@ALIAS") from exc
+    except PolicySimMismatch as exc:
+        raise CliError(exc.message, exc.fix) from exc
     emit(console, report, as_json, evaluation_summary(report))
 
 

@@ -221,3 +221,9 @@ def test_evaluate_any_registered_model_on_fresh_test_robots(scratch_root, capsys
     assert "cannot load model 'models:/fleetloop-policy/99'" in lines[0] and lines[1].startswith("fix: list versions")
     assert main(["evaluate", "--model-uri", "models:/fleetloop-policy/1", "--robots", "2"]) == 2  # the population is explicit
     assert "--population-seed" in capsys.readouterr().err
+
+    monkeypatch.setenv("FLEETLOOP_SIM__NAME", "pack")  # a pick-place model in the pack simulator: said, not a torch error
+    assert main(["evaluate", "--model-uri", f"models:/fleetloop-policy/{version.version}", *args]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "takes 11-dim observations but sim.name=pack gives 17" in lines[0]
+    assert lines[1] == "fix: evaluate it in the simulator it was trained in: FLEETLOOP_SIM__NAME=pickplace"

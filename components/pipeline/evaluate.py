@@ -54,8 +54,37 @@ def evaluate_on_test_robots(
     """A reported figure: ``robots`` test robots of sim population ``population_seed`` (fresh robots
     nobody tuned, selected or gated on), the policy executed as deployed (``evaluation.sample_gripper``),
     at least ``evaluation.trials_per_task`` trials. The same (settings, population) gives the same trials."""
+    check_policy_fits_sim(policy, settings, version)
     actor = fleet_actor(settings, policy, seed=settings.seed, explore=settings.evaluation.sample_gripper, motion=False)
     return evaluate_test(
         actor, settings.fleet.test_ids(robots), population_seed, settings.sim, settings.fleet, settings.evaluation,
         settings.evaluation.trials_for(robots), settings.seed + EVAL_SEED_OFFSET, version,
+    )
+
+
+class PolicySimMismatch(ValueError):
+    """A model's observation size is not the simulator's: it was trained in another one."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(f"{message}; {fix}")
+        self.message, self.fix = message, fix
+
+
+def check_policy_fits_sim(policy: NormalizedPolicy, settings: Settings, version: str) -> None:
+    """A model trained in another simulator fails deep in torch with a shape error; say which
+    simulator its observations fit instead, and how to pick it."""
+    from typing import get_args
+
+    from components.config import SimConfig
+    from components.sim.factory import observation_dim
+
+    ours = observation_dim(settings.sim)
+    if policy.obs_dim == ours:
+        return
+    fits = [name for name in get_args(SimConfig.model_fields["name"].annotation)
+            if observation_dim(settings.sim.model_copy(update={"name": name})) == policy.obs_dim]
+    raise PolicySimMismatch(
+        f"model {version} takes {policy.obs_dim}-dim observations but sim.name={settings.sim.name} gives {ours}",
+        f"evaluate it in the simulator it was trained in: FLEETLOOP_SIM__NAME={fits[0]}" if fits
+        else "no simulator here gives that size: check the model URI",
     )
