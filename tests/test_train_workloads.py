@@ -52,6 +52,17 @@ def test_train_flow_runs_ppo_through_the_scheduler(tmp_path, prefect_harness):
     assert report.losses == [m.loss for m in direct.metrics]
 
 
+@pytest.mark.parametrize(("stages", "envs", "chunk"), [((1, 2, 4), 8, 4), ((1, 2, 4), 16, 4), ((1, 2, 3), 12, 2), ((2, 3), 24, 4), ((5,), 8, 8)])
+def test_the_inference_chunk_divides_every_offered_group(stages, envs, chunk):
+    """PPO refuses env groups its chunk does not divide; the chunk was envs // max(stages), which
+    breaks for stage counts that do not divide each other (12 envs in 1, 2, 3 groups: 6 % 4)."""
+    from components.config import SchedulerConfig
+    from components.pipeline.scheduled import _scheduler_cfg
+
+    cfg, got = _scheduler_cfg(SchedulerConfig(pipeline_stages=stages), envs)
+    assert got == chunk and all((envs // m) % got == 0 for m in cfg.pipeline_stages), (cfg.pipeline_stages, got)
+
+
 def test_unknown_scheduled_workload_is_refused(tmp_path):
     settings = small_settings(tmp_path, train=TrainConfig(workload="imitation"))
     with pytest.raises(ValueError, match="train.workload='imitation'"):

@@ -93,9 +93,10 @@ MIN_GROUP_ENVS = 4  # env groups of 2 robots gave other weights than one group (
 
 def _scheduler_cfg(cfg: SchedulerConfig, envs: int) -> tuple[SchedulerConfig, int]:
     """Stage counts that split ``envs`` evenly into groups of at least ``MIN_GROUP_ENVS``, and the
-    inference chunk every group size divides."""
+    inference chunk every group size divides (their gcd: stages (1, 2, 3) of 12 envs give groups
+    of 12, 6 and 4, which the smallest group, 4, does not all divide)."""
     stages = tuple(m for m in cfg.pipeline_stages if envs % m == 0 and envs // m >= MIN_GROUP_ENVS) or (1,)
-    chunk = envs // max(stages)
+    chunk = math.gcd(*(envs // m for m in stages))
     return cfg.model_copy(update={"pipeline_stages": stages}), chunk
 
 
