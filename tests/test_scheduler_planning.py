@@ -352,6 +352,19 @@ def test_fit_ipc_recovers_latency_and_per_byte_cost_from_per_op_medians():
         fit_ipc([], rows={})
 
 
+def test_fit_ipc_keeps_the_line_when_one_crossing_always_waited_for_a_busy_core():
+    """A whole (op, direction) whose median crossing waited (a loaded host) must not set the line:
+    least squares through these points gave latency 0 and ~20x the per-byte cost."""
+    from components.scheduler.costmodel import fit_ipc
+
+    latency, per_byte = 4.5e-4, 5.6e-9
+    sizes = {"sample": 20_000, "infer": 60_000, "env_step": 150_000, "learn": 400_000, "validate": 900_000}
+    samples = [(op, "out", n, latency + n * per_byte) for op, n in sizes.items() for _ in range(3)]
+    samples += [("validate", "in", 900_000, 0.05)] * 3  # always behind a busy core
+    ipc = fit_ipc(samples, rows=dict.fromkeys(sizes, 1.0))
+    assert ipc.s_per_byte == pytest.approx(per_byte, rel=0.05) and ipc.latency_s == pytest.approx(latency, rel=0.05)
+
+
 def test_replay_charges_pipe_crossings_to_process_workers_only():
     from components.scheduler.costmodel import IpcCost
     from components.scheduler.executor import plan_workflow
