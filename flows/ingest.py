@@ -28,11 +28,6 @@ def read_task(settings: Settings, paths: list[Path]) -> list:
     return [step.read_file(settings, path) for path in paths]
 
 
-def chunks(items: list, size: int) -> list[list]:
-    """``items`` in runs of ``size``: the fan-out grain (``ops.ingest_files_per_task``, ...)."""
-    return [items[i : i + size] for i in range(0, len(items), size)]
-
-
 @task(name="sync-dataset", cache_policy=NO_CACHE)
 def sync_task(settings: Settings) -> step.SyncResult:
     """With a DVC remote, the dataset is brought to the remote's head first (another host may have ingested)."""
@@ -100,7 +95,7 @@ def ingest(files: list[Path] | None = None, settings: Settings | None = None) ->
     synced = sync_task.with_options(**io)(settings)
     if synced.action == "pulled":
         logger.info("dataset brought to the remote's head %s (%d episodes)", synced.snapshot, synced.episodes)
-    reads = read_task.with_options(**io).map(unmapped(settings), chunks(files, settings.ops.ingest_files_per_task))
+    reads = read_task.with_options(**io).map(unmapped(settings), step.read_groups(settings, files))
     items = [item for f in reads for item in f.result()]
     report = store_task.with_options(**io)(settings, items)
     snapshot = snapshot_task.with_options(**io)(settings, report.changed)
@@ -108,8 +103,8 @@ def ingest(files: list[Path] | None = None, settings: Settings | None = None) ->
     upserted = 0
     if encoder is not None:
         snap = snapshot.hash if snapshot else ""
-        batches = chunks(new, settings.ops.embed_episodes_per_task)
-        rows = [f.result() for f in embed_task.map(unmapped(settings), batches, unmapped(encoder), unmapped(snap))]
+        groups = step.embed_groups(settings, new)
+        rows = [f.result() for f in embed_task.map(unmapped(settings), groups, unmapped(encoder), unmapped(snap))]
         result = upsert_task.with_options(**io)(settings, rows, encoder)
         upserted = (result.inserted + result.updated) if result else 0
     logger.info("%s; snapshot %s", report.summary(), snapshot.hash if snapshot else "-")

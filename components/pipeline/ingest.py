@@ -52,6 +52,21 @@ def incoming_files(settings: Settings) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.suffix in EPISODE_SUFFIXES) if root.exists() else []
 
 
+def read_groups(settings: Settings, files: list[Path]) -> list[list[Path]]:
+    """The files of one fan-out read task each: ``ops.ingest_files_per_task`` at a time (one task
+    per file cost the ingest flow ~20x: each task run writes its state and result)."""
+    return _groups(files, settings.ops.ingest_files_per_task)
+
+
+def embed_groups(settings: Settings, episodes: list[Episode]) -> list[list[Episode]]:
+    """The episodes of one fan-out embed task each: ``ops.embed_episodes_per_task`` at a time."""
+    return _groups(episodes, settings.ops.embed_episodes_per_task)
+
+
+def _groups(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
 def read_file(settings: Settings, path: Path) -> IncomingEpisode | QuarantinedFile:
     return read_incoming(Path(path), settings.paths.quarantine)
 
