@@ -731,11 +731,6 @@ def main() -> None:
     if args.replot:
         path = RESULTS / f"fleet_scaling_{args.sim}.json"
         result = json.loads(path.read_text())
-        if result.get("targets") and "fert_minus_filtered_bc_ci_points" not in result["targets"]:
-            # derived from the stored counts only: results from before the intervals existed get them
-            result["targets"].update(interval_targets(result["results"], result["plan"]["fleet_sizes"],
-                                                      load_settings().evaluation.confidence))
-            path.write_text(json.dumps(result, indent=2) + "\n")
         plot(result, RESULTS / f"fleet_scaling_{args.sim}.png")
         write_docs(result)
         return
