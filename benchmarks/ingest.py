@@ -190,6 +190,7 @@ def grow(scale: Scale, settings: Settings, scratch: Path) -> dict:
                             "index_built": report.index_built, "index_rebuilt": report.index_rebuilt,
                             "disk_bytes_after": disk_bytes(*dirs)})
         if batch % 10 == 0 or batch == batches - 1:
+            (scratch.parent / "growth-partial.json").write_text(json.dumps({"curve": rows, "upkeep": upkeeps}))
             print(f"batch {batch + 1}/{batches}: {stored:,} frames stored, {rows[-1]['segments']:,} segments | "
                   f"{seconds:.2f}s = {frames / seconds:,.0f} frames/s | disk {rows[-1]['disk_bytes'] / 2**20:,.0f} MiB",
                   flush=True)
@@ -357,7 +358,8 @@ def bulk_queries(store: SegmentStore, encoder, settings: Settings, windows: np.n
 
 
 def size_label(n: int) -> str:
-    return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n // 1000}k"
+    """The store size a kNN result is filed under: 1,000,008 segments -> "1M", 2,400,000 -> "2.4M"."""
+    return f"{n / 1_000_000:.3g}M" if n >= 1_000_000 else f"{n / 1000:.3g}k"
 
 
 def run(scale: Scale, workdir: Path) -> dict:
@@ -376,7 +378,8 @@ def run(scale: Scale, workdir: Path) -> dict:
         result.update(seed_store(scale, settings, workdir / "incoming"))
     else:
         result.update(grow(scale, settings, workdir / "incoming"))
-    result["knn"] = {size_label(scale.knn_segments): knn(scale, settings)}
+    found = knn(scale, settings)  # at --knn-segments, or at the grown store's size when that is larger
+    result["knn"] = {size_label(found["segments"]): found}
     result["machine"]["load_avg_end"] = os.getloadavg()
     return result
 
