@@ -238,8 +238,8 @@ def test_episode_stats_columns_are_each_episodes_own_and_null_where_it_lacks_the
     for the others."""
     from components.episodes.stats import column_values, feature_stats, stats_column
 
-    episodes = [make_episode(rng, frames=5 + i) for i in range(3)]
-    episodes[1] = dataclasses.replace(episodes[1], extras={"next.reward": np.linspace(0, 1, 6, dtype=np.float32)})
+    episodes = [make_episode(rng, frames=5 + 37 * i) for i in range(3)]  # past numpy's 8-wide pairwise blocks
+    episodes[1] = dataclasses.replace(episodes[1], extras={"next.reward": np.linspace(0, 1, 42, dtype=np.float32)})
     files = [write_episode_file(ep, tmp_path / "in" / f"{i}.parquet") for i, ep in enumerate(episodes)]
     ds.ingest(files, KNOWN, tmp_path / "quarantine")
     meta = ds.episodes_meta()
@@ -249,9 +249,31 @@ def test_episode_stats_columns_are_each_episodes_own_and_null_where_it_lacks_the
             assert meta.column(stats_column("observation.state", stat))[i].as_py() == value.tolist(), (i, stat)
     reward = meta.column(stats_column("next.reward", "mean")).to_pylist()
     assert reward[0] is None and reward[2] is None
-    assert reward[1] == [float(np.float64(episodes[1].extras["next.reward"].astype(np.float64).mean()))]
+    assert reward[1] == feature_stats(episodes[1].extras["next.reward"].astype(np.float64).reshape(-1, 1))["mean"].tolist()
+    np.testing.assert_allclose(reward[1], [episodes[1].extras["next.reward"].astype(np.float64).mean()], rtol=1e-12)
     names = meta.column_names
     assert names.index(stats_column("observation.state", "min")) == names.index("content_hash") + 1
+
+
+def test_span_stats_of_a_run_do_not_depend_on_its_neighbours():
+    """Ingest computes every episode's stats in one pass over the batch: a run's figures must be
+    those of the run alone (so re-storing an episode in another batch gives the same stats), and
+    the statistics themselves numpy's."""
+    from components.episodes.stats import span_stats
+
+    rng = np.random.default_rng(3)
+    lengths = np.array([1, 7, 9, 130, 2, 513, 64])
+    values = rng.standard_normal((int(lengths.sum()), 11)) * 40.0 + 3.0
+    batch = span_stats(values, lengths)
+    for i, (start, length) in enumerate(zip(np.cumsum(lengths) - lengths, lengths)):
+        run = values[start : start + length]
+        alone = span_stats(run, np.array([length]))
+        for stat in alone:
+            assert np.array_equal(alone[stat][0], batch[stat][i]), (i, stat)
+        assert np.array_equal(batch["min"][i], run.min(axis=0)) and np.array_equal(batch["max"][i], run.max(axis=0))
+        np.testing.assert_allclose(batch["mean"][i], run.mean(axis=0), rtol=1e-12)
+        np.testing.assert_allclose(batch["std"][i], run.std(axis=0), rtol=1e-12)
+        assert batch["count"][i].tolist() == [length]
 
 
 def test_quarantine_never_overwrites_an_earlier_file(tmp_path):

@@ -72,6 +72,7 @@ from components.episodes.stats import (
     column_values,
     feature_stats,
     parse_stats_column,
+    span_stats,
     stats_column,
     stats_from_episodes_meta,
 )
@@ -130,6 +131,11 @@ OWN_META_COLUMNS: frozenset[str] = frozenset(
 _VIDEO_LOCATION = re.compile(r"^videos/(?P<key>.+)/(?P<what>chunk_index|file_index)$")
 
 _EPISODE_LEVEL_STORED = (EPISODE_ID, ROBOT_ID, POLICY_VERSION, SUCCESS, INTERRUPTED)
+# the episodes-table columns every stored episode gets (``_meta_rows``); carried meta may not override them
+_META_BASE_COLUMNS = frozenset({
+    EPISODE_INDEX, META_TASKS, META_LENGTH, META_DATA_CHUNK, META_DATA_FILE, META_FROM, META_TO,
+    META_META_CHUNK, META_META_FILE, *_EPISODE_LEVEL_STORED, META_CONTENT_HASH,
+})
 _ARROW_DTYPE_NAMES = {"float": "float32", "double": "float64", "halffloat": "float16"}
 
 
@@ -731,7 +737,7 @@ class EpisodeDataset:
         meta_chunk, meta_file = divmod(meta_number, chunk_size)
         features = dict(info["features"])
         data_tables: list[pa.Table] = []
-        meta_rows: list[pa.Table] = []
+        extra_rows: list[dict[str, pa.Array]] = []  # carried meta and video locations, per episode
         for item in new:
             ep = item.episode
             if ep.task not in task_of:
@@ -744,27 +750,11 @@ class EpisodeDataset:
                         item.incoming.features.get(name)
                         or infer_feature(data.schema.field(name).type, data.column(name)[0].as_py())
                     )
-            row: dict[str, pa.Array] = {
-                EPISODE_INDEX: pa.array([episode_index], pa.int64()),
-                META_TASKS: pa.array([[ep.task]], pa.list_(pa.string())),
-                META_LENGTH: pa.array([ep.length], pa.int64()),
-                META_DATA_CHUNK: pa.array([data_chunk], pa.int64()),
-                META_DATA_FILE: pa.array([data_file], pa.int64()),
-                META_FROM: pa.array([frame_index], pa.int64()),
-                META_TO: pa.array([frame_index + ep.length], pa.int64()),
-                META_META_CHUNK: pa.array([meta_chunk], pa.int64()),
-                META_META_FILE: pa.array([meta_file], pa.int64()),
-                EPISODE_ID: pa.array([ep.episode_id], pa.string()),
-                ROBOT_ID: pa.array([ep.robot_id], pa.string()),
-                POLICY_VERSION: pa.array([ep.policy_version], pa.string()),
-                SUCCESS: pa.array([ep.success], pa.bool_()),
-                INTERRUPTED: pa.array([ep.interrupted], pa.bool_()),
-                META_CONTENT_HASH: pa.array([item.content_hash], pa.string()),
-            }
+            extras: dict[str, pa.Array] = {}
             if item.incoming.meta_extra is not None:
                 for name in item.incoming.meta_extra.column_names:
-                    if name not in row and not is_location_column(name):
-                        row[name] = item.incoming.meta_extra.column(name).combine_chunks()
+                    if name not in _META_BASE_COLUMNS and not is_location_column(name):
+                        extras[name] = item.incoming.meta_extra.column(name).combine_chunks()
             for key, src in sorted(item.incoming.videos.items()):
                 slot = video_slots.get((key, Path(src)))
                 if slot is None:
@@ -773,9 +763,9 @@ class EpisodeDataset:
                     slot = divmod(number, chunk_size)
                     video_slots[(key, Path(src))] = slot
                     features.setdefault(key, dict(item.incoming.features.get(key) or {"dtype": "video"}))
-                row[video_location_column(key, "chunk_index")] = pa.array([slot[0]], pa.int64())
-                row[video_location_column(key, "file_index")] = pa.array([slot[1]], pa.int64())
-            meta_rows.append(pa.table(row))
+                extras[video_location_column(key, "chunk_index")] = pa.array([slot[0]], pa.int64())
+                extras[video_location_column(key, "file_index")] = pa.array([slot[1]], pa.int64())
+            extra_rows.append(extras)
             data_tables.append(data)
             episode_index += 1
             frame_index += ep.length
@@ -786,9 +776,10 @@ class EpisodeDataset:
         for (key, src), (chunk, number) in sorted(video_slots.items()):
             _atomic_copy(src, self.root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=number))
         _atomic_write_parquet(self.root / TASKS_PATH, tasks_table(tasks), self.cfg.compression)
-        # one chunk per column: per-episode row tables would leave a chunk per episode
-        added = pa.concat_tables(meta_rows, promote_options="permissive").combine_chunks()
-        added = _with_stats(added, written, [t.num_rows for t in data_tables])
+        lengths = [t.num_rows for t in data_tables]
+        added = _meta_rows(new, lengths, self.num_episodes, self.num_frames, (data_chunk, data_file),
+                           (meta_chunk, meta_file), extra_rows)
+        added = _with_stats(added, written, lengths)
         previous = [self._meta] if self._meta is not None else []
         self._info = {**info, "features": features}
         if video_slots:
@@ -911,20 +902,60 @@ def _data_table(canonical: pa.Table, episode_index: int, first_frame: int, task_
     return pa.table(columns)
 
 
+def _meta_rows(
+    new: list[_Staged],
+    lengths: list[int],
+    first_episode: int,
+    first_frame: int,
+    data_file: tuple[int, int],
+    meta_file: tuple[int, int],
+    extra_rows: list[dict[str, pa.Array]],
+) -> pa.Table:
+    """The episodes-table rows of a stored batch, built column by column (one chunk per column),
+    then each episode's carried meta and video locations (null where an episode has none)."""
+    count = len(new)
+    ends = first_frame + np.cumsum(np.asarray(lengths, dtype=np.int64))
+    episodes = [item.episode for item in new]
+    columns: dict[str, pa.Array] = {
+        EPISODE_INDEX: pa.array(np.arange(first_episode, first_episode + count, dtype=np.int64)),
+        META_TASKS: pa.array([[ep.task] for ep in episodes], pa.list_(pa.string())),
+        META_LENGTH: pa.array(np.asarray(lengths, dtype=np.int64)),
+        META_DATA_CHUNK: pa.array(np.full(count, data_file[0], dtype=np.int64)),
+        META_DATA_FILE: pa.array(np.full(count, data_file[1], dtype=np.int64)),
+        META_FROM: pa.array(ends - np.asarray(lengths, dtype=np.int64)),
+        META_TO: pa.array(ends),
+        META_META_CHUNK: pa.array(np.full(count, meta_file[0], dtype=np.int64)),
+        META_META_FILE: pa.array(np.full(count, meta_file[1], dtype=np.int64)),
+        EPISODE_ID: pa.array([ep.episode_id for ep in episodes], pa.string()),
+        ROBOT_ID: pa.array([ep.robot_id for ep in episodes], pa.string()),
+        POLICY_VERSION: pa.array([ep.policy_version for ep in episodes], pa.string()),
+        SUCCESS: pa.array([ep.success for ep in episodes], pa.bool_()),
+        INTERRUPTED: pa.array([ep.interrupted for ep in episodes], pa.bool_()),
+        META_CONTENT_HASH: pa.array([item.content_hash for item in new], pa.string()),
+    }
+    names = list(dict.fromkeys(name for extras in extra_rows for name in extras))
+    for name in names:
+        types = [extras[name].type for extras in extra_rows if name in extras]
+        kind = pa.unify_schemas([pa.schema([(name, t)]) for t in types], promote_options="permissive").field(name).type
+        columns[name] = pa.concat_arrays(
+            [extras[name].cast(kind) if name in extras else pa.nulls(1, kind) for extras in extra_rows]
+        )
+    return pa.table(columns)
+
+
 def _with_stats(meta: pa.Table, data: pa.Table, lengths: list[int]) -> pa.Table:
     """``meta`` (one row per episode) with the ``stats/<feature>/<stat>`` columns of every flat
     numeric frame feature of ``data`` (the episodes' frames, in order, ``lengths`` rows each),
     placed after the content hash. A feature an episode lacks (or holds unevenly) is null there.
 
-    One conversion per feature for the whole batch, then each episode's rows: the statistics of a
-    slice are those of the episode's own frames (the same reductions over the same values)."""
-    ends = np.cumsum(lengths)
-    spans = list(zip(ends - np.asarray(lengths), ends))
+    One pass per feature for the whole batch (``span_stats``): each episode's figures are those of
+    its own frames, whichever batch stored it."""
+    lengths = np.asarray(lengths, dtype=np.int64)
     position = meta.column_names.index(META_CONTENT_HASH) + 1
     for name in data.column_names:
         if name in (SUCCESS, INTERRUPTED):
             continue
-        per_episode = _episode_stats(data.column(name), spans)
+        per_episode = _episode_stats(data.column(name), lengths)
         if all(stats is None for stats in per_episode):
             continue
         for stat in STAT_NAMES:
@@ -933,19 +964,24 @@ def _with_stats(meta: pa.Table, data: pa.Table, lengths: list[int]) -> pa.Table:
             if column in meta.column_names:
                 carried = meta.column(column).to_pylist()
                 meta = meta.remove_column(meta.column_names.index(column))  # it sat after ours: position holds
-            values = [carried[i] if stats is None else stats[stat].tolist() for i, stats in enumerate(per_episode)]
+            values = [carried[i] if stats is None else stats[stat] for i, stats in enumerate(per_episode)]
             meta = meta.add_column(position, column, pa.array(values, pa.list_(item)))
             position += 1
     return meta
 
 
-def _episode_stats(column: pa.ChunkedArray, spans: list[tuple[int, int]]) -> list[dict[str, np.ndarray] | None]:
-    """``feature_stats`` of each span's frames of one column; None where it has no flat numbers."""
+def _episode_stats(column: pa.ChunkedArray, lengths: np.ndarray) -> list[dict[str, list] | None]:
+    """Each episode's stats of one column (``lengths`` frames each, in order) as stored: lists per
+    stat; None where the episode has no flat numbers. One pass for the batch when the whole
+    column is flat numeric, else episode by episode."""
     values = column_values(column)
-    out: list[dict[str, np.ndarray] | None] = []
-    for start, stop in spans:
-        mine = values[start:stop] if values is not None else column_values(column.slice(start, stop - start))
-        out.append(feature_stats(mine) if mine is not None and mine.size else None)
+    if values is not None and values.size:
+        stacked = {stat: rows.tolist() for stat, rows in span_stats(values, lengths).items()}
+        return [{stat: stacked[stat][i] for stat in STAT_NAMES} for i in range(len(lengths))]
+    out: list[dict[str, list] | None] = []
+    for start, length in zip(np.cumsum(lengths) - lengths, lengths):
+        mine = column_values(column.slice(int(start), int(length)))
+        out.append({k: v.tolist() for k, v in feature_stats(mine).items()} if mine is not None and mine.size else None)
     return out
 
 

@@ -57,13 +57,27 @@ def column_values(column: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
 
 
 def feature_stats(values: np.ndarray) -> dict[str, np.ndarray]:
-    """min/max/mean/std over frames (axis 0), and the frame count."""
+    """min/max/mean/std over frames (axis 0), and the frame count: ``span_stats`` of one run."""
+    return {name: stat[0] for name, stat in span_stats(values, np.array([len(values)])).items()}
+
+
+def span_stats(values: np.ndarray, lengths: np.ndarray) -> dict[str, np.ndarray]:
+    """min/max/mean/std and count of each run of ``lengths`` consecutive frames of ``values``
+    (T, d), stacked over the runs (runs, d), without a Python loop over runs (ingest computes
+    them for every episode of a batch). A run's figures depend only on its own frames, not on
+    where it sits in ``values``: an episode's stats are the same whichever batch stored it.
+    Every length must be positive."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    counts = lengths.reshape(-1, 1).astype(values.dtype)
+    mean = np.add.reduceat(values, starts, axis=0) / counts
+    deviation = values - np.repeat(mean, lengths, axis=0)
     return {
-        "min": values.min(axis=0),
-        "max": values.max(axis=0),
-        "mean": values.mean(axis=0),
-        "std": values.std(axis=0),
-        "count": np.array([values.shape[0]], dtype=np.int64),
+        "min": np.minimum.reduceat(values, starts, axis=0),
+        "max": np.maximum.reduceat(values, starts, axis=0),
+        "mean": mean,
+        "std": np.sqrt(np.add.reduceat(deviation * deviation, starts, axis=0) / counts),
+        "count": lengths.reshape(-1, 1),
     }
 
 
