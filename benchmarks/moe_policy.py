@@ -2,6 +2,7 @@
 
     python -m benchmarks.moe_policy            # full: 3 seeds, FERT rounds at 32 and 96 robots + the scaling grid (hours on 2 cores)
     python -m benchmarks.moe_policy --quick    # smoke run: tiny sizes, same code (a few minutes)
+    python -m benchmarks.moe_policy --success --workers 2   # only MLP vs MoE with FERT rounds, 2 seeds at once
     python -m benchmarks.moe_policy --probe    # one seed: `retrain --bootstrap`'s steps at params.yaml settings, MLP vs MoE
     python -m benchmarks.moe_policy --probe --seed 1   # the same with another seed (demos, trials)
     python -m benchmarks.moe_policy --scaling  # only the expert-scaling grid (experts 8-64 x top-k 1/2/8 x 1/2/4 processes)
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import platform
 import shutil
@@ -46,7 +48,8 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -117,25 +120,59 @@ def with_kind(settings: Settings, kind: str) -> Settings:
 
 
 # ------------------------------------------------------------------------------- success
-def success_study(settings: Settings, plan: Plan) -> dict:
-    """Test-robot scores per kind: ``bootstrap`` and ``fleet_<n>`` lists, one Score per seed."""
-    scores: dict[str, dict[str, list[Score]]] = {k: {} for k in KINDS}
-    scratch = Path(tempfile.mkdtemp(prefix="moe_policy_"))
+def success_study(settings: Settings, plan: Plan, workers: int = 1, cells: Path | None = None) -> dict:
+    """Test-robot scores per kind: ``bootstrap`` and ``fleet_<n>`` lists, one Score per seed.
+
+    ``workers`` > 1: that many seeds at once, one process and one torch thread each (a seed's
+    figures do not depend on which process ran it). ``cells``: a folder that keeps each seed's
+    scores as the seed finishes; seeds already there are not run again, so a stopped study resumes."""
+    scratch = cells or Path(tempfile.mkdtemp(prefix="moe_policy_"))
+    scratch.mkdir(parents=True, exist_ok=True)
     try:
-        for seed in range(plan.seeds):
-            for kind in KINDS:
-                for fleet in plan.fleet_sizes:
-                    # a scratch folder per kind: cel_run names a cell's root by (seed, method, fleet)
-                    # only, and MLflow keeps state per store path within a process
-                    row, initial = cel_run(with_kind(settings, kind), plan, METHOD, fleet, seed, scratch / kind)
-                    if fleet == plan.fleet_sizes[0]:
-                        scores[kind].setdefault("bootstrap", []).append(initial)
-                    scores[kind].setdefault(f"fleet_{fleet}", []).append(row.score)
-                    log(f"seed {seed} {kind}: bootstrap {initial.rate:.1%}, after {plan.rounds} {METHOD} rounds at "
-                        f"{fleet} robots {row.score.rate:.1%} ({row.seconds:.0f}s)")
+        todo = [seed for seed in range(plan.seeds) if not _seed_file(scratch, seed).exists()]
+        for seed, done in _run_seeds(settings, plan, todo, scratch, workers):
+            _seed_file(scratch, seed).write_text(json.dumps(
+                {kind: {phase: asdict(score) for phase, score in phases.items()} for kind, phases in done.items()},
+                indent=1) + "\n")
+        per_seed = [json.loads(_seed_file(scratch, seed).read_text()) for seed in range(plan.seeds)]
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if cells is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return {kind: {phase: [Score(**seed[kind][phase]) for seed in per_seed] for phase in per_seed[0][kind]}
+            for kind in KINDS}
+
+
+def success_seed(settings: Settings, plan: Plan, seed: int, scratch: Path) -> dict[str, dict[str, Score]]:
+    """One seed: per kind, the bootstrap champion and the final champion per fleet size."""
+    torch.set_num_threads(1)
+    scores: dict[str, dict[str, Score]] = {}
+    for kind in KINDS:
+        for fleet in plan.fleet_sizes:
+            # a scratch folder per kind: cel_run names a cell's root by (seed, method, fleet)
+            # only, and MLflow keeps state per store path within a process
+            row, initial = cel_run(with_kind(settings, kind), plan, METHOD, fleet, seed, scratch / kind)
+            scores.setdefault(kind, {}).setdefault("bootstrap", initial)
+            scores[kind][f"fleet_{fleet}"] = row.score
+            log(f"seed {seed} {kind}: bootstrap {initial.rate:.1%}, after {plan.rounds} {METHOD} rounds at "
+                f"{fleet} robots {row.score.rate:.1%} ({row.seconds:.0f}s)")
     return scores
+
+
+def _run_seeds(settings: Settings, plan: Plan, seeds: list[int], scratch: Path, workers: int):
+    """(seed, success_seed's result) as each seed finishes."""
+    if min(workers, len(seeds)) > 1:
+        context = multiprocessing.get_context("spawn")  # LanceDB and torch state do not survive a fork
+        with ProcessPoolExecutor(min(workers, len(seeds)), mp_context=context) as pool:
+            futures = {pool.submit(success_seed, settings, plan, seed, scratch / f"seed-{seed}"): seed for seed in seeds}
+            for future in as_completed(futures):
+                yield futures[future], future.result()
+    else:
+        for seed in seeds:
+            yield seed, success_seed(settings, plan, seed, scratch / f"seed-{seed}")
+
+
+def _seed_file(folder: Path, seed: int) -> Path:
+    return folder / f"seed-{seed}.json"
 
 
 def _finite(x: float) -> float | None:
@@ -323,7 +360,11 @@ def plot(result: dict, path: Path) -> None:
     left.set_ylabel("test-robot success (mean over seeds; bars: pooled Wilson; dots: seeds)")
     left.set_title(f"MLP vs MoE, {result['plan']['seeds']} seeds")
     left.legend()
-    _plot_scaling(right, result)
+    if "scaling" in result:
+        _plot_scaling(right, result)
+    else:
+        right.axis("off")
+        right.text(0.02, 0.5, "expert scaling: python -m benchmarks.moe_policy --scaling (moe_scaling.json)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -359,27 +400,33 @@ def _plot_scaling(right, result: dict) -> None:
     right.set_title(f"MoE step, fused vs Megatron-style: {value} at E={head.get('experts')} on W={head.get('world')}")
 
 
-def run(study: StudyPlan, out_name: str, settings: Settings | None = None) -> dict:
+def run(study: StudyPlan, out_name: str, settings: Settings | None = None, workers: int = 1,
+        cells: Path | None = None, scaling: bool = True, command: str = "") -> dict:
+    """The success study (``workers`` seeds at once; ``cells`` keeps finished seeds) and, with
+    ``scaling``, the expert-scaling grid; ``scaling=False`` (``--success``) leaves the grid to
+    ``--scaling``'s moe_scaling.json."""
     torch.set_num_threads(1)
     base = settings or load_settings()
     base = base.model_copy(update={"demo": base.demo.model_copy(update=study.demo),
                                    "train": base.train.model_copy(update=study.train)})
     settings = plan_settings(study.cells, base)
     started = time.perf_counter()
-    scores = success_study(settings, study.cells)
-    cells = scaling_study(settings, study.scaling)
-    headline = headline_speedup(cells)
+    scores = success_study(settings, study.cells, workers, cells)
     result = {
         "plan": {**{k: v for k, v in study.cells.__dict__.items()}, "scaling": study.scaling.__dict__,
                  "demo": settings.demo.model_dump(), "train": settings.train.model_dump(),
                  "policy_moe": with_kind(settings, "moe").policy.model_dump(), "policy_mlp": settings.policy.model_dump()},
         "success": summarize_success(scores, settings.evaluation.confidence),
-        "scaling": cells,
-        "step_speedup_fused_vs_megatron": headline["value"],
-        "step_speedup_detail": headline,
-        "seconds": time.perf_counter() - started,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__},
     }
+    if scaling:
+        grid = scaling_study(settings, study.scaling)
+        headline = headline_speedup(grid)
+        result.update({"scaling": grid, "step_speedup_fused_vs_megatron": headline["value"],
+                       "step_speedup_detail": headline})
+    result.update({"seconds": time.perf_counter() - started, "workers": workers,
+                   "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}})
+    if command:
+        result["command"] = command
     write(result, out_name)
     return result
 
@@ -425,6 +472,11 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, nargs="+", default=None, help="--scaling: these top-k")
     parser.add_argument("--worlds", type=int, nargs="+", default=None, help="--scaling: these process counts")
     parser.add_argument("--steps", type=int, default=None, help="--scaling: timed steps per cell")
+    parser.add_argument("--success", action="store_true",
+                        help="only the MLP vs MoE success study (bootstrap + FERT rounds), no scaling grid")
+    parser.add_argument("--workers", type=int, default=1, help="seeds run at once, one process each")
+    parser.add_argument("--cells", type=Path, default=None,
+                        help="keep each finished seed's scores here; a rerun skips them (a stopped study resumes)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # one thread per process: on a busy 2-core machine threaded tiny ops stall
     if args.probe:
@@ -444,7 +496,10 @@ def main() -> None:
         grid = replace(grid, **{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items() if v})
         run_scaling(grid, "moe_scaling_quick" if args.quick else "moe_scaling")
         return
-    run(QUICK_PLAN if args.quick else FULL, "moe_policy_quick" if args.quick else "moe_policy")
+    command = "python -m benchmarks.moe_policy" + (" --quick" if args.quick else "") + (
+        " --success" if args.success else "") + (f" --workers {args.workers}" if args.workers > 1 else "")
+    run(QUICK_PLAN if args.quick else FULL, "moe_policy_quick" if args.quick else "moe_policy",
+        workers=args.workers, cells=args.cells, scaling=not args.success, command=command)
 
 
 if __name__ == "__main__":

@@ -35,3 +35,22 @@ def test_headline_speedup_is_at_the_largest_experts_on_the_most_processes() -> N
     head = mp.headline_speedup(cells)
     assert (head["experts"], head["world"], head["value"]) == (64, 4, pytest.approx(1.3))
     assert mp.headline_speedup(cells[:1]) == {"value": None}
+
+
+def test_success_study_reports_kept_seeds_without_running_them(tmp_path) -> None:
+    """--cells: a seed whose scores are kept is not run again, and its scores come back as they
+    were written (a stopped study resumes where it stopped)."""
+    import json
+    from dataclasses import asdict, replace
+
+    from benchmarks.fleet_scaling import QUICK
+
+    kept = {"mlp": {"bootstrap": _score(7), "fleet_4": _score(8)}, "moe": {"bootstrap": _score(6), "fleet_4": _score(9)}}
+    for seed in range(2):
+        (tmp_path / f"seed-{seed}.json").write_text(json.dumps(
+            {kind: {phase: asdict(s) for phase, s in phases.items()} for kind, phases in kept.items()}))
+    plan = replace(QUICK["pickplace"], seeds=2, fleet_sizes=(4,))
+    scores = mp.success_study(None, plan, workers=2, cells=tmp_path)  # settings unused: nothing left to run
+    assert scores["moe"]["fleet_4"] == [kept["moe"]["fleet_4"]] * 2
+    assert [s.rate for s in scores["mlp"]["bootstrap"]] == [0.7, 0.7]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["seed-0.json", "seed-1.json"]
