@@ -110,3 +110,26 @@ def test_a_cursor_from_another_dataset_is_not_trusted(settings, tmp_path):
     ids = stored_ids(settings)
     assert set(ids) <= ws.store.episode_ids()  # every episode of the new dataset was embedded
     assert ws.store.embed_cursor() == EmbedCursor(4, ids[-1])
+
+
+def test_dvc_never_walks_the_store_and_a_users_dvcignore_keeps_its_lines(settings, tmp_path):
+    """`dvc add` indexes the whole root first: the store (thousands of LanceDB files at fleet
+    scale), the spool, quarantine and MLflow's runs are ignored, so a snapshot's cost does not
+    grow with them; lines a user wrote stay, ours are added once."""
+    from dvc.repo import Repo
+
+    from components.episodes.snapshot import DVCIGNORE_LINES, ensure_dvc_repo
+
+    root = settings.root
+    root.mkdir(parents=True, exist_ok=True)
+    (root / ".dvcignore").write_text("*.tmp-of-mine")  # a user's line, no trailing newline
+    result = ingest_files(settings, episode_files(settings, tmp_path / "in", seed=5, count=3))
+    assert result.snapshot is not None and result.segments_upserted > 0
+    lines = (root / ".dvcignore").read_text().splitlines()
+    assert lines[0] == "*.tmp-of-mine" and [line for line in lines if line in DVCIGNORE_LINES] == list(DVCIGNORE_LINES)
+    ensure_dvc_repo(root)
+    assert (root / ".dvcignore").read_text().splitlines() == lines  # idempotent
+    with Repo(str(root)) as repo:
+        for folder in (settings.paths.store, settings.paths.incoming, settings.paths.quarantine, settings.paths.mlruns):
+            assert repo.dvcignore.is_ignored_dir(str(folder)), folder
+        assert not repo.dvcignore.is_ignored_dir(str(settings.paths.episodes))

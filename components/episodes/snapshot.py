@@ -16,8 +16,13 @@ from pathlib import Path
 
 import yaml
 
-# The dataset's writer lock is not data.
-DVCIGNORE = ".fleetloop.lock\n"
+from components.fsio import atomic_path
+
+# The dataset's writer lock is not data. And DVC walks the whole root to index it before every
+# `dvc add`: what it never tracks in a root is ignored, or each snapshot's cost grows with the LanceDB store's fragment and version files (its
+# largest folder by file count), the incoming spool, quarantine and MLflow's runs.
+DVCIGNORE_LINES = (".fleetloop.lock", "/datasets/segments.lance/", "/datasets/incoming/", "/datasets/quarantine/",
+                   "/mlruns/")
 REMOTE_NAME = "fleetloop"  # the DVC remote fleetloop configures in a root (.dvc/config)
 
 
@@ -76,9 +81,18 @@ def ensure_dvc_repo(root: Path) -> None:
 
     if not (root / ".dvc").exists():
         Repo.init(str(root), no_scm=not (root / ".git").exists())
-        ignore = root / ".dvcignore"
-        if not ignore.exists():
-            ignore.write_text(DVCIGNORE)
+    ensure_dvcignore(root)
+
+
+def ensure_dvcignore(root: Path) -> None:
+    """``DVCIGNORE_LINES`` in the root's .dvcignore (appended where missing: a root made before a
+    line was added gets it on its next snapshot; the user's own lines stay)."""
+    path = root / ".dvcignore"
+    text = path.read_text() if path.exists() else ""
+    missing = [line for line in DVCIGNORE_LINES if line not in text.splitlines()]
+    if missing:
+        with atomic_path(path) as tmp:
+            tmp.write_text(text + ("" if not text or text.endswith("\n") else "\n") + "\n".join(missing) + "\n")
 
 
 def use_remote(root: Path, remote: DvcRemote) -> None:
