@@ -175,6 +175,7 @@ def grow(scale: Scale, settings: Settings, scratch: Path) -> dict:
     dirs = (settings.paths.episodes, settings.paths.store, settings.root / ".dvc" / "cache")
     partial = scratch.parent / "growth-partial.json"
     rows, upkeeps = resume_growth(partial, ws)
+    resumed_after = len(rows)
     stored = rows[-1]["stored_frames"] if rows else 0
     for batch in range(len(rows), batches):
         seconds = ingest_batch(settings, ws, batch, per_batch, scratch)
@@ -216,6 +217,7 @@ def grow(scale: Scale, settings: Settings, scratch: Path) -> dict:
             "bytes_per_frame_end": rows[-1]["disk_bytes"] / stored,
             "curve": rows,
             "upkeep": upkeeps,
+            "resumed_after_batch": resumed_after,  # > 0: wall_s and the load averages cover the resumed run only
         },
         "throughput": {
             "end_to_end_frames_per_s": frames / statistics.median(seconds),

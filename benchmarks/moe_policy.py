@@ -120,26 +120,33 @@ def with_kind(settings: Settings, kind: str) -> Settings:
 
 
 # ------------------------------------------------------------------------------- success
-def success_study(settings: Settings, plan: Plan, workers: int = 1, cells: Path | None = None) -> dict:
-    """Test-robot scores per kind: ``bootstrap`` and ``fleet_<n>`` lists, one Score per seed.
+def success_study(settings: Settings, plan: Plan, workers: int = 1, cells: Path | None = None,
+                  finished_only: bool = False) -> tuple[dict, list[int]]:
+    """Test-robot scores per kind (``bootstrap`` and ``fleet_<n>`` lists, one Score per seed), and
+    the seeds they are from.
 
     ``workers`` > 1: that many seeds at once, one process and one torch thread each (a seed's
     figures do not depend on which process ran it). ``cells``: a folder that keeps each seed's
-    scores as the seed finishes; seeds already there are not run again, so a stopped study resumes."""
+    scores as the seed finishes; seeds already there are not run again, so a stopped study resumes.
+    ``finished_only``: run nothing, report the seeds the folder holds."""
     scratch = cells or Path(tempfile.mkdtemp(prefix="moe_policy_"))
     scratch.mkdir(parents=True, exist_ok=True)
     try:
-        todo = [seed for seed in range(plan.seeds) if not _seed_file(scratch, seed).exists()]
+        todo = [] if finished_only else [seed for seed in range(plan.seeds) if not _seed_file(scratch, seed).exists()]
         for seed, done in _run_seeds(settings, plan, todo, scratch, workers):
             _seed_file(scratch, seed).write_text(json.dumps(
                 {kind: {phase: asdict(score) for phase, score in phases.items()} for kind, phases in done.items()},
                 indent=1) + "\n")
-        per_seed = [json.loads(_seed_file(scratch, seed).read_text()) for seed in range(plan.seeds)]
+        seeds = [seed for seed in range(plan.seeds) if _seed_file(scratch, seed).exists()]
+        if not seeds:
+            raise SystemExit(f"{scratch} holds no finished seed of this plan: nothing to report")
+        per_seed = [json.loads(_seed_file(scratch, seed).read_text()) for seed in seeds]
     finally:
         if cells is None:
             shutil.rmtree(scratch, ignore_errors=True)
-    return {kind: {phase: [Score(**seed[kind][phase]) for seed in per_seed] for phase in per_seed[0][kind]}
-            for kind in KINDS}
+    scores = {kind: {phase: [Score(**seed[kind][phase]) for seed in per_seed] for phase in per_seed[0][kind]}
+              for kind in KINDS}
+    return scores, seeds
 
 
 def success_seed(settings: Settings, plan: Plan, seed: int, scratch: Path) -> dict[str, dict[str, Score]]:
@@ -358,7 +365,9 @@ def plot(result: dict, path: Path) -> None:
     left.set_xticks(range(len(phases)), [p.replace("_", " ") for p in phases])
     left.set_ylim(0, 1)
     left.set_ylabel("test-robot success (mean over seeds; bars: pooled Wilson; dots: seeds)")
-    left.set_title(f"MLP vs MoE, {result['plan']['seeds']} seeds")
+    reported = result.get("seeds_reported", list(range(result["plan"]["seeds"])))
+    left.set_title(f"MLP vs MoE, {len(reported)} seeds" + (f" (of {result['plan']['seeds']} planned)"
+                                                            if len(reported) < result["plan"]["seeds"] else ""))
     left.legend()
     if "scaling" in result:
         _plot_scaling(right, result)
@@ -401,7 +410,7 @@ def _plot_scaling(right, result: dict) -> None:
 
 
 def run(study: StudyPlan, out_name: str, settings: Settings | None = None, workers: int = 1,
-        cells: Path | None = None, scaling: bool = True, command: str = "") -> dict:
+        cells: Path | None = None, scaling: bool = True, command: str = "", finished_only: bool = False) -> dict:
     """The success study (``workers`` seeds at once; ``cells`` keeps finished seeds) and, with
     ``scaling``, the expert-scaling grid; ``scaling=False`` (``--success``) leaves the grid to
     ``--scaling``'s moe_scaling.json."""
@@ -411,12 +420,13 @@ def run(study: StudyPlan, out_name: str, settings: Settings | None = None, worke
                                    "train": base.train.model_copy(update=study.train)})
     settings = plan_settings(study.cells, base)
     started = time.perf_counter()
-    scores = success_study(settings, study.cells, workers, cells)
+    scores, seeds = success_study(settings, study.cells, workers, cells, finished_only)
     result = {
         "plan": {**{k: v for k, v in study.cells.__dict__.items()}, "scaling": study.scaling.__dict__,
                  "demo": settings.demo.model_dump(), "train": settings.train.model_dump(),
                  "policy_moe": with_kind(settings, "moe").policy.model_dump(), "policy_mlp": settings.policy.model_dump()},
         "success": summarize_success(scores, settings.evaluation.confidence),
+        "seeds_reported": seeds,
     }
     if scaling:
         grid = scaling_study(settings, study.scaling)
@@ -477,6 +487,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="seeds run at once, one process each")
     parser.add_argument("--cells", type=Path, default=None,
                         help="keep each finished seed's scores here; a rerun skips them (a stopped study resumes)")
+    parser.add_argument("--finished-only", action="store_true",
+                        help="with --cells: run nothing, report the seeds the folder holds")
     args = parser.parse_args()
     torch.set_num_threads(1)  # one thread per process: on a busy 2-core machine threaded tiny ops stall
     if args.probe:
@@ -496,10 +508,13 @@ def main() -> None:
         grid = replace(grid, **{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items() if v})
         run_scaling(grid, "moe_scaling_quick" if args.quick else "moe_scaling")
         return
+    if args.finished_only and args.cells is None:
+        parser.error("--finished-only reports what a --cells folder holds: give --cells DIR")
     command = "python -m benchmarks.moe_policy" + (" --quick" if args.quick else "") + (
         " --success" if args.success else "") + (f" --workers {args.workers}" if args.workers > 1 else "")
     run(QUICK_PLAN if args.quick else FULL, "moe_policy_quick" if args.quick else "moe_policy",
-        workers=args.workers, cells=args.cells, scaling=not args.success, command=command)
+        workers=args.workers, cells=args.cells, scaling=not args.success, command=command,
+        finished_only=args.finished_only)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,11 @@ def test_success_study_reports_kept_seeds_without_running_them(tmp_path) -> None
         (tmp_path / f"seed-{seed}.json").write_text(json.dumps(
             {kind: {phase: asdict(s) for phase, s in phases.items()} for kind, phases in kept.items()}))
     plan = replace(QUICK["pickplace"], seeds=2, fleet_sizes=(4,))
-    scores = mp.success_study(None, plan, workers=2, cells=tmp_path)  # settings unused: nothing left to run
-    assert scores["moe"]["fleet_4"] == [kept["moe"]["fleet_4"]] * 2
+    scores, seeds = mp.success_study(None, plan, workers=2, cells=tmp_path)  # settings unused: nothing left to run
+    assert seeds == [0, 1] and scores["moe"]["fleet_4"] == [kept["moe"]["fleet_4"]] * 2
     assert [s.rate for s in scores["mlp"]["bootstrap"]] == [0.7, 0.7]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["seed-0.json", "seed-1.json"]
+    # a study stopped before its last seed: --finished-only reports the seeds that finished
+    (tmp_path / "seed-0.json").unlink()
+    scores, seeds = mp.success_study(None, replace(plan, seeds=3), cells=tmp_path, finished_only=True)
+    assert seeds == [1] and len(scores["mlp"]["fleet_4"]) == 1
