@@ -137,6 +137,11 @@ class EpisodesConfig(Section):
     codebase_version: str = "v3.0"
     robot_type: str = "fleetloop"  # info.json `robot_type`
     compression: Literal["snappy", "zstd", "gzip", "none"] = "snappy"  # Parquet codec
+    # each ingest commits one episodes-table file; once the newest run of files under meta_file_mb
+    # holds meta_merge_files of them, the ingest merges them into one (components/episodes/meta_files.py),
+    # so a first open reads tens of files, not one per ingest (1,003 and 8 s at 10M frames)
+    meta_merge_files: int = Field(default=64, ge=2)
+    meta_file_mb: float = Field(default=16.0, gt=0)
     # every ingest pushes the dataset's DVC snapshot here ("" = the root's DVC cache only):
     # s3://bucket/prefix (keys from env: AWS_ACCESS_KEY_ID, ...) or a shared path
     dvc_remote: str = ""

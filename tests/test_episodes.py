@@ -464,6 +464,84 @@ def test_crash_before_commit_loses_nothing(ds, rng, tmp_path):
     ]
 
 
+def _meta_files(root: Path) -> list[str]:
+    return [f.relative_to(root).as_posix() for f in sorted(root.glob("meta/episodes/chunk-*/file-*.parquet"))]
+
+
+def _without_locations(table: pa.Table) -> pa.Table:
+    return table.drop_columns(["meta/episodes/chunk_index", "meta/episodes/file_index"])
+
+
+def test_the_newest_small_episodes_table_files_are_merged_and_nothing_else_changes(tmp_path, rng):
+    """One episodes-table file per ingest would make a first open read one file per ingest: the
+    writer merges the newest small ones once there are meta_merge_files of them. The table, the
+    episodes, their order and the content hash are those of a dataset that never merged; every
+    row's location names the file that holds it; a new process reads the same."""
+    from components.episodes import meta_files
+
+    batches = [[make_episode(rng, frames=5 + i), make_episode(rng, "robot-0001")] for i in range(7)]
+    plain = EpisodeDataset(tmp_path / "plain", EpisodesConfig(meta_merge_files=1000))
+    merged = EpisodeDataset(tmp_path / "merged", EpisodesConfig(meta_merge_files=3))
+    for batch in batches:
+        plain.add_episodes(batch)
+        merged.add_episodes(batch)
+    assert len(_meta_files(plain.root)) == 7
+    # every file is small here: ingest 3 merges files 0-2 into 3, ingest 5 merges 3-5 into 6, ingest 7 6-8 into 9
+    assert _meta_files(merged.root) == ["meta/episodes/chunk-000/file-009.parquet"]
+    meta_files._cache.clear()  # what a new process sees
+    reopened = EpisodeDataset(merged.root, EpisodesConfig(meta_merge_files=3))
+    for table in (merged.episodes_meta(), reopened.episodes_meta()):
+        assert _without_locations(table).equals(_without_locations(plain.episodes_meta()))
+        assert table.column("episode_index").to_pylist() == list(range(14))
+    assert reopened.content_hash() == plain.content_hash()
+    assert [e.episode_id for e in reopened.episodes()] == [e.episode_id for b in batches for e in b]
+    for chunk, file, index in zip(*(reopened.episodes_meta().column(c).to_pylist() for c in
+                                    ("meta/episodes/chunk_index", "meta/episodes/file_index", "episode_index"))):
+        held = pq.read_table(reopened.root / f"meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet")
+        assert index in held.column("episode_index").to_pylist()
+
+
+def test_only_the_newest_run_of_small_files_is_merged():
+    """A merge takes the trailing run of small files (so the merged file, numbered last, keeps the
+    union in episode order) and only once the run is long enough; big files stay as they are."""
+    from components.episodes.meta_files import MetaFile, tail_to_merge
+
+    def files(*sizes: int) -> list[MetaFile]:
+        return [MetaFile(0, i, Path(f"file-{i:03d}.parquet"), size, 0) for i, size in enumerate(sizes)]
+
+    assert [m.file for m in tail_to_merge(files(9, 1, 1, 1), 3, 5)] == [1, 2, 3]
+    assert tail_to_merge(files(1, 1, 9, 1, 1), 3, 5) == []  # the small files before the big one are not the tail
+    assert [m.file for m in tail_to_merge(files(1, 1, 1, 1), 3, 5)] == [0, 1, 2, 3]
+    assert tail_to_merge(files(9, 9), 2, 5) == []
+
+
+def test_a_merge_that_dies_before_removing_its_files_loses_and_repeats_nothing(tmp_path, rng, monkeypatch):
+    """Fault injection: the merge writes its file, then dies removing the merged ones. Readers see
+    every episode once (the newest file's row); the next merge takes the leftovers along."""
+    from components.episodes import meta_files
+
+    cfg = EpisodesConfig(meta_merge_files=2)
+    ds = EpisodeDataset(tmp_path / "episodes", cfg)
+    ds.add_episodes([make_episode(rng)])
+    real_unlink = Path.unlink
+
+    def dies(self, *args, **kwargs):
+        raise OSError("killed while removing merged files")
+
+    monkeypatch.setattr(Path, "unlink", dies)
+    with pytest.raises(OSError, match="killed"):
+        ds.add_episodes([make_episode(rng)])
+    monkeypatch.setattr(Path, "unlink", real_unlink)
+    assert len(_meta_files(ds.root)) == 3  # files 0, 1 and their merge, 2
+    meta_files._cache.clear()
+    reopened = EpisodeDataset(ds.root, cfg)
+    assert reopened.num_episodes == 2 and reopened.episodes_meta().column("episode_index").to_pylist() == [0, 1]
+    reopened.add_episodes([make_episode(rng)])  # the next merge: leftovers, their merge and the new file
+    assert _meta_files(ds.root) == ["meta/episodes/chunk-000/file-004.parquet"]
+    meta_files._cache.clear()
+    assert EpisodeDataset(ds.root, cfg).episodes_meta().column("episode_index").to_pylist() == [0, 1, 2]
+
+
 def test_stale_info_is_repaired_on_next_write(ds, rng):
     ds.add_episodes([make_episode(rng)])
     info_path = ds.root / INFO_PATH

@@ -3,7 +3,8 @@
 ```
 root/
   meta/info.json                              features, fps, totals, path templates
-  meta/episodes/chunk-XXX/file-XXX.parquet    one row per episode; one new file per ingest (its commit point)
+  meta/episodes/chunk-XXX/file-XXX.parquet    one row per episode; one new file per ingest (its commit point;
+                                              the newest small ones are merged: meta_files.py)
   meta/tasks.parquet                          task string <-> task_index
   meta/stats.json                             per-feature min/max/mean/std/count
   data/chunk-XXX/file-XXX.parquet             frames; one new file per ingest that adds episodes
@@ -42,10 +43,13 @@ import pyarrow.parquet as pq
 from components.config import EpisodesConfig
 from components.episodes.fingerprint import combine_fingerprints, table_fingerprint
 from components.episodes.meta_files import (
+    dedupe_episodes,
     list_meta_files,
     meta_file_path,
     next_meta_number,
     read_episodes_table,
+    read_meta_file,
+    tail_to_merge,
 )
 from components.episodes.quarantine import QuarantinedFile, quarantine_bytes, quarantine_file
 from components.episodes.record import Episode
@@ -788,7 +792,28 @@ class EpisodeDataset:
         self._meta = pa.concat_tables(previous + [added], promote_options="permissive")
         self._write_derived_meta(added)
         _atomic_write_parquet(meta_file_path(self.root, meta_number, chunk_size), added, self.cfg.compression)  # commit
+        self._merge_meta_tail()
         return path
+
+    def _merge_meta_tail(self) -> None:
+        """The newest small episodes-table files merged into one, under a new number, then removed
+        (meta_files.py: why, and why a merge that dies half-way changes nothing). Writer only."""
+        files = list_meta_files(self.root)
+        run = tail_to_merge(files, self.cfg.meta_merge_files, int(self.cfg.meta_file_mb * 2**20))
+        if not run:
+            return
+        chunk_size = self.chunk_size
+        number = next_meta_number(files, chunk_size)
+        chunk, file = divmod(number, chunk_size)
+        rows = pa.concat_tables([read_meta_file(m.path) for m in run], promote_options="permissive")
+        rows = dedupe_episodes(rows, EPISODE_INDEX).combine_chunks()
+        for name, value in ((META_META_CHUNK, chunk), (META_META_FILE, file)):
+            rows = rows.set_column(rows.schema.get_field_index(name), name,
+                                   pa.array(np.full(rows.num_rows, value, dtype=np.int64)))
+        _atomic_write_parquet(meta_file_path(self.root, number, chunk_size), rows, self.cfg.compression)
+        for meta in run:
+            meta.path.unlink(missing_ok=True)
+        self._meta = read_episodes_table(self.root)
 
     def _pooled_stats(self, added: pa.Table) -> dict[str, dict[str, list]] | None:
         """The last stats.json pooled with the added episodes' stats; None when that file does

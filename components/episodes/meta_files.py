@@ -4,9 +4,15 @@ Each ingest appends one new file holding only its episodes' rows, so writing the
 what the batch costs, not what is stored; the new file appearing (temp + ``os.replace``) is the
 ingest's commit point. Readers take the union of the files in (chunk, file) order.
 
-Reading every file on every open would make opening cost grow with the dataset, so a process
-keeps what it has read (``read_episodes_table``): a later open reads only files it has not seen,
-and rereads everything if a file it saw has changed or vanished (a replaced dataset).
+One file per ingest would make a process's first open read thousands of files (1,003 files and
+8 s at 10M frames), so the writer merges the newest small files into one once there are
+``episodes.meta_merge_files`` of them (``tail_to_merge``; LeRobot's writer likewise fills a file
+up to a size): the merged file is written under a new, higher number, then the merged ones are
+removed. A reader that comes between the two sees some episodes twice and keeps the newest
+file's row (``dedupe_episodes``), so a merge that dies half-way loses nothing and changes nothing.
+
+A process keeps what it has read, file by file (``read_episodes_table``): a later open reads
+only files it has not seen (or that changed), so reopening costs a listing, not a reread.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -57,30 +64,53 @@ def next_meta_number(files: list[MetaFile], chunk_size: int) -> int:
     return max((m.chunk * chunk_size + m.file for m in files), default=-1) + 1
 
 
-def _read(path: Path) -> pa.Table:
+def read_meta_file(path: Path) -> pa.Table:
     # One read of the whole file: a writer may os.replace it between pyarrow's reads of a path.
     return pq.read_table(pa.BufferReader(path.read_bytes()))
 
 
-_cache: dict[Path, tuple[tuple[MetaFile, ...], pa.Table]] = {}
+def tail_to_merge(files: list[MetaFile], merge_files: int, small_bytes: int) -> list[MetaFile]:
+    """The newest run of files each under ``small_bytes``, when it holds at least ``merge_files``
+    files (else []). Only a trailing run is merged, so the merged file, numbered after every
+    other, keeps the union in episode order."""
+    run: list[MetaFile] = []
+    for meta in reversed(files):
+        if meta.size >= small_bytes:
+            break
+        run.append(meta)
+    return run[::-1] if len(run) >= merge_files else []
+
+
+_cache: dict[Path, dict[Path, tuple[MetaFile, pa.Table]]] = {}
 _lock = threading.Lock()
 
 
-def read_episodes_table(root: Path) -> pa.Table | None:
-    """The union of the episodes-table files (None when there are none), reading only files
-    this process has not read before."""
+def read_episodes_table(root: Path, episode_index: str = "episode_index") -> pa.Table | None:
+    """The union of the episodes-table files (None when there are none), each episode once,
+    reading only files this process has not read before (or that changed since)."""
     key = Path(root).resolve()
-    files = tuple(list_meta_files(key))
+    files = list_meta_files(key)
     if not files:
         return None
     with _lock:
-        seen, table = _cache.get(key, ((), None))
-    if table is None or files[: len(seen)] != seen:
-        seen, parts = (), []
-    else:
-        parts = [table]
-    parts += [_read(m.path) for m in files[len(seen) :]]
-    table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
+        known = dict(_cache.get(key, {}))
+    parts = []
+    for meta in files:
+        hit = known.get(meta.path)
+        table = hit[1] if hit is not None and hit[0] == meta else read_meta_file(meta.path)
+        known[meta.path] = (meta, table)
+        parts.append(table)
     with _lock:
-        _cache[key] = (files, table)
-    return table
+        _cache[key] = {m.path: known[m.path] for m in files}
+    table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
+    return dedupe_episodes(table, episode_index)
+
+
+def dedupe_episodes(table: pa.Table, episode_index: str) -> pa.Table:
+    """Each episode's row from the newest file that holds it (a merge interrupted before it removed
+    the files it merged leaves two), in episode order."""
+    index = table.column(episode_index).to_numpy()
+    if index.size < 2 or bool((np.diff(index) > 0).all()):
+        return table
+    last = len(index) - 1 - np.unique(index[::-1], return_index=True)[1]  # sorted by episode_index
+    return table.take(pa.array(last))
