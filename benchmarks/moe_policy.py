@@ -351,7 +351,10 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5), width_ratios=(1, 2))
+    if "scaling" in result:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5), width_ratios=(1, 2))
+    else:  # --success: the scaling grid is moe_scaling.png
+        fig, left = plt.subplots(figsize=(6, 5))
     success = result["success"]
     phases = list(success["mlp"])
     for j, kind in enumerate(KINDS):
@@ -371,9 +374,6 @@ def plot(result: dict, path: Path) -> None:
     left.legend()
     if "scaling" in result:
         _plot_scaling(right, result)
-    else:
-        right.axis("off")
-        right.text(0.02, 0.5, "expert scaling: python -m benchmarks.moe_policy --scaling (moe_scaling.json)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
