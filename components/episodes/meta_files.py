@@ -89,17 +89,22 @@ def read_episodes_table(root: Path, episode_index: str = "episode_index") -> pa.
     """The union of the episodes-table files (None when there are none), each episode once,
     reading only files this process has not read before (or that changed since)."""
     key = Path(root).resolve()
-    files = list_meta_files(key)
-    if not files:
-        return None
-    with _lock:
-        known = dict(_cache.get(key, {}))
-    parts = []
-    for meta in files:
-        hit = known.get(meta.path)
-        table = hit[1] if hit is not None and hit[0] == meta else read_meta_file(meta.path)
-        known[meta.path] = (meta, table)
-        parts.append(table)
+    while True:  # a writer's merge may remove a listed file before it is read: list again
+        files = list_meta_files(key)
+        if not files:
+            return None
+        with _lock:
+            known = dict(_cache.get(key, {}))
+        try:
+            parts = []
+            for meta in files:
+                hit = known.get(meta.path)
+                table = hit[1] if hit is not None and hit[0] == meta else read_meta_file(meta.path)
+                known[meta.path] = (meta, table)
+                parts.append(table)
+            break
+        except FileNotFoundError:
+            continue
     with _lock:
         _cache[key] = {m.path: known[m.path] for m in files}
     table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
