@@ -135,11 +135,6 @@ OWN_META_COLUMNS: frozenset[str] = frozenset(
 _VIDEO_LOCATION = re.compile(r"^videos/(?P<key>.+)/(?P<what>chunk_index|file_index)$")
 
 _EPISODE_LEVEL_STORED = (EPISODE_ID, ROBOT_ID, POLICY_VERSION, SUCCESS, INTERRUPTED)
-# the episodes-table columns every stored episode gets (``_meta_rows``); carried meta may not override them
-_META_BASE_COLUMNS = frozenset({
-    EPISODE_INDEX, META_TASKS, META_LENGTH, META_DATA_CHUNK, META_DATA_FILE, META_FROM, META_TO,
-    META_META_CHUNK, META_META_FILE, *_EPISODE_LEVEL_STORED, META_CONTENT_HASH,
-})
 _ARROW_DTYPE_NAMES = {"float": "float32", "double": "float64", "halffloat": "float16"}
 
 
@@ -308,7 +303,7 @@ class EpisodeDataset:
     def _load(self) -> None:
         info_path = self.root / INFO_PATH
         self._info = json.loads(info_path.read_text()) if info_path.exists() else None
-        self._meta = read_episodes_table(self.root)
+        self._meta = read_episodes_table(self.root, EPISODE_INDEX)
         tasks_path = self.root / TASKS_PATH
         self._tasks = read_tasks(tasks_path) if tasks_path.exists() else []
 
@@ -757,7 +752,7 @@ class EpisodeDataset:
             extras: dict[str, pa.Array] = {}
             if item.incoming.meta_extra is not None:
                 for name in item.incoming.meta_extra.column_names:
-                    if name not in _META_BASE_COLUMNS and not is_location_column(name):
+                    if name not in OWN_META_COLUMNS and not is_location_column(name):
                         extras[name] = item.incoming.meta_extra.column(name).combine_chunks()
             for key, src in sorted(item.incoming.videos.items()):
                 slot = video_slots.get((key, Path(src)))
@@ -813,7 +808,7 @@ class EpisodeDataset:
         _atomic_write_parquet(meta_file_path(self.root, number, chunk_size), rows, self.cfg.compression)
         for meta in run:
             meta.path.unlink(missing_ok=True)
-        self._meta = read_episodes_table(self.root)
+        self._meta = read_episodes_table(self.root, EPISODE_INDEX)
 
     def _pooled_stats(self, added: pa.Table) -> dict[str, dict[str, list]] | None:
         """The last stats.json pooled with the added episodes' stats; None when that file does
@@ -939,15 +934,16 @@ def _meta_rows(
     """The episodes-table rows of a stored batch, built column by column (one chunk per column),
     then each episode's carried meta and video locations (null where an episode has none)."""
     count = len(new)
-    ends = first_frame + np.cumsum(np.asarray(lengths, dtype=np.int64))
+    frames = np.asarray(lengths, dtype=np.int64)
+    ends = first_frame + np.cumsum(frames)
     episodes = [item.episode for item in new]
     columns: dict[str, pa.Array] = {
         EPISODE_INDEX: pa.array(np.arange(first_episode, first_episode + count, dtype=np.int64)),
         META_TASKS: pa.array([[ep.task] for ep in episodes], pa.list_(pa.string())),
-        META_LENGTH: pa.array(np.asarray(lengths, dtype=np.int64)),
+        META_LENGTH: pa.array(frames),
         META_DATA_CHUNK: pa.array(np.full(count, data_file[0], dtype=np.int64)),
         META_DATA_FILE: pa.array(np.full(count, data_file[1], dtype=np.int64)),
-        META_FROM: pa.array(ends - np.asarray(lengths, dtype=np.int64)),
+        META_FROM: pa.array(ends - frames),
         META_TO: pa.array(ends),
         META_META_CHUNK: pa.array(np.full(count, meta_file[0], dtype=np.int64)),
         META_META_FILE: pa.array(np.full(count, meta_file[1], dtype=np.int64)),

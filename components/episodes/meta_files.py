@@ -85,30 +85,32 @@ _cache: dict[Path, dict[Path, tuple[MetaFile, pa.Table]]] = {}
 _lock = threading.Lock()
 
 
-def read_episodes_table(root: Path, episode_index: str = "episode_index") -> pa.Table | None:
+def read_episodes_table(root: Path, episode_index: str) -> pa.Table | None:
     """The union of the episodes-table files (None when there are none), each episode once,
     reading only files this process has not read before (or that changed since)."""
     key = Path(root).resolve()
-    while True:  # a writer's merge may remove a listed file before it is read: list again
+    while True:
         files = list_meta_files(key)
         if not files:
             return None
         with _lock:
             known = dict(_cache.get(key, {}))
         try:
-            parts = []
-            for meta in files:
-                hit = known.get(meta.path)
-                table = hit[1] if hit is not None and hit[0] == meta else read_meta_file(meta.path)
-                known[meta.path] = (meta, table)
-                parts.append(table)
-            break
-        except FileNotFoundError:
+            parts = [_cached_read(meta, known) for meta in files]
+        except FileNotFoundError:  # a writer's merge removed a listed file before it was read: list again
             continue
-    with _lock:
-        _cache[key] = {m.path: known[m.path] for m in files}
-    table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
-    return dedupe_episodes(table, episode_index)
+        with _lock:
+            _cache[key] = {m.path: known[m.path] for m in files}
+        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
+        return dedupe_episodes(table, episode_index)
+
+
+def _cached_read(meta: MetaFile, known: dict[Path, tuple[MetaFile, pa.Table]]) -> pa.Table:
+    """``meta``'s table: from ``known`` when that holds this very file, else read (and added)."""
+    hit = known.get(meta.path)
+    if hit is None or hit[0] != meta:
+        known[meta.path] = (meta, read_meta_file(meta.path))
+    return known[meta.path][1]
 
 
 def dedupe_episodes(table: pa.Table, episode_index: str) -> pa.Table:

@@ -19,8 +19,9 @@ import yaml
 from components.fsio import atomic_path
 
 # The dataset's writer lock is not data. And DVC walks the whole root to index it before every
-# `dvc add`: what it never tracks in a root is ignored, or each snapshot's cost grows with the LanceDB store's fragment and version files (its
-# largest folder by file count), the incoming spool, quarantine and MLflow's runs.
+# `dvc add`: what it never tracks in a root is ignored, or each snapshot's cost grows with the
+# LanceDB store's fragment and version files (its largest folder by file count), the incoming
+# spool, quarantine and MLflow's runs.
 DVCIGNORE_LINES = (".fleetloop.lock", "/datasets/segments.lance/", "/datasets/incoming/", "/datasets/quarantine/",
                    "/mlruns/")
 REMOTE_NAME = "fleetloop"  # the DVC remote fleetloop configures in a root (.dvc/config)
