@@ -66,6 +66,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -370,14 +371,14 @@ def run(plan: Plan, out_name: str, workers: int = 1, settings: Settings | None =
     scratch = cells or Path(tempfile.mkdtemp(prefix="fleet_scaling_"))
     scratch.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    todo = [] if finished_only else [s for s in range(plan.seeds) if not _seed_file(scratch, s).exists()]
+    todo = [] if finished_only else [s for s in range(plan.seeds) if not seed_file(scratch, s).exists()]
     try:
-        for seed, done in _run_seeds(settings, plan, todo, scratch, workers):
-            _seed_file(scratch, seed).write_text(json.dumps(_seed_json(done), indent=1) + "\n")
-        seeds = [s for s in range(plan.seeds) if _seed_file(scratch, s).exists()]
+        for seed, done in run_seeds(settings, plan, todo, scratch, workers):
+            seed_file(scratch, seed).write_text(json.dumps(_seed_json(done), indent=1) + "\n")
+        seeds = [s for s in range(plan.seeds) if seed_file(scratch, s).exists()]
         if not seeds:
             raise SystemExit(f"{scratch} holds no finished seed of this plan: nothing to report")
-        per_seed = [_seed_from_json(json.loads(_seed_file(scratch, s).read_text())) for s in seeds]
+        per_seed = [_seed_from_json(json.loads(seed_file(scratch, s).read_text())) for s in seeds]
         rows = [row for _, seed_rows in per_seed for row in seed_rows]
         if log_models:
             log_cell_policies(settings, plan, rows)
@@ -393,20 +394,23 @@ def run(plan: Plan, out_name: str, workers: int = 1, settings: Settings | None =
     return result
 
 
-def _run_seeds(settings: Settings, plan: Plan, seeds: list[int], scratch: Path, workers: int):
-    """(seed, run_seed's result) as each seed finishes."""
+def run_seeds(settings: Settings, plan: Plan, seeds: list[int], scratch: Path, workers: int,
+              job: Callable[[Settings, Plan, int, Path], object] | None = None):
+    """(seed, ``job(settings, plan, seed, scratch)``) as each seed finishes (``job``: ``run_seed``
+    unless given; a module-level function, so a spawned worker can import it)."""
+    job = job or run_seed
     if min(workers, len(seeds)) > 1:
         context = multiprocessing.get_context("spawn")  # LanceDB and torch state do not survive a fork
         with ProcessPoolExecutor(min(workers, len(seeds)), mp_context=context) as pool:
-            futures = {pool.submit(run_seed, settings, plan, seed, scratch): seed for seed in seeds}
+            futures = {pool.submit(job, settings, plan, seed, scratch): seed for seed in seeds}
             for future in as_completed(futures):
                 yield futures[future], future.result()
     else:
         for seed in seeds:
-            yield seed, run_seed(settings, plan, seed, scratch)
+            yield seed, job(settings, plan, seed, scratch)
 
 
-def _seed_file(folder: Path, seed: int) -> Path:
+def seed_file(folder: Path, seed: int) -> Path:
     return folder / f"seed-{seed}.json"
 
 

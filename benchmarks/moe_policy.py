@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing
 import os
 import platform
 import shutil
@@ -48,7 +47,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -64,6 +62,8 @@ from benchmarks.fleet_scaling import (
     cel_run,
     log,
     plan_settings,
+    run_seeds,
+    seed_file,
 )
 from components.config import (
     PolicyConfig,
@@ -132,15 +132,15 @@ def success_study(settings: Settings, plan: Plan, workers: int = 1, cells: Path 
     scratch = cells or Path(tempfile.mkdtemp(prefix="moe_policy_"))
     scratch.mkdir(parents=True, exist_ok=True)
     try:
-        todo = [] if finished_only else [seed for seed in range(plan.seeds) if not _seed_file(scratch, seed).exists()]
-        for seed, done in _run_seeds(settings, plan, todo, scratch, workers):
-            _seed_file(scratch, seed).write_text(json.dumps(
+        todo = [] if finished_only else [seed for seed in range(plan.seeds) if not seed_file(scratch, seed).exists()]
+        for seed, done in run_seeds(settings, plan, todo, scratch, workers, success_seed):
+            seed_file(scratch, seed).write_text(json.dumps(
                 {kind: {phase: asdict(score) for phase, score in phases.items()} for kind, phases in done.items()},
                 indent=1) + "\n")
-        seeds = [seed for seed in range(plan.seeds) if _seed_file(scratch, seed).exists()]
+        seeds = [seed for seed in range(plan.seeds) if seed_file(scratch, seed).exists()]
         if not seeds:
             raise SystemExit(f"{scratch} holds no finished seed of this plan: nothing to report")
-        per_seed = [json.loads(_seed_file(scratch, seed).read_text()) for seed in seeds]
+        per_seed = [json.loads(seed_file(scratch, seed).read_text()) for seed in seeds]
     finally:
         if cells is None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -150,8 +150,10 @@ def success_study(settings: Settings, plan: Plan, workers: int = 1, cells: Path 
 
 
 def success_seed(settings: Settings, plan: Plan, seed: int, scratch: Path) -> dict[str, dict[str, Score]]:
-    """One seed: per kind, the bootstrap champion and the final champion per fleet size."""
+    """One seed (in its own folder under ``scratch``): per kind, the bootstrap champion and the
+    final champion per fleet size."""
     torch.set_num_threads(1)
+    scratch = scratch / f"seed-{seed}"
     scores: dict[str, dict[str, Score]] = {}
     for kind in KINDS:
         for fleet in plan.fleet_sizes:
@@ -163,23 +165,6 @@ def success_seed(settings: Settings, plan: Plan, seed: int, scratch: Path) -> di
             log(f"seed {seed} {kind}: bootstrap {initial.rate:.1%}, after {plan.rounds} {METHOD} rounds at "
                 f"{fleet} robots {row.score.rate:.1%} ({row.seconds:.0f}s)")
     return scores
-
-
-def _run_seeds(settings: Settings, plan: Plan, seeds: list[int], scratch: Path, workers: int):
-    """(seed, success_seed's result) as each seed finishes."""
-    if min(workers, len(seeds)) > 1:
-        context = multiprocessing.get_context("spawn")  # LanceDB and torch state do not survive a fork
-        with ProcessPoolExecutor(min(workers, len(seeds)), mp_context=context) as pool:
-            futures = {pool.submit(success_seed, settings, plan, seed, scratch / f"seed-{seed}"): seed for seed in seeds}
-            for future in as_completed(futures):
-                yield futures[future], future.result()
-    else:
-        for seed in seeds:
-            yield seed, success_seed(settings, plan, seed, scratch / f"seed-{seed}")
-
-
-def _seed_file(folder: Path, seed: int) -> Path:
-    return folder / f"seed-{seed}.json"
 
 
 def _finite(x: float) -> float | None:
