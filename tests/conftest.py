@@ -58,6 +58,21 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in slow)  # stable
 
 
+def pytest_configure(config):
+    """``--dist loadgroup`` under pytest ≥ 9.2 with pytest-xdist ≤ 3.8: xdist groups tests by writing
+    ``item._nodeid``, which pytest 9.2 no longer reads, so every xdist_group is silently split
+    (servers started twice, two whole fleets at once, module fixtures built on both workers)."""
+    if config.getoption("dist", "no") != "loadgroup" or hasattr(config, "workerinput"):
+        return
+    import xdist
+    from packaging.version import Version
+
+    if Version(pytest.__version__) >= Version("9.2") and Version(xdist.__version__) <= Version("3.8.0"):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with pytest-xdist {xdist.__version__} ignores xdist_group marks: "
+            "install the versions pyproject.toml pins (.venv/bin/pip install -e '.[test]')")
+
+
 def _shared_fixture_group(module: str, items: list) -> str | None:
     """The xdist group of a test module whose tests share an expensive fixture, else None."""
     if any(SHARED_SERVER_FIXTURES & set(item.fixturenames) for item in items):

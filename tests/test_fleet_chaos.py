@@ -30,7 +30,7 @@ def test_fleet_under_every_fault_kind_stores_every_episode_exactly_once(tmp_path
     print(json.dumps({k: getattr(report, k) for k in ("finished", "stored", "duplicated", "lost", "corrupted", "faults_by_kind", "seconds")}))
 
     assert report.completed, report.to_json()
-    assert report.leaked_pids == [] and report.outlived_coordinator == 0
+    assert report.leaked_pids == [] and report.outlived_coordinator == 0, report.outlived
     assert set(report.faults_by_kind) == set(FAULT_KINDS) and report.skipped == [], report.faults
     assert report.faults_by_kind["coordinator"] >= 1
     # every episode a robot finished is stored exactly once, uncorrupted
