@@ -352,7 +352,8 @@ def plot(result: dict, path: Path) -> None:
             left.plot([x] * len(success[kind][p]["per_seed"]), success[kind][p]["per_seed"], "k.", ms=4)
     left.set_xticks(range(len(phases)), [p.replace("_", " ") for p in phases])
     left.set_ylim(0, 1)
-    left.set_ylabel("test-robot success (mean over seeds; bars: pooled Wilson; dots: seeds)")
+    left.set_ylabel("test-robot success")
+    left.set_xlabel("bars: mean over seeds, pooled Wilson 95%; dots: one seed each")
     reported = result.get("seeds_reported", list(range(result["plan"]["seeds"])))
     left.set_title(f"MLP vs MoE, {len(reported)} seeds" + (f" (of {result['plan']['seeds']} planned)"
                                                             if len(reported) < result["plan"]["seeds"] else ""))
