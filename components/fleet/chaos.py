@@ -177,7 +177,7 @@ class ChaosReport:
     completed: bool = False  # the drain finished: every robot uploaded everything
     leaked_pids: list[int] = field(default_factory=list)
     outlived_coordinator: int = 0  # members still running stop_grace_s * 2 after a coordinator SIGKILL
-    outlived: list[str] = field(default_factory=list)  # which ones: "<role> pid N gone after S s" (the diagnosis)
+    outlived: list[str] = field(default_factory=list)  # which ones, and how long after the kill they were gone
     seconds: float = 0.0
 
     def to_json(self) -> str:
@@ -492,8 +492,8 @@ class ChaosRun:
         self.report.outlived_coordinator += len(outlived)
         stop_verified(outlived, self.grace, POLL_S)  # what `fleet up` does with orphans
         for member in outlived:
-            after = f"{time.monotonic() - killed_at:.1f} s" if not member.running() else "never (still running)"
-            self.report.outlived.append(f"{member.cmdline} pid {member.pid} stopped by SIGTERM/SIGKILL, gone after {after}")
+            gone = f"gone {time.monotonic() - killed_at:.1f} s after the kill" if not member.running() else "still running"
+            self.report.outlived.append(f"{member.cmdline} (pid {member.pid}): stopped by SIGTERM/SIGKILL, {gone}")
         self._start_coordinator()
         self.coordinator_restarts += 1
 
