@@ -117,6 +117,11 @@ def disk_bytes(*roots: Path) -> int:
     )
 
 
+def dataset_files(folder: Path) -> int:
+    """Files a DVC snapshot of the dataset walks (``.superseded/`` is .dvcignore'd)."""
+    return sum(1 for path in folder.rglob("*") if path.is_file() and ".superseded" not in path.parts)
+
+
 def latency(seconds: list[float], cpu_seconds: list[float] | None = None) -> Latency:
     ms = np.asarray(seconds) * 1000
     cpu = None if cpu_seconds is None else np.asarray(cpu_seconds) * 1000
@@ -183,7 +188,8 @@ def grow(scale: Scale, settings: Settings, scratch: Path) -> dict:
         stored += frames
         store = Workspace(settings).store
         rows.append({"batch": batch, "stored_frames": stored, "segments": store.count(), "seconds": seconds,
-                     "frames_per_s": frames / seconds, "disk_bytes": disk_bytes(*dirs)})
+                     "frames_per_s": frames / seconds, "disk_bytes": disk_bytes(*dirs),
+                     "dataset_files": dataset_files(settings.paths.episodes)})
         if (batch + 1) % scale.upkeep_every == 0:
             t0 = time.perf_counter()
             report = store.upkeep()

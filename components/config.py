@@ -142,6 +142,12 @@ class EpisodesConfig(Section):
     # so a first open reads tens of files, not one per ingest (1,003 and 8 s at 10M frames)
     meta_merge_files: int = Field(default=64, ge=2)
     meta_file_mb: float = Field(default=16.0, gt=0)
+    # ...and merges the data files of those episodes into files of up to data_file_mb (LeRobot's
+    # data_files_size_in_mb), so a DVC snapshot walks tens of files, not one per ingest
+    # (components/episodes/data_files.py); merged-away files stay readable this long for handles
+    # opened before the merge
+    data_file_mb: float = Field(default=100.0, gt=0)
+    superseded_retain_hours: float = Field(default=24.0, ge=0)
     # every ingest pushes the dataset's DVC snapshot here ("" = the root's DVC cache only):
     # s3://bucket/prefix (keys from env: AWS_ACCESS_KEY_ID, ...) or a shared path
     dvc_remote: str = ""

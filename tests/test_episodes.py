@@ -469,7 +469,9 @@ def _meta_files(root: Path) -> list[str]:
 
 
 def _without_locations(table: pa.Table) -> pa.Table:
-    return table.drop_columns(["meta/episodes/chunk_index", "meta/episodes/file_index"])
+    """Episodes-table rows without where they are stored (merges move episodes' rows and frames)."""
+    return table.drop_columns(["meta/episodes/chunk_index", "meta/episodes/file_index", "data/chunk_index",
+                               "data/file_index"])
 
 
 def test_the_newest_small_episodes_table_files_are_merged_and_nothing_else_changes(tmp_path, rng):
@@ -498,6 +500,10 @@ def test_the_newest_small_episodes_table_files_are_merged_and_nothing_else_chang
     for chunk, file, index in zip(*(reopened.episodes_meta().column(c).to_pylist() for c in
                                     ("meta/episodes/chunk_index", "meta/episodes/file_index", "episode_index"))):
         held = pq.read_table(reopened.root / f"meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet")
+        assert index in held.column("episode_index").to_pylist()
+    for chunk, file, index in zip(*(reopened.episodes_meta().column(c).to_pylist() for c in
+                                    ("data/chunk_index", "data/file_index", "episode_index"))):
+        held = pq.read_table(reopened.root / f"data/chunk-{chunk:03d}/file-{file:03d}.parquet")
         assert index in held.column("episode_index").to_pylist()
 
 
@@ -666,3 +672,106 @@ def test_dataset_stats_refuse_rows_of_different_shapes_naming_the_column():
     columns["stats/x/count"] = [[3], [4]]
     with pytest.raises(ValueError, match="stats/x/min has rows of different shapes"):
         stats_from_episodes_meta(pa.table(columns))
+
+
+def _episode_bytes(episode: Episode) -> bytes:
+    return episode_to_ipc(episode)
+
+
+def _data_files(root: Path) -> list[str]:
+    return [f.relative_to(root).as_posix() for f in sorted(root.glob("data/chunk-*/file-*.parquet"))]
+
+
+def test_the_data_files_of_merged_episodes_table_files_are_merged_too_and_readers_see_the_same(tmp_path, rng):
+    """One data file per ingest would make every DVC snapshot walk one file per ingest: when the
+    episodes-table files merge, the small data files of their episodes merge with them, in frame
+    order, each once. Every reader returns what a dataset that never merged returns; a handle
+    opened before the merge still reads (the replaced files wait in .superseded/) until they
+    expire, and then says to refresh."""
+    from components.episodes import meta_files
+
+    batches = [[make_episode(rng, frames=5 + i), make_episode(rng, "robot-0001")] for i in range(7)]
+    plain = EpisodeDataset(tmp_path / "plain", EpisodesConfig(meta_merge_files=1000))
+    cfg = EpisodesConfig(meta_merge_files=3)
+    merged = EpisodeDataset(tmp_path / "merged", cfg)
+    for number, batch in enumerate(batches):
+        plain.add_episodes(batch)
+        merged.add_episodes(batch)
+        if number == 0:
+            stale = EpisodeDataset(merged.root, cfg)  # opened before any merge: names data file 0
+    assert len(_data_files(plain.root)) == 7
+    # ingest 3 merges data 0-2 into 3; ingest 5 writes 4, 5, merges them into 6 (3 was merged: never again);
+    # ingest 7 writes 7, 8 and merges them into 9
+    assert _data_files(merged.root) == [f"data/chunk-000/file-{n:03d}.parquet" for n in (3, 6, 9)]
+    assert sorted(p.name for p in (merged.root / ".superseded").rglob("*.parquet")) == [
+        f"file-{n:03d}.parquet" for n in (0, 1, 2, 4, 5, 7, 8)]
+    assert pq.read_schema(merged.root / "data/chunk-000/file-003.parquet").metadata[b"fleetloop.merged_files"] == b"3"
+    meta_files._cache.clear()
+    reopened = EpisodeDataset(merged.root, cfg)
+    assert reopened.frames().equals(plain.frames())
+    assert [_episode_bytes(e) for e in reopened.episodes()] == [_episode_bytes(e) for e in plain.episodes()]
+    order = [9, 0, 13, 4]
+    got, want = reopened.episode_columns(order, ("action",)), plain.episode_columns(order, ("action",))
+    assert np.array_equal(got["action"], want["action"])
+    assert [e.episode_id for e in reopened.load_episodes(order)] == [e.episode_id for e in plain.load_episodes(order)]
+    assert reopened.content_hash() == plain.content_hash()
+    assert [e.episode_id for e in stale.episodes()] == [e.episode_id for e in batches[0]]  # from .superseded/
+
+    EpisodeDataset(merged.root, cfg.model_copy(update={"superseded_retain_hours": 0})).add_episodes(
+        [make_episode(rng)])  # no merge due: nothing expires yet
+    assert len(list((merged.root / ".superseded").rglob("*.parquet"))) == 7
+    expiring = EpisodeDataset(merged.root, cfg.model_copy(update={"superseded_retain_hours": 0}))
+    expiring.add_episodes([make_episode(rng)])
+    expiring.add_episodes([make_episode(rng)])  # the third small file since the last merge: a merge, which sweeps
+    assert not list((merged.root / ".superseded").rglob("file-000.parquet"))
+    with pytest.raises(FileNotFoundError, match=r"file-000\.parquet is missing .*refresh\(\) the dataset handle"):
+        list(stale.episodes())
+    stale.refresh()
+    assert [e.episode_id for e in stale.episodes(0, 2)] == [e.episode_id for e in batches[0]]
+
+
+def test_data_files_merge_once_in_frame_order_within_the_size_cap():
+    """A group is contiguous in frame order, under the cap, of files never merged before."""
+    from components.episodes.data_files import DataFile, plan_data_merge
+
+    def f(n: int, first: int, size: int = 10, merged: bool = False) -> DataFile:
+        return DataFile((0, n), first, 5, size, merged)
+
+    def keys(groups):
+        return [[item.key[1] for item in group] for group in groups]
+
+    assert keys(plan_data_merge([f(2, 10), f(0, 0), f(1, 5)], 100)) == [[0, 1, 2]]
+    assert keys(plan_data_merge([f(0, 0), f(1, 5, merged=True), f(2, 10), f(3, 15)], 100)) == [[2, 3]]
+    assert keys(plan_data_merge([f(0, 0), f(1, 5), f(2, 11), f(3, 16)], 100)) == [[0, 1], [2, 3]]  # a gap
+    assert keys(plan_data_merge([f(0, 0, 40), f(1, 5, 40), f(2, 10, 40), f(3, 15, 100)], 100)) == [[0, 1]]
+    assert plan_data_merge([f(0, 0)], 100) == []
+
+
+def test_a_data_merge_that_dies_after_its_commit_loses_nothing_and_the_next_merge_tidies(tmp_path, rng, monkeypatch):
+    """Fault injection: the merge commits (the new episodes-table file names the merged data
+    file), then dies before moving the replaced files aside. Every episode reads once and whole;
+    the next merge moves the leftovers to .superseded/."""
+    from components.episodes import data_files, meta_files
+
+    cfg = EpisodesConfig(meta_merge_files=2)
+    ds = EpisodeDataset(tmp_path / "episodes", cfg)
+    first = [make_episode(rng), make_episode(rng)]
+    ds.add_episodes(first[:1])
+
+    def dies(root, keys):
+        raise OSError("killed before moving the merged-away data files")
+
+    monkeypatch.setattr("components.episodes.dataset.supersede", dies)
+    with pytest.raises(OSError, match="killed"):
+        ds.add_episodes(first[1:])
+    monkeypatch.setattr("components.episodes.dataset.supersede", data_files.supersede)
+    assert _data_files(ds.root) == [f"data/chunk-000/file-{n:03d}.parquet" for n in (0, 1, 2)]
+    meta_files._cache.clear()
+    reopened = EpisodeDataset(ds.root, cfg)
+    assert [_episode_bytes(e) for e in reopened.episodes()] == [_episode_bytes(e) for e in first]
+    reopened.add_episodes([make_episode(rng)])
+    reopened.add_episodes([make_episode(rng)])  # a merge: leftovers 0 and 1 move aside with 3 and 4
+    assert _data_files(ds.root) == ["data/chunk-000/file-002.parquet", "data/chunk-000/file-005.parquet"]
+    assert sorted(p.name for p in (ds.root / ".superseded").rglob("*.parquet")) == [
+        f"file-{n:03d}.parquet" for n in (0, 1, 3, 4)]
+    assert reopened.num_episodes == 4 and len(list(reopened.episodes())) == 4

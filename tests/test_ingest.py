@@ -130,6 +130,8 @@ def test_dvc_never_walks_the_store_and_a_users_dvcignore_keeps_its_lines(setting
     ensure_dvc_repo(root)
     assert (root / ".dvcignore").read_text().splitlines() == lines  # idempotent
     with Repo(str(root)) as repo:
-        for folder in (settings.paths.store, settings.paths.incoming, settings.paths.quarantine, settings.paths.mlruns):
+        superseded = settings.paths.episodes / ".superseded"  # data files a merge replaced (data_files.py)
+        for folder in (settings.paths.store, settings.paths.incoming, settings.paths.quarantine, settings.paths.mlruns,
+                       superseded):
             assert repo.dvcignore.is_ignored_dir(str(folder)), folder
         assert not repo.dvcignore.is_ignored_dir(str(settings.paths.episodes))

@@ -42,6 +42,17 @@ import pyarrow.parquet as pq
 
 from components.config import EpisodesConfig
 from components.episodes.fingerprint import combine_fingerprints, table_fingerprint
+from components.episodes.data_files import (
+    DATA_PATH,
+    TMP_SUFFIX,
+    describe,
+    plan_data_merge,
+    read_data_file,
+    supersede,
+    sweep,
+    unreferenced,
+    write_merged,
+)
 from components.episodes.meta_files import (
     dedupe_episodes,
     list_meta_files,
@@ -88,13 +99,10 @@ STATS_PATH = "meta/stats.json"
 TASKS_PATH = "meta/tasks.parquet"
 EPISODES_META_PATH = "meta/episodes/chunk-000/file-000.parquet"  # the first file (exports write one)
 CHUNK_FILE_PATTERN = "chunk-{chunk_index:03d}/file-{file_index:03d}"
-DATA_PATH = "data/" + CHUNK_FILE_PATTERN + ".parquet"
 VIDEO_PATH = "videos/{video_key}/" + CHUNK_FILE_PATTERN + ".mp4"
 LOCK_NAME = ".fleetloop.lock"
-TMP_SUFFIX = ".tmp"
 FPS_TOLERANCE = 1e-6  # fps are compared as floats (info.json may hold 30 or 30.0)
-# LeRobot's defaults, written to info.json for readers that expect them.
-DATA_FILES_SIZE_IN_MB = 100
+# LeRobot's default, written to info.json for readers that expect it.
 VIDEO_FILES_SIZE_IN_MB = 500
 
 # LeRobot bookkeeping columns of data files: storage positions, reassigned on every store.
@@ -454,7 +462,7 @@ class EpisodeDataset:
         keys = list(zip(meta.column(META_DATA_CHUNK).to_pylist(), meta.column(META_DATA_FILE).to_pylist()))
         wanted = set(meta.column(EPISODE_INDEX).to_pylist())
         for key in dict.fromkeys(keys):  # files in the order their episodes come
-            table = pq.read_table(self.root / DATA_PATH.format(chunk_index=key[0], file_index=key[1]))
+            table = read_data_file(self.root, key)
             index = table.column(EPISODE_INDEX).to_numpy()
             keep = np.isin(index, np.fromiter(wanted, dtype=np.int64, count=len(wanted)))
             yield self._with_task(table if keep.all() else table.filter(pa.array(keep)))
@@ -471,8 +479,7 @@ class EpisodeDataset:
         loaded: tuple[tuple[int, int], pa.Table] | None = None
         for key, start, length in zip(keys, starts, lengths):
             if loaded is None or loaded[0] != key:
-                table = pq.read_table(self.root / DATA_PATH.format(chunk_index=key[0], file_index=key[1]))
-                loaded = (key, table)
+                loaded = (key, read_data_file(self.root, key))
             data = loaded[1]
             first_index = data.column(INDEX)[0].as_py()
             rows = data.slice(start - first_index, length)
@@ -491,7 +498,7 @@ class EpisodeDataset:
         bounds = np.concatenate([[0], np.cumsum([span.length for span in spans])]).astype(np.int64)
         out: dict[str, np.ndarray] = {}
         for key, wanted in _spans_by_file(spans):
-            table = pq.read_table(self._data_path(key), columns=[INDEX, *columns])
+            table = read_data_file(self.root, key, [INDEX, *columns])
             first = table.column(INDEX)[0].as_py()
             for name in columns:
                 values = _float32_frames(table.column(name))
@@ -508,7 +515,7 @@ class EpisodeDataset:
         spans = self._spans(episode_indices)
         out: list[Episode | None] = [None] * len(spans)
         for key, wanted in _spans_by_file(spans):
-            table = pq.read_table(self._data_path(key))
+            table = read_data_file(self.root, key)
             first = table.column(INDEX)[0].as_py()
             for order, span in wanted:
                 rows = table.slice(span.start - first, span.length)
@@ -531,9 +538,6 @@ class EpisodeDataset:
                 rows.column(META_FROM).to_pylist(), rows.column(META_LENGTH).to_pylist(), strict=True,
             )
         ]
-
-    def _data_path(self, key: tuple[int, int]) -> Path:
-        return self.root / DATA_PATH.format(chunk_index=key[0], file_index=key[1])
 
     # ---------------------------------------------------------------- ingest
 
@@ -792,7 +796,8 @@ class EpisodeDataset:
 
     def _merge_meta_tail(self) -> None:
         """The newest small episodes-table files merged into one, under a new number, then removed
-        (meta_files.py: why, and why a merge that dies half-way changes nothing). Writer only."""
+        (meta_files.py: why, and why a merge that dies half-way changes nothing); the small data
+        files their episodes sit in are merged with them (data_files.py). Writer only."""
         files = list_meta_files(self.root)
         run = tail_to_merge(files, self.cfg.meta_merge_files, int(self.cfg.meta_file_mb * 2**20))
         if not run:
@@ -801,14 +806,48 @@ class EpisodeDataset:
         number = next_meta_number(files, chunk_size)
         chunk, file = divmod(number, chunk_size)
         rows = pa.concat_tables([read_meta_file(m.path) for m in run], promote_options="permissive")
-        rows = dedupe_episodes(rows, EPISODE_INDEX).combine_chunks()
+        rows, merged_away = self._merge_data_files(dedupe_episodes(rows, EPISODE_INDEX).combine_chunks())
         for name, value in ((META_META_CHUNK, chunk), (META_META_FILE, file)):
-            rows = rows.set_column(rows.schema.get_field_index(name), name,
-                                   pa.array(np.full(rows.num_rows, value, dtype=np.int64)))
-        _atomic_write_parquet(meta_file_path(self.root, number, chunk_size), rows, self.cfg.compression)
+            rows = _with_int_column(rows, name, np.full(rows.num_rows, value, dtype=np.int64))
+        _atomic_write_parquet(meta_file_path(self.root, number, chunk_size), rows, self.cfg.compression)  # commit
         for meta in run:
             meta.path.unlink(missing_ok=True)
         self._meta = read_episodes_table(self.root, EPISODE_INDEX)
+        below = self._next_file_number()
+        leftovers = unreferenced(self.root, set(self._file_keys()), below, chunk_size)  # of a merge that died
+        supersede(self.root, sorted(set(merged_away) | set(leftovers)))
+        sweep(self.root, self.cfg.superseded_retain_hours)
+
+    def _merge_data_files(self, rows: pa.Table) -> tuple[pa.Table, list[tuple[int, int]]]:
+        """``rows`` (episodes-table rows about to be merged) pointing at merged data files, and the
+        keys of the files merged away. Only files that no episode outside ``rows`` names are
+        merged, so the new episodes-table file is the one place that has to change."""
+        assert self._meta is not None
+        keys = np.stack([rows.column(META_DATA_CHUNK).to_numpy(), rows.column(META_DATA_FILE).to_numpy()], axis=1)
+        everywhere = np.stack([self._meta.column(META_DATA_CHUNK).to_numpy(),
+                               self._meta.column(META_DATA_FILE).to_numpy()], axis=1)
+        starts, lengths = rows.column(META_FROM).to_numpy(), rows.column(META_LENGTH).to_numpy()
+        candidates = []
+        for key in np.unique(keys, axis=0):
+            mine = (keys == key).all(axis=1)
+            if int(mine.sum()) != int((everywhere == key).all(axis=1).sum()):
+                continue
+            first = int(starts[mine].min())
+            frames = int((starts[mine] + lengths[mine]).max()) - first
+            candidates.append(describe(self.root, (int(key[0]), int(key[1])), first, frames))
+        groups = plan_data_merge(candidates, int(self.cfg.data_file_mb * 2**20))
+        chunks, files = keys[:, 0].copy(), keys[:, 1].copy()
+        number = self._next_file_number()
+        merged_away: list[tuple[int, int]] = []
+        for offset, group in enumerate(groups):
+            new_key = divmod(number + offset, self.chunk_size)
+            write_merged(self.root, group, new_key, self.cfg.compression)
+            for old in group:
+                moved = (keys == np.array(old.key)).all(axis=1)
+                chunks[moved], files[moved] = new_key
+                merged_away.append(old.key)
+        rows = _with_int_column(rows, META_DATA_CHUNK, chunks)
+        return _with_int_column(rows, META_DATA_FILE, files), merged_away
 
     def _pooled_stats(self, added: pa.Table) -> dict[str, dict[str, list]] | None:
         """The last stats.json pooled with the added episodes' stats; None when that file does
@@ -835,7 +874,8 @@ class EpisodeDataset:
             "total_frames": 0,
             "total_tasks": 0,
             "chunks_size": self.cfg.chunk_size,
-            "data_files_size_in_mb": DATA_FILES_SIZE_IN_MB,
+            "data_files_size_in_mb": int(self.cfg.data_file_mb) if float(self.cfg.data_file_mb).is_integer()
+            else self.cfg.data_file_mb,
             "video_files_size_in_mb": VIDEO_FILES_SIZE_IN_MB,
             "fps": int(fps) if float(fps).is_integer() else fps,
             "splits": {"train": "0:0"},
@@ -855,6 +895,10 @@ class EpisodeDataset:
             stats = stats_from_episodes_meta(self._meta)
         _atomic_write_bytes(self.root / STATS_PATH, json.dumps(stats, indent=4).encode())
         _atomic_write_bytes(self.root / INFO_PATH, json.dumps(self._info, indent=4).encode())
+
+
+def _with_int_column(table: pa.Table, name: str, values: np.ndarray) -> pa.Table:
+    return table.set_column(table.schema.get_field_index(name), name, pa.array(values, pa.int64()))
 
 
 def _pool(old: dict[str, list] | None, new: dict[str, list] | None) -> dict[str, list] | None:

@@ -18,12 +18,13 @@ import yaml
 
 from components.fsio import atomic_path
 
-# The dataset's writer lock is not data. And DVC walks the whole root to index it before every
-# `dvc add`: what it never tracks in a root is ignored, or each snapshot's cost grows with the
-# LanceDB store's fragment and version files (its largest folder by file count), the incoming
-# spool, quarantine and MLflow's runs.
-DVCIGNORE_LINES = (".fleetloop.lock", "/datasets/segments.lance/", "/datasets/incoming/", "/datasets/quarantine/",
-                   "/mlruns/")
+# The dataset's writer lock is not data, nor are the data files a merge replaced (kept a while
+# for readers opened before it, components/episodes/data_files.py). And DVC walks the whole root
+# to index it before every `dvc add`: what it never tracks in a root is ignored, or each
+# snapshot's cost grows with the LanceDB store's fragment and version files (its largest folder
+# by file count), the incoming spool, quarantine and MLflow's runs.
+DVCIGNORE_LINES = (".fleetloop.lock", ".superseded/", "/datasets/segments.lance/", "/datasets/incoming/",
+                   "/datasets/quarantine/", "/mlruns/")
 REMOTE_NAME = "fleetloop"  # the DVC remote fleetloop configures in a root (.dvc/config)
 
 
