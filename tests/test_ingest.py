@@ -14,7 +14,7 @@ import numpy as np
 from components.config import Settings
 from components.episodes.record import Episode, new_episode_id
 from components.episodes.schema import write_episode_file
-from components.pipeline.ingest import episodes_to_embed, ingest_files, read_file, store_episodes
+from components.pipeline.ingest import embed, episodes_to_embed, ingest_files, read_file, store_episodes, upsert
 from components.pipeline.workspace import Workspace
 from components.store.segment_store import EmbedCursor
 
@@ -46,7 +46,7 @@ def test_each_ingest_embeds_only_its_batch_and_moves_the_cursor(settings, tmp_pa
     first = ingest_files(settings, episode_files(settings, tmp_path / "in", seed=1, count=5), snapshot=False)
     ids = stored_ids(settings)
     assert first.segments_upserted > 0
-    assert Workspace(settings).store.embed_cursor() == EmbedCursor(5, ids[-1])
+    assert Workspace(settings).store.embed_cursor() == EmbedCursor(5, ids[-1], rows=first.segments_upserted)
 
     # the first batch's data file is gone while the second ingests: had ingest read stored
     # episodes (the old scan), it would fail here
@@ -61,7 +61,7 @@ def test_each_ingest_embeds_only_its_batch_and_moves_the_cursor(settings, tmp_pa
     ids = stored_ids(settings)
     assert len(second.report.added) == 4 and len(ids) == 9
     assert ws.store.episode_ids() == set(ids)
-    assert ws.store.embed_cursor() == EmbedCursor(9, ids[-1])
+    assert ws.store.embed_cursor() == EmbedCursor(9, ids[-1], rows=ws.store.count())
 
     # re-ingesting the same files: nothing stored, nothing embedded, the table version stays
     version = ws.store.version
@@ -81,7 +81,56 @@ def test_an_ingest_that_died_before_embedding_is_completed_by_the_next(settings,
     ws = Workspace(settings)
     ids = stored_ids(settings)
     assert ws.store.episode_ids() == set(ids) and len(ids) == 8
-    assert ws.store.embed_cursor() == EmbedCursor(8, ids[-1]) and episodes_to_embed(settings) == []
+    assert ws.store.embed_cursor() == EmbedCursor(8, ids[-1], rows=ws.store.count())
+    assert episodes_to_embed(settings) == []
+
+
+def test_upserts_skip_the_lookup_only_while_the_cursors_row_count_holds(settings, tmp_path):
+    """Appending a batch without looking its rows up is safe only while the table has the rows
+    the cursor counted. A write the cursor did not see (an ingest that died between its upsert and
+    its cursor, here) makes the next upsert look its rows up: nothing is stored twice."""
+    ingest_files(settings, episode_files(settings, tmp_path / "in", seed=1, count=3), snapshot=False)
+    ws = Workspace(settings)
+    encoder = ws.store.load_encoder()
+    assert ws.store.embed_cursor().rows == ws.store.count() > 0
+
+    def store_and_embed(seed: int) -> list[Episode]:
+        files = episode_files(settings, tmp_path / "in", seed=seed, count=3)
+        store_episodes(settings, [read_file(settings, f) for f in files])
+        return episodes_to_embed(settings)
+
+    # an ordinary ingest: the chain holds, the batch is appended without a lookup
+    appended = upsert(settings, [embed(settings, store_and_embed(2), encoder, "")], encoder)
+    assert not appended.looked_up and appended.inserted == appended.segments > 0
+    assert Workspace(settings).store.embed_cursor().rows == appended.rows_after == Workspace(settings).store.count()
+
+    # the next ingest upserts its episodes, then dies before moving the cursor
+    store = Workspace(settings).store
+    died = store.upsert_rows(embed(settings, store_and_embed(3), encoder, ""), encoder)
+    assert died.inserted > 0 and store.embed_cursor().rows == died.rows_before < died.rows_after
+
+    # the next one sees a table the cursor did not count: it looks its rows up, stores none twice
+    redone = upsert(settings, [embed(settings, episodes_to_embed(settings), encoder, "")], encoder)
+    assert redone.looked_up and redone.inserted == 0 and redone.unchanged == redone.segments > 0
+    ws = Workspace(settings)
+    segment_ids = ws.store._table.search().select(["segment_id"]).limit(None).to_arrow().column("segment_id")
+    assert len(segment_ids) == len(set(segment_ids.to_pylist())) == ws.store.count()
+    ids = stored_ids(settings)
+    assert ws.store.episode_ids() == set(ids) and len(ids) == 9
+    # the extra rows were all the batch's own (the lookup's hits): the chain holds again
+    assert ws.store.embed_cursor() == EmbedCursor(9, ids[-1], rows=ws.store.count())
+
+    # a writer the cursor does not know (rows of an episode no ingest stored) breaks the chain
+    rng = np.random.default_rng(5)
+    states = np.cumsum(rng.standard_normal((24, ws.obs_dim)), axis=0).astype(np.float32)
+    stranger = Episode(
+        episode_id=new_episode_id(rng), robot_id="robot-0099", task="pick-place", states=states,
+        actions=np.zeros((24, ws.act_dim), np.float32), timestamps=np.arange(24, dtype=np.float32) / 10, success=True,
+    )
+    ws.store.upsert([stranger], encoder, snapshot="")
+    after = upsert(settings, [embed(settings, store_and_embed(6), encoder, "")], encoder)
+    assert after.looked_up and after.inserted == after.segments > 0
+    assert Workspace(settings).store.embed_cursor().rows == -1
 
 
 def test_a_store_without_a_cursor_is_caught_up_once(settings, tmp_path):
@@ -98,7 +147,8 @@ def test_a_store_without_a_cursor_is_caught_up_once(settings, tmp_path):
     ws = Workspace(settings)
     ids = stored_ids(settings)
     assert ws.store.episode_ids() == set(ids) and len(ids) == 6
-    assert ws.store.embed_cursor() == EmbedCursor(6, ids[-1])
+    # the store held rows before any cursor: no row count is trusted, upserts look rows up
+    assert ws.store.embed_cursor() == EmbedCursor(6, ids[-1], rows=-1)
 
 
 def test_a_cursor_from_another_dataset_is_not_trusted(settings, tmp_path):
@@ -109,7 +159,7 @@ def test_a_cursor_from_another_dataset_is_not_trusted(settings, tmp_path):
     ws = Workspace(settings)
     ids = stored_ids(settings)
     assert set(ids) <= ws.store.episode_ids()  # every episode of the new dataset was embedded
-    assert ws.store.embed_cursor() == EmbedCursor(4, ids[-1])
+    assert ws.store.embed_cursor() == EmbedCursor(4, ids[-1], rows=-1)  # the old rows stay
 
 
 def test_dvc_never_walks_the_store_and_a_users_dvcignore_keeps_its_lines(settings, tmp_path):

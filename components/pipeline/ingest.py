@@ -161,9 +161,13 @@ def _cursor_start(ws: Workspace) -> int | None:
     return cursor.episodes
 
 
-def advance_embed_cursor(settings: Settings, upserted_ids: set[str]) -> EmbedCursor | None:
+def advance_embed_cursor(
+    settings: Settings, upserted_ids: set[str], report: UpsertReport | None = None
+) -> EmbedCursor | None:
     """Move the cursor over the stored episodes that now have segments: those just upserted
-    (and, while no cursor matches, those the store already holds), up to the first gap."""
+    (and, while no cursor matches, those the store already holds), up to the first gap.
+
+    With the upsert's ``report`` it also records ``EmbedCursor.rows`` (see ``_covered_rows``)."""
     ws = Workspace(settings)
     start = _cursor_start(ws)
     known = upserted_ids if start is not None else upserted_ids | ws.store.episode_ids()
@@ -172,9 +176,24 @@ def advance_embed_cursor(settings: Settings, upserted_ids: set[str]) -> EmbedCur
     gap = int(np.argmin(covered)) if not covered.all() else len(ids)
     if gap == 0:
         return ws.store.embed_cursor() if start is not None else None
-    cursor = EmbedCursor(episodes=(start or 0) + gap, last_episode_id=ids[gap - 1])
+    rows = _covered_rows(ws.store.embed_cursor() if start is not None else None, report, upserted_ids <= set(ids[:gap]))
+    cursor = EmbedCursor(episodes=(start or 0) + gap, last_episode_id=ids[gap - 1], rows=rows)
     ws.store.set_embed_cursor(cursor)
     return cursor
+
+
+def _covered_rows(before: EmbedCursor | None, report: UpsertReport | None, upserted_covered: bool) -> int:
+    """The row count at which every stored segment belongs to the new cursor's episodes, or -1.
+
+    By induction, on counts the upsert read under the store's write lock: before the write, the
+    rows not of this batch's episodes were exactly the old cursor's ``rows`` (for a store without a
+    cursor: none), and the new cursor covers this batch. An ingest that died between its upsert
+    and its cursor is caught up this way too (its rows are the next batch's lookup hits); another
+    writer's rows break the chain: -1, and later upserts look their rows up, as before."""
+    if report is None or report.rows_before < 0 or not upserted_covered:
+        return -1
+    held_before = before.rows if before is not None else 0
+    return report.rows_after if report.rows_before - report.stored_before == held_before else -1
 
 
 def embed(settings: Settings, episodes: list[Episode], encoder: WindowEncoder, snapshot: str) -> pa.Table:
@@ -183,15 +202,26 @@ def embed(settings: Settings, episodes: list[Episode], encoder: WindowEncoder, s
 
 def upsert(settings: Settings, rows: list[pa.Table], encoder: WindowEncoder) -> UpsertReport | None:
     """Merge the rows, move the embed cursor over their episodes, keep the index up (build or fold)."""
-    store = Workspace(settings).store
+    ws = Workspace(settings)
     if not rows:
         advance_embed_cursor(settings, set())  # records a first cursor for a store that lacks one
         return None
     table = pa.concat_tables(rows)
-    report = store.upsert_rows(table, encoder)
-    advance_embed_cursor(settings, set(table.column("episode_id").unique().to_pylist()))
-    store.ensure_index()
+    upserted = set(table.column("episode_id").unique().to_pylist())
+    report = ws.store.upsert_rows(table, encoder, absent_at_rows=_absent_at_rows(ws, upserted))
+    advance_embed_cursor(settings, upserted, report)
+    ws.store.ensure_index()
     return report
+
+
+def _absent_at_rows(ws: Workspace, episode_ids: set[str]) -> int:
+    """The cursor's ``rows`` when all these episodes come after it (then, at that count, the
+    store holds none of them); -1 otherwise."""
+    start = _cursor_start(ws)
+    cursor = ws.store.embed_cursor()
+    if start is None or cursor is None or cursor.rows < 0:
+        return -1
+    return cursor.rows if episode_ids <= set(ws.dataset.episode_ids(start)) else -1
 
 
 def embed_pending(settings: Settings, snapshot: str = "") -> int:
