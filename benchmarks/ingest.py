@@ -12,8 +12,8 @@
    synthetic episodes with the default simulator's widths (11-dim state, 3-dim action; windows
    8 × 11 = 88), written as one Parquet file per episode (untimed: that is the robot's side).
    Per batch: wall time, frames/s, disk bytes (dataset + DVC cache + store). Every
-   ``--upkeep-every`` batches ``SegmentStore.upkeep()`` runs (compaction, index retrain, pruning),
-   as the scheduled ``store-upkeep`` flow would; it is timed separately.
+   ``--upkeep-every`` batches ``upkeep_store`` runs (compaction, index retrain, pruning, the
+   embed cursor's row count), as the scheduled ``store-upkeep`` flow does; it is timed separately.
    ``--knn-only`` skips it: one batch through ``ingest_files`` (DVC, dataset, the encoder fitted
    and saved as the product does), then straight to phase 2.
 2. **kNN**: the same store topped up with ``SegmentStore.upsert`` to ``--knn-segments``, its
@@ -47,7 +47,7 @@ import numpy as np
 from components.config import Settings, load_settings
 from components.episodes.record import Episode, new_episode_id
 from components.episodes.schema import write_episode_file
-from components.pipeline.ingest import ingest_files
+from components.pipeline.ingest import ingest_files, upkeep_store
 from components.pipeline.workspace import Workspace
 from components.store import SegmentStore, episode_windows
 from components.store.index_plan import search_params
@@ -69,7 +69,7 @@ class Scale:
     batch_frames: int
     knn_segments: int  # store size for the kNN benchmark
     queries: int
-    upkeep_every: int  # batches between SegmentStore.upkeep() calls
+    upkeep_every: int  # batches between upkeep_store calls (the store-upkeep flow)
     retain_days: float | None = None  # overrides store.retain_versions_days (0: what a week later looks like)
     knn_only: bool = False  # no growth curve: one ingest batch (fits the encoder), then the kNN phase
 
@@ -192,7 +192,7 @@ def grow(scale: Scale, settings: Settings, scratch: Path) -> dict:
                      "dataset_files": dataset_files(settings.paths.episodes)})
         if (batch + 1) % scale.upkeep_every == 0:
             t0 = time.perf_counter()
-            report = store.upkeep()
+            report = upkeep_store(settings)
             upkeeps.append({"after_batch": batch, "stored_frames": stored, "seconds": time.perf_counter() - t0,
                             "store_bytes_before": report.bytes_before, "store_bytes_after": report.bytes_after,
                             "versions_before": report.versions_before, "versions_after": report.versions_after,

@@ -1,4 +1,5 @@
-"""`store-upkeep`: compact the segment store, retrain its index as it grows, prune old versions.
+"""`store-upkeep`: compact the segment store, retrain its index as it grows, prune old versions,
+restore the embed cursor's row count if it broke (``components.pipeline.ingest.upkeep_store``).
 
 Versions older than ``store.retain_versions_days`` go; tagged versions (lineage) stay. Runs on
 ``store.upkeep_cron`` when served (``deployment``), or by hand: ``fleetloop store-upkeep``.
@@ -10,7 +11,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from components.config import Settings
-from components.pipeline.workspace import Workspace
+from components.pipeline.ingest import upkeep_store
 from components.store.segment_store import UpkeepReport
 from flows.runtime import flow_options, io_options, prepare_environment
 
@@ -19,7 +20,7 @@ DEPLOYMENT = "store-upkeep"
 
 @task(name="store-upkeep", cache_policy=NO_CACHE)
 def upkeep_task(settings: Settings) -> UpkeepReport:
-    return Workspace(settings).store.upkeep()
+    return upkeep_store(settings)
 
 
 @flow(name="store-upkeep")

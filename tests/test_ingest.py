@@ -14,7 +14,15 @@ import numpy as np
 from components.config import Settings
 from components.episodes.record import Episode, new_episode_id
 from components.episodes.schema import write_episode_file
-from components.pipeline.ingest import embed, episodes_to_embed, ingest_files, read_file, store_episodes, upsert
+from components.pipeline.ingest import (
+    embed,
+    episodes_to_embed,
+    ingest_files,
+    read_file,
+    store_episodes,
+    upkeep_store,
+    upsert,
+)
 from components.pipeline.workspace import Workspace
 from components.store.segment_store import EmbedCursor
 
@@ -131,6 +139,9 @@ def test_upserts_skip_the_lookup_only_while_the_cursors_row_count_holds(settings
     after = upsert(settings, [embed(settings, store_and_embed(6), encoder, "")], encoder)
     assert after.looked_up and after.inserted == after.segments > 0
     assert Workspace(settings).store.embed_cursor().rows == -1
+    # upkeep's recount cannot restore it while the stranger's rows are there (no dataset episode)
+    upkeep_store(settings)
+    assert Workspace(settings).store.embed_cursor().rows == -1
 
 
 def test_a_store_without_a_cursor_is_caught_up_once(settings, tmp_path):
@@ -147,8 +158,13 @@ def test_a_store_without_a_cursor_is_caught_up_once(settings, tmp_path):
     ws = Workspace(settings)
     ids = stored_ids(settings)
     assert ws.store.episode_ids() == set(ids) and len(ids) == 6
-    # the store held rows before any cursor: no row count is trusted, upserts look rows up
+    # the store held rows before any cursor: no row count is trusted, upserts look rows up ...
     assert ws.store.embed_cursor() == EmbedCursor(6, ids[-1], rows=-1)
+    # ... until upkeep finds every stored segment is the dataset's and recounts
+    upkeep_store(settings)
+    assert Workspace(settings).store.embed_cursor() == EmbedCursor(6, ids[-1], rows=ws.store.count())
+    appended = upsert(settings, [embed(settings, ws.dataset.episodes(start=4), ws.store.load_encoder(), "")], ws.store.load_encoder())
+    assert appended.looked_up  # episodes before the cursor are never appended blind
 
 
 def test_a_cursor_from_another_dataset_is_not_trusted(settings, tmp_path):

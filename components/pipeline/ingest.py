@@ -29,7 +29,7 @@ from components.episodes.snapshot import (
 from components.fert.encoder import ActionPredictiveEncoder
 from components.pipeline.workspace import Workspace
 from components.store.encoder import NormalizedStateEncoder, WindowEncoder
-from components.store.segment_store import EmbedCursor, UpsertReport
+from components.store.segment_store import EmbedCursor, UpkeepReport, UpsertReport
 from components.store.windows import cut_windows
 
 Progress = Callable[[int, int], None]
@@ -194,6 +194,28 @@ def _covered_rows(before: EmbedCursor | None, report: UpsertReport | None, upser
         return -1
     held_before = before.rows if before is not None else 0
     return report.rows_after if report.rows_before - report.stored_before == held_before else -1
+
+
+def recount_embed_cursor(settings: Settings) -> EmbedCursor | None:
+    """Restore ``EmbedCursor.rows`` where the chain broke (a writer the cursor did not know, or a
+    store from before cursors counted rows), so upserts skip their lookup again: one scan of the
+    store's episode ids, run by upkeep (``upkeep_store``)."""
+    ws = Workspace(settings)
+
+    def covered(cursor: EmbedCursor) -> set[str]:
+        if _cursor_start(ws) != cursor.episodes:
+            return set()  # the cursor describes another dataset: nothing is covered
+        return set(ws.dataset.episode_ids(0, cursor.episodes))
+
+    return ws.store.recount_embed_cursor(covered)
+
+
+def upkeep_store(settings: Settings) -> UpkeepReport:
+    """The scheduled store upkeep (``store-upkeep`` flow): compaction, index retrain and version
+    pruning (``SegmentStore.upkeep``), then the embed cursor's row count restored if it broke."""
+    report = Workspace(settings).store.upkeep()
+    recount_embed_cursor(settings)
+    return report
 
 
 def embed(settings: Settings, episodes: list[Episode], encoder: WindowEncoder, snapshot: str) -> pa.Table:

@@ -318,6 +318,23 @@ class SegmentStore:
         blob = json.dumps(dataclasses.asdict(cursor), sort_keys=True)
         self._table.update_field_metadata({"path": VECTOR, "metadata": {EMBED_CURSOR_KEY: blob}})
 
+    def recount_embed_cursor(self, covered_ids: Callable[[EmbedCursor], set[str]]) -> EmbedCursor | None:
+        """Restore the cursor's ``rows`` (-1 after a writer it did not know, or from a store
+        written before it counted rows): if every stored segment belongs to ``covered_ids(cursor)``
+        (the dataset's first ``cursor.episodes`` episodes), record today's row count. Reads every
+        ``episode_id`` once (seconds at millions of rows: upkeep's job, not ingest's); holds the
+        write lock, so no write comes between the scan and the count. Returns the cursor after."""
+        self._writable()
+        with self._write_lock():
+            cursor = self.embed_cursor()
+            if cursor is None or cursor.rows >= 0:
+                return cursor
+            if not self.episode_ids() <= covered_ids(cursor):
+                return cursor
+            recounted = dataclasses.replace(cursor, rows=self.count())
+            self.set_embed_cursor(recounted)
+            return recounted
+
     # ------------------------------------------------------------------ encoder bookkeeping
 
     def encoder_fingerprint(self) -> str | None:
