@@ -70,7 +70,7 @@ class Scale:
     knn_segments: int  # store size for the kNN benchmark
     queries: int
     upkeep_every: int  # batches between upkeep_store calls (the store-upkeep flow)
-    retain_days: float | None = None  # overrides store.retain_versions_days (0: what a week later looks like)
+    retain_days: float | None = None  # overrides store.retain_versions_days and episodes.superseded_retain_hours (0: steady state)
     knn_only: bool = False  # no growth curve: one ingest batch (fits the encoder), then the kNN phase
 
 
@@ -400,9 +400,10 @@ def size_label(n: int) -> str:
 def run(scale: Scale, workdir: Path) -> dict:
     load_start = os.getloadavg()
     settings = load_settings(root=workdir / "root")
-    if scale.retain_days is not None:
+    if scale.retain_days is not None:  # both retentions for readers of older state: store versions, merged-away data files
         store = settings.store.model_copy(update={"retain_versions_days": scale.retain_days})
-        settings = settings.model_copy(update={"store": store})
+        episodes = settings.episodes.model_copy(update={"superseded_retain_hours": scale.retain_days * 24})
+        settings = settings.model_copy(update={"store": store, "episodes": episodes})
     result = {
         "benchmark": NAME,
         "scale": asdict(scale),
@@ -488,7 +489,8 @@ def main() -> None:
     parser.add_argument("--knn-segments", type=int, default=None, help="store size for the kNN phase")
     parser.add_argument("--upkeep-every", type=int, default=None, help="batches between store upkeeps")
     parser.add_argument("--retain-days", type=float, default=None,
-                        help="store.retain_versions_days for the scratch root (0 shows disk after pruning)")
+                        help="store.retain_versions_days (and episodes.superseded_retain_hours, in days) for the "
+                        "scratch root (0 shows disk after pruning)")
     parser.add_argument("--knn-only", action="store_true",
                         help="skip the growth curve: one ingest batch fits the encoder, then SegmentStore.upsert "
                              "tops the store up to --knn-segments (minutes instead of ~20 min at 1M)")
