@@ -6,6 +6,8 @@ Real Parquet dataset and LanceDB store in tmp_path; no mocks.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from components.pipeline.ingest import (
     upsert,
 )
 from components.pipeline.workspace import Workspace
-from components.store.segment_store import EmbedCursor
+from components.store.segment_store import EMBED_CURSOR_KEY, VECTOR, EmbedCursor
 
 
 def episode_files(settings: Settings, folder: Path, seed: int, count: int, frames: int = 24) -> list[Path]:
@@ -165,6 +167,20 @@ def test_a_store_without_a_cursor_is_caught_up_once(settings, tmp_path):
     assert Workspace(settings).store.embed_cursor() == EmbedCursor(6, ids[-1], rows=ws.store.count())
     appended = upsert(settings, [embed(settings, ws.dataset.episodes(start=4), ws.store.load_encoder(), "")], ws.store.load_encoder())
     assert appended.looked_up  # episodes before the cursor are never appended blind
+
+
+def test_cursors_of_older_and_newer_versions_are_read(settings, tmp_path):
+    """A cursor from before ``rows`` existed reads as rows=-1 (look up); fields a newer version
+    adds are skipped, so hosts on mixed versions keep ingesting."""
+    ingest_files(settings, episode_files(settings, tmp_path / "in", seed=1, count=3), snapshot=False)
+    store = Workspace(settings).store
+    cursor = store.embed_cursor()
+    for blob, expected in (
+        ({"episodes": cursor.episodes, "last_episode_id": cursor.last_episode_id}, dataclasses.replace(cursor, rows=-1)),
+        ({**dataclasses.asdict(cursor), "from_a_newer_version": [1, 2]}, cursor),
+    ):
+        store._table.update_field_metadata({"path": VECTOR, "metadata": {EMBED_CURSOR_KEY: json.dumps(blob)}})
+        assert Workspace(settings).store.embed_cursor() == expected
 
 
 def test_a_cursor_from_another_dataset_is_not_trusted(settings, tmp_path):

@@ -307,7 +307,11 @@ class SegmentStore:
     def embed_cursor(self) -> EmbedCursor | None:
         """How far the dataset is embedded (None: never recorded, e.g. a new table)."""
         blob = (self._table.schema.field(VECTOR).metadata or {}).get(EMBED_CURSOR_KEY.encode())
-        return EmbedCursor(**json.loads(blob)) if blob else None
+        if not blob:
+            return None
+        # fields a newer writer added are skipped, so an older reader keeps working
+        known = {f.name for f in dataclasses.fields(EmbedCursor)}
+        return EmbedCursor(**{k: v for k, v in json.loads(blob).items() if k in known})
 
     def set_embed_cursor(self, cursor: EmbedCursor) -> None:
         """Record the cursor (one small commit; none when it is unchanged, so a no-op ingest
