@@ -47,7 +47,7 @@ import numpy as np
 from components.config import Settings, load_settings
 from components.episodes.record import Episode, new_episode_id
 from components.episodes.schema import write_episode_file
-from components.pipeline.ingest import ingest_files, upkeep_store
+from components.pipeline.ingest import compact_dataset, ingest_files, upkeep_store
 from components.pipeline.workspace import Workspace
 from components.store import SegmentStore, episode_windows
 from components.store.index_plan import search_params
@@ -192,6 +192,7 @@ def grow(scale: Scale, settings: Settings, scratch: Path) -> dict:
                      "dataset_files": dataset_files(settings.paths.episodes)})
         if (batch + 1) % scale.upkeep_every == 0:
             t0 = time.perf_counter()
+            compact_dataset(settings)  # the store-upkeep flow's first task (a no-op on a root grown this way)
             report = upkeep_store(settings)
             upkeeps.append({"after_batch": batch, "stored_frames": stored, "seconds": time.perf_counter() - t0,
                             "store_bytes_before": report.bytes_before, "store_bytes_after": report.bytes_after,

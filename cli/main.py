@@ -144,7 +144,7 @@ def ingest(
 
 @app.command("store-upkeep")
 def store_upkeep(as_json: JsonOpt = False) -> None:
-    """Compact the segment store, retrain its index as it grows, prune old versions (tagged ones are kept)."""
+    """Merge old small data files, compact the segment store, retrain its index as it grows, prune old versions (tagged ones are kept)."""
     settings = _settings()
     from flows.upkeep import run_upkeep
 

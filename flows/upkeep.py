@@ -1,5 +1,7 @@
-"""`store-upkeep`: compact the segment store, retrain its index as it grows, prune old versions,
-restore the embed cursor's row count if it broke (``components.pipeline.ingest.upkeep_store``).
+"""`store-upkeep`: merge the dataset's small data files left by older versions
+(``compact_dataset``), then compact the segment store, retrain its index as it grows, prune old
+versions and restore the embed cursor's row count if it broke (``upkeep_store``); both in
+``components.pipeline.ingest``.
 
 Versions older than ``store.retain_versions_days`` go; tagged versions (lineage) stay. Runs on
 ``store.upkeep_cron`` when served (``deployment``), or by hand: ``fleetloop store-upkeep``.
@@ -11,11 +13,16 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from components.config import Settings
-from components.pipeline.ingest import upkeep_store
+from components.pipeline.ingest import compact_dataset, upkeep_store
 from components.store.segment_store import UpkeepReport
 from flows.runtime import flow_options, io_options, prepare_environment
 
 DEPLOYMENT = "store-upkeep"
+
+
+@task(name="dataset-compaction", cache_policy=NO_CACHE)
+def compact_task(settings: Settings) -> int:
+    return compact_dataset(settings)
 
 
 @task(name="store-upkeep", cache_policy=NO_CACHE)
@@ -26,6 +33,8 @@ def upkeep_task(settings: Settings) -> UpkeepReport:
 @flow(name="store-upkeep")
 def store_upkeep(settings: Settings | None = None) -> UpkeepReport:
     settings = prepare_environment(settings)
+    compacted = compact_task.with_options(**io_options(settings))(settings)
+    get_run_logger().info("dataset: the small data files of %d older episodes-table files merged", compacted)
     report = upkeep_task.with_options(**io_options(settings))(settings)
     get_run_logger().info(
         "store upkeep: %d -> %d versions, %.1f -> %.1f MiB, %d -> %d fragments, index %s; tags kept: %s",

@@ -730,6 +730,39 @@ def test_the_data_files_of_merged_episodes_table_files_are_merged_too_and_reader
     assert [e.episode_id for e in stale.episodes(0, 2)] == [e.episode_id for e in batches[0]]
 
 
+def test_a_root_grown_before_data_merging_is_compacted_and_readers_see_the_same(tmp_path, rng):
+    """A root whose episodes-table files merged while data files did not (grown before they
+    merged together: here data_file_mb below any file) keeps one data file per ingest.
+    ``compact_data_files`` merges them, one episodes-table file at a time, by the same commit; the
+    episodes, frames and content hash stay, a handle opened before still reads, and a second
+    compaction has nothing to do."""
+    from components.episodes import meta_files
+
+    batches = [[make_episode(rng, frames=5 + i), make_episode(rng, "robot-0001")] for i in range(7)]
+    plain = EpisodeDataset(tmp_path / "plain", EpisodesConfig(meta_merge_files=1000))
+    old = EpisodeDataset(tmp_path / "old", EpisodesConfig(meta_merge_files=3, data_file_mb=1e-6))
+    for batch in batches:
+        plain.add_episodes(batch)
+        old.add_episodes(batch)
+    assert len(_data_files(old.root)) == 7 and len(_meta_files(old.root)) == 1  # merged meta (0-8 into 9)
+    before = EpisodeDataset(old.root, EpisodesConfig())
+
+    cfg = EpisodesConfig(meta_merge_files=3)
+    assert EpisodeDataset(old.root, cfg).compact_data_files() == 1
+    assert _data_files(old.root) == ["data/chunk-000/file-007.parquet"]  # the 7 in frame order, numbered after
+    assert _meta_files(old.root) == ["meta/episodes/chunk-000/file-010.parquet"]
+    meta_files._cache.clear()
+    reopened = EpisodeDataset(old.root, cfg)
+    assert reopened.frames().equals(plain.frames())
+    assert [_episode_bytes(e) for e in reopened.episodes()] == [_episode_bytes(e) for e in plain.episodes()]
+    assert _without_locations(reopened.episodes_meta()).equals(_without_locations(plain.episodes_meta()))
+    assert reopened.content_hash() == plain.content_hash()
+    assert [_episode_bytes(e) for e in before.episodes()] == [_episode_bytes(e) for e in plain.episodes()]  # .superseded/
+    assert reopened.compact_data_files() == 0 and _data_files(old.root) == ["data/chunk-000/file-007.parquet"]
+    reopened.add_episodes([make_episode(rng)])  # ingest goes on after it
+    assert len(reopened.episodes_meta()) == 15
+
+
 def test_data_files_merge_once_in_frame_order_within_the_size_cap():
     """A group is contiguous in frame order, under the cap, of files never merged before."""
     from components.episodes.data_files import DataFile, plan_data_merge

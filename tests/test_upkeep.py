@@ -12,13 +12,20 @@ def test_store_upkeep_flow_compacts_and_keeps_what_lineage_tagged(tmp_path, pref
     from flows.upkeep import store_upkeep
 
     settings = small_settings(tmp_path, store=small_settings(tmp_path).store.model_copy(update={"retain_versions_days": 0}))
-    for seed in range(4):  # four ingests: four fragments, a dozen versions
-        ingest_files(settings, episode_files(settings, tmp_path / "in", seed=seed, count=3), snapshot=False)
+    # grown the way an older version grew roots: episodes-table files merged, data files never
+    older = settings.model_copy(update={"episodes": settings.episodes.model_copy(update={"meta_merge_files": 2, "data_file_mb": 1e-6})})
+    for seed in range(4):  # four ingests: four fragments, a dozen versions, four data files
+        ingest_files(older, episode_files(settings, tmp_path / "in", seed=seed, count=3), snapshot=False)
     store = Workspace(settings).store
     tagged = store.tag("run-1")
     rows, ids = store.count(), store.episode_ids()
+    dataset = Workspace(settings).dataset
+    digest, data_files = dataset.content_hash(), len(dataset.data_files())
 
     report = store_upkeep(settings)
+    dataset = Workspace(settings).dataset
+    assert data_files == 4 and len(dataset.data_files()) < data_files  # the small data files merged
+    assert dataset.content_hash() == digest and {e.episode_id for e in dataset.episodes()} == ids
     assert report.fragments_before == 4 and report.fragments_after == 1
     assert report.tags == {"run-1": tagged}
     store = Workspace(settings).store

@@ -41,7 +41,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from components.config import EpisodesConfig
-from components.episodes.fingerprint import combine_fingerprints, table_fingerprint
 from components.episodes.data_files import (
     DATA_PATH,
     TMP_SUFFIX,
@@ -53,7 +52,9 @@ from components.episodes.data_files import (
     unreferenced,
     write_merged,
 )
+from components.episodes.fingerprint import combine_fingerprints, table_fingerprint
 from components.episodes.meta_files import (
+    MetaFile,
     dedupe_episodes,
     list_meta_files,
     meta_file_path,
@@ -62,10 +63,15 @@ from components.episodes.meta_files import (
     read_meta_file,
     tail_to_merge,
 )
-from components.episodes.quarantine import QuarantinedFile, quarantine_bytes, quarantine_file
+from components.episodes.quarantine import (
+    QuarantinedFile,
+    quarantine_bytes,
+    quarantine_file,
+)
 from components.episodes.record import Episode
 from components.episodes.schema import (
     ACTION,
+    CONTRACT_COLUMNS,
     EPISODE_ID,
     FRAME_INDEX,
     INTERRUPTED,
@@ -75,7 +81,6 @@ from components.episodes.schema import (
     SUCCESS,
     TASK,
     TIMESTAMP,
-    CONTRACT_COLUMNS,
     episode_to_table,
     list_column_to_numpy,
     read_episode_file,
@@ -91,7 +96,11 @@ from components.episodes.stats import (
     stats_column,
     stats_from_episodes_meta,
 )
-from components.episodes.validation import WHOLE_FILE, EpisodeValidationError, validate_episode_table
+from components.episodes.validation import (
+    WHOLE_FILE,
+    EpisodeValidationError,
+    validate_episode_table,
+)
 from components.fsio import atomic_path, atomic_write_bytes
 
 INFO_PATH = "meta/info.json"
@@ -800,13 +809,32 @@ class EpisodeDataset:
         files their episodes sit in are merged with them (data_files.py). Writer only."""
         files = list_meta_files(self.root)
         run = tail_to_merge(files, self.cfg.meta_merge_files, int(self.cfg.meta_file_mb * 2**20))
-        if not run:
-            return
+        if run:
+            self._merge_meta_run(run, files)
+
+    def compact_data_files(self) -> int:
+        """Merge the small data files that older episodes-table files still name: a root grown
+        before data files were merged with the episodes table keeps one data file per ingest (a
+        DVC snapshot walks each). Each such episodes-table file is rewritten as a merge of one,
+        the same commit protocol as the tail's; episodes and their frames are unchanged. Returns
+        how many episodes-table files were rewritten."""
+        rewritten = 0
+        with self._writer():
+            for meta in list_meta_files(self.root):
+                rewritten += self._merge_meta_run([meta], list_meta_files(self.root), only_with_data=True)
+        return rewritten
+
+    def _merge_meta_run(self, run: list[MetaFile], files: list[MetaFile], only_with_data: bool = False) -> bool:
+        """``run``'s rows (and the data files only they name) as one new episodes-table file, then
+        the run removed and the merged-away data files moved aside. ``only_with_data``: nothing
+        is written unless some data files merge. Returns whether anything was written."""
         chunk_size = self.chunk_size
         number = next_meta_number(files, chunk_size)
         chunk, file = divmod(number, chunk_size)
         rows = pa.concat_tables([read_meta_file(m.path) for m in run], promote_options="permissive")
         rows, merged_away = self._merge_data_files(dedupe_episodes(rows, EPISODE_INDEX).combine_chunks())
+        if only_with_data and not merged_away:
+            return False
         for name, value in ((META_META_CHUNK, chunk), (META_META_FILE, file)):
             rows = _with_int_column(rows, name, np.full(rows.num_rows, value, dtype=np.int64))
         _atomic_write_parquet(meta_file_path(self.root, number, chunk_size), rows, self.cfg.compression)  # commit
@@ -817,6 +845,7 @@ class EpisodeDataset:
         leftovers = unreferenced(self.root, set(self._file_keys()), below, chunk_size)  # of a merge that died
         supersede(self.root, sorted(set(merged_away) | set(leftovers)))
         sweep(self.root, self.cfg.superseded_retain_hours)
+        return True
 
     def _merge_data_files(self, rows: pa.Table) -> tuple[pa.Table, list[tuple[int, int]]]:
         """``rows`` (episodes-table rows about to be merged) pointing at merged data files, and the

@@ -210,6 +210,13 @@ def recount_embed_cursor(settings: Settings) -> EmbedCursor | None:
     return ws.store.recount_embed_cursor(covered)
 
 
+def compact_dataset(settings: Settings) -> int:
+    """The dataset's half of upkeep: merge the small data files episodes-table files written before
+    data files were merged still name (``EpisodeDataset.compact_data_files``; nothing to do on a
+    root grown since). Holds the dataset's writer lock meanwhile. Returns the files rewritten."""
+    return Workspace(settings).dataset.compact_data_files()
+
+
 def upkeep_store(settings: Settings) -> UpkeepReport:
     """The scheduled store upkeep (``store-upkeep`` flow): compaction, index retrain and version
     pruning (``SegmentStore.upkeep``), then the embed cursor's row count restored if it broke."""
