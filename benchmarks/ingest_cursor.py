@@ -136,7 +136,7 @@ def main() -> None:
         result = {
             "benchmark": NAME, "root": str(root), "cpus": os.cpu_count(), "load_avg_start": os.getloadavg(),
             "stored_frames": ws.dataset.num_frames, "segments": ws.store.count(),
-            "recount": {"seconds": recount_s, "cursor_rows": cursor.rows if cursor else None},
+            "recount": {"seconds": recount_s, "cursor_rows": cursor.rows},
         }
         result["batches"] = run_pairs(settings, pairs, scratch)
         result["summary"] = summarize(result["batches"])
