@@ -292,12 +292,16 @@ def knn(scale: Scale, settings: Settings) -> dict:
     # the product's single-query path (store.resident_index) beside LanceDB's own, on one table
     lancedb_only = SegmentStore.open(store.location, settings.store.model_copy(update={"resident_index": False}),
                                      store.dim)
-    resident = store.resident()
-    resident_info = {"kind": resident.kind, "lists": getattr(resident.index, "nlist", 1),
-                     "nprobe": resident.nprobe, "encoding": settings.store.resident_encoding,
-                     "build_s": resident.build_s, "bytes": resident.nbytes}
-    print(f"resident index: {resident.kind}, {resident_info['lists']} lists, built in {resident.build_s:.1f}s, "
-          f"{resident.nbytes / 2**20:.0f} MiB", flush=True)
+    resident = store.resident()  # None above store.resident_max_rows: LanceDB's index is the product's path then
+    resident_info = None if resident is None else {
+        "kind": resident.kind, "lists": getattr(resident.index, "nlist", 1), "nprobe": resident.nprobe,
+        "encoding": settings.store.resident_encoding, "build_s": resident.build_s, "bytes": resident.nbytes}
+    if resident is None:
+        print(f"resident index: none ({segments:,} rows > store.resident_max_rows="
+              f"{settings.store.resident_max_rows:,}); single queries go to LanceDB's index", flush=True)
+    else:
+        print(f"resident index: {resident.kind}, {resident_info['lists']} lists, built in {resident.build_s:.1f}s, "
+              f"{resident.nbytes / 2**20:.0f} MiB", flush=True)
 
     probe = [e for e in synthetic_episodes(10_000_019, 4 * scale.queries, ws.obs_dim, ws.act_dim) if not e.success]
     windows = np.concatenate([episode_windows(e, settings.store.window, settings.store.stride)[1] for e in probe])
@@ -307,9 +311,10 @@ def knn(scale: Scale, settings: Settings) -> dict:
     truth = {}
     index_name = (f"LanceDB {store.index_type()} nprobes={params.nprobes}" + (f" ef={params.ef}" if params.ef else "")
                   + f" refine={params.refine_factor}")
-    resident_name = (f"resident IVF{resident_info['lists']},{resident_info['encoding']} nprobe={resident.nprobe}"
-                     if resident.kind == "ivf" else "resident flat")
-    paths = (("brute force", lancedb_only, True), (index_name, lancedb_only, False), (resident_name, store, False))
+    paths = [("brute force", lancedb_only, True), (index_name, lancedb_only, False)]
+    if resident is not None:
+        paths.append((f"resident IVF{resident_info['lists']},{resident_info['encoding']} nprobe={resident.nprobe}"
+                      if resident.kind == "ivf" else "resident flat", store, False))
     for name, searcher, exact in paths:
         for success in (None, True):
             seconds, cpu_seconds, ids = time_queries(searcher, queries, exact=exact, success=success)
@@ -323,13 +328,14 @@ def knn(scale: Scale, settings: Settings) -> dict:
     for case in [*cases, floor]:
         print(f"{case['name']}: p50 {case['latency']['p50_ms']:.2f} ms, p99 {case['latency']['p99_ms']:.2f} ms "
               f"(CPU p50 {case['latency']['cpu_p50_ms']:.2f}, p99 {case['latency']['cpu_p99_ms']:.2f}), recall@10 {case['recall_at_10']:.3f} (load {case['load_avg_after'][0]:.1f})", flush=True)
-    headline, lancedb_index = cases[4], cases[2]  # the product's path (resident), then LanceDB's index, unfiltered
+    # the product's path (the resident index, else LanceDB's), then LanceDB's index; both unfiltered
+    headline, lancedb_index = cases[4 if resident is not None else 2], cases[2]
     bulk = bulk_queries(store, encoder, settings, windows)
     return {
         "segments": segments, "k": K, "top_up_s": top_up_s, "compact_s": compact_s, "index_build_s": index_build_s,
         "load_avg_before_build": load_before_build, "upkeep_s": upkeep_s,
         "index": {**asdict(plan), "type": plan.kind, "search": asdict(params)},
-        "resident": resident_info,
+        "resident": resident_info, "product_path": headline["name"],
         "p50_ms": headline["latency"]["p50_ms"], "p99_ms": headline["latency"]["p99_ms"],
         "recall_at_10": headline["recall_at_10"],
         "lancedb_index": {"p50_ms": lancedb_index["latency"]["p50_ms"], "p99_ms": lancedb_index["latency"]["p99_ms"],
