@@ -24,9 +24,10 @@ from components.episodes.schema import (
     episode_to_table,
     read_episode_bytes,
     table_to_episode,
+    table_to_episodes,
     write_episode_file,
 )
-from components.episodes.validation import EpisodeValidationError, validate_episode_table
+from components.episodes.validation import EpisodeValidationError, validate_episode_batch, validate_episode_table
 
 STATE_DIM, ACTION_DIM = 4, 3
 KNOWN = {"robot-0000", "robot-0001"}
@@ -92,6 +93,53 @@ def test_stored_episodes_keep_the_stage_they_reached(ds, tmp_path):
     ds.ingest(files, KNOWN, tmp_path / "quarantine")
     back = {ep.episode_id: ep.stage_reached for ep in ds.episodes()}
     assert back == {**reached, plain.episode_id: -1}
+
+
+def _same_episode(a: Episode, b: Episode) -> None:
+    assert (a.episode_id, a.robot_id, a.task, a.success, a.interrupted, a.policy_version, a.stage_reached) == (
+        b.episode_id, b.robot_id, b.task, b.success, b.interrupted, b.policy_version, b.stage_reached)
+    for field in ("states", "actions", "timestamps"):
+        x, y = getattr(a, field), getattr(b, field)
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(x, y)
+    assert sorted(a.extras) == sorted(b.extras)
+    for name in a.extras:
+        x, y = a.extras[name], b.extras[name]
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        if x.dtype == object:
+            assert [list(v) if isinstance(v, (list, np.ndarray)) else v for v in x] == [
+                list(v) if isinstance(v, (list, np.ndarray)) else v for v in y], name
+        else:
+            np.testing.assert_array_equal(x, y)
+
+
+def test_bulk_decoding_gives_each_slices_own_episode(rng):
+    """table_to_episodes over episodes stored back to back equals table_to_episode on each one's
+    slice, extras included: ones decoded once for the table (numbers, fixed-width vectors) and ones
+    that must be decoded per episode (nulls where an episode lacks the column, strings, lists whose
+    width differs between episodes)."""
+    lengths = [5, 1, 9, 3]
+    tables = []
+    for i, frames in enumerate(lengths):
+        extras = {"next.reward": rng.normal(size=frames).astype(np.float32),
+                  "stage": np.full(frames, i, np.int64), "grip": rng.normal(size=(frames, 2)).astype(np.float32),
+                  "note": np.array([f"e{i}f{t}" for t in range(frames)], dtype=object),
+                  "ragged": rng.normal(size=(frames, 1 + i)).astype(np.float64)}
+        if i == 2:
+            del extras["next.reward"], extras["stage"]  # absent here: nulls in the stored table
+        tables.append(episode_to_table(make_episode(rng, frames=frames, extras=extras)))
+    table = pa.concat_tables(tables, promote_options="permissive")
+    # "ragged" became a variable-size list: one width per episode, not one for the table
+    assert not pa.types.is_fixed_size_list(table.schema.field("ragged").type)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    one_by_one = [table_to_episode(table.slice(a, b - a)) for a, b in zip(bounds[:-1], bounds[1:])]
+    bulk = table_to_episodes(table, lengths)
+    assert len(bulk) == len(lengths)
+    for a, b in zip(bulk, one_by_one):
+        _same_episode(a, b)
+    assert bulk[2].stage_reached == -1 and bulk[3].stage_reached == 3
+    with pytest.raises(ValueError, match="sum to 17, the table has 18"):
+        table_to_episodes(table, [5, 1, 9, 2])
 
 
 def test_ipc_bytes_round_trip(rng):
@@ -207,6 +255,73 @@ def test_bad_file_is_quarantined_and_good_files_still_ingested(case, ds, rng, tm
     reason = read_reason(quarantine / "bad.parquet")
     assert reason["field"] == field and reason["fix"] and reason["source"] == str(bad)
     assert [q.field for q in report.quarantined] == [field]
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_a_batch_with_one_bad_table_is_not_validated_together(case, rng):
+    """validate_episode_batch never passes what validate_episode_table rejects: one bad table among
+    good ones of any kind makes it decline (the dataset then validates them one by one)."""
+    mutate, _ = BAD_CASES[case]
+    good = [episode_to_table(make_episode(rng, "robot-0001", frames=4 + i)) for i in range(3)]
+    bad = mutate(episode_to_table(make_episode(rng)))
+    with pytest.raises(EpisodeValidationError):
+        validate_episode_table(bad, KNOWN, STATE_DIM, ACTION_DIM, "bad")
+    assert validate_episode_batch(good, KNOWN, STATE_DIM, ACTION_DIM) is not None
+    assert validate_episode_batch([good[0], bad, *good[1:]], KNOWN, STATE_DIM, ACTION_DIM) is None
+
+
+def test_batch_validation_stages_what_one_by_one_validation_stages(rng):
+    """Validated together, a batch's episodes, canonical frames and content hashes are those of
+    validating and canonicalising each table alone: variable-size vector lists, extra columns, and
+    episodes whose first timestamp is below the previous episode's last (no step across them)."""
+    from components.episodes.dataset import IncomingEpisode, _stage_batch, _stage_one
+
+    tables = []
+    for i, frames in enumerate((3, 7, 1, 5)):
+        ep = make_episode(rng, f"robot-000{i % 2}", frames=frames, extras={"next.reward": np.arange(frames, dtype=np.float32)})
+        t = episode_to_table(ep)
+        states = pa.array(list(ep.states), pa.list_(pa.float32()))  # variable-size lists, as some writers send
+        t = t.set_column(t.schema.get_field_index("observation.state"), "observation.state", states)
+        tables.append(_replace(t, "timestamp", pa.array(np.arange(frames, dtype=np.float32) / 10 + 5 - i, pa.float32())))
+    items = [IncomingEpisode(table=t, source=f"e{i}") for i, t in enumerate(tables)]
+    batch = validate_episode_batch(tables, KNOWN, None, None)
+    assert batch is not None
+    together = _stage_batch(items, batch)
+    alone = [_stage_one(item, validate_episode_table(item.table, KNOWN, None, None, item.source), item.table)
+             for item in items]
+    assert [s.content_hash for s in together] == [s.content_hash for s in alone]
+    for a, b in zip(together, alone):
+        assert a.table.equals(b.table) and a.table.schema.equals(b.table.schema)
+        _same_episode(a.episode, b.episode)
+
+
+def test_slice_fingerprints_in_one_pass_equal_each_slices_own():
+    """table_fingerprints hashes each slice's bytes exactly as table_fingerprint does alone, for
+    every kind of column: numbers, bools, strings, fixed and variable lists, nulls at the row or
+    the value level in some slices only, and types that fall back to JSON (timestamps)."""
+    from components.episodes.fingerprint import table_fingerprint, table_fingerprints
+
+    rng = np.random.default_rng(5)
+    n = 23
+    values = rng.normal(size=(n, 3)).astype(np.float32)
+    ragged = [list(rng.normal(size=1 + i % 4)) for i in range(n)]
+    table = pa.table({
+        "i": pa.array(np.arange(n, dtype=np.int64)),
+        "f": pa.array(rng.normal(size=n).astype(np.float32)),
+        "b": pa.array(rng.random(n) < 0.5),
+        "s": pa.array([f"r{i % 3}" for i in range(n)]),
+        "fixed": pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), 3),
+        "ragged": pa.array(ragged, pa.list_(pa.float64())),
+        "null_rows": pa.array([None if i in (4, 17) else float(i) for i in range(n)], pa.float64()),
+        "null_values": pa.array([[1.0, None] if i == 9 else [1.0, 2.0] for i in range(n)], pa.list_(pa.float64())),
+        "null_lists": pa.array([None if i == 20 else [i] for i in range(n)], pa.list_(pa.int64())),
+        "when": pa.array(np.arange(n).astype("datetime64[s]")),
+    })
+    bounds = np.array([0, 1, 5, 5 + 7, 18, n])
+    chunked = pa.concat_tables([table.slice(0, 10), table.slice(10)])  # chunking must not matter
+    alone = [table_fingerprint(table.slice(a, b - a)) for a, b in zip(bounds[:-1], bounds[1:])]
+    assert table_fingerprints(table, bounds) == alone == table_fingerprints(chunked, bounds)
+    assert len(set(alone)) == len(alone)
 
 
 def test_unreadable_file_is_quarantined(ds, rng, tmp_path):

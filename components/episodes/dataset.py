@@ -52,7 +52,7 @@ from components.episodes.data_files import (
     unreferenced,
     write_merged,
 )
-from components.episodes.fingerprint import combine_fingerprints, table_fingerprint
+from components.episodes.fingerprint import combine_fingerprints, table_fingerprint, table_fingerprints
 from components.episodes.meta_files import (
     MetaFile,
     dedupe_episodes,
@@ -85,6 +85,7 @@ from components.episodes.schema import (
     list_column_to_numpy,
     read_episode_file,
     table_to_episode,
+    table_to_episodes,
 )
 from components.episodes.stats import (
     STAT_NAMES,
@@ -99,6 +100,8 @@ from components.episodes.stats import (
 from components.episodes.validation import (
     WHOLE_FILE,
     EpisodeValidationError,
+    ValidatedBatch,
+    validate_episode_batch,
     validate_episode_table,
 )
 from components.fsio import atomic_path, atomic_write_bytes
@@ -486,14 +489,14 @@ class EpisodeDataset:
         starts = meta.column(META_FROM).to_pylist()
         lengths = meta.column(META_LENGTH).to_pylist()
         loaded: tuple[tuple[int, int], pa.Table] | None = None
-        for key, start, length in zip(keys, starts, lengths):
-            if loaded is None or loaded[0] != key:
-                loaded = (key, read_data_file(self.root, key))
+        for run in _adjacent_runs(keys, starts, lengths):
+            if loaded is None or loaded[0] != keys[run[0]]:
+                loaded = (keys[run[0]], read_data_file(self.root, keys[run[0]]))
             data = loaded[1]
             first_index = data.column(INDEX)[0].as_py()
-            rows = data.slice(start - first_index, length)
+            rows = data.slice(starts[run[0]] - first_index, sum(lengths[i] for i in run))
             rows = self._with_task(rows).drop_columns(list(BOOKKEEPING_COLUMNS))
-            yield table_to_episode(rows)
+            yield from table_to_episodes(rows, [lengths[i] for i in run])
 
     def episode_columns(self, episode_indices: Sequence[int], columns: Sequence[str]) -> dict[str, np.ndarray]:
         """Frame ``columns`` of the listed episodes (``episode_index`` values), concatenated in the
@@ -677,15 +680,21 @@ class EpisodeDataset:
         state_dim, action_dim = (None, None) if fresh else (self.state_dim, self.action_dim)
         staged: list[_Staged] = []
         errors: list[tuple[IncomingEpisode, EpisodeValidationError]] = []
-        for item in incoming:
-            table = item.table.drop_columns([c for c in BOOKKEEPING_COLUMNS if c in item.table.column_names])
-            try:
-                episode = validate_episode_table(table, known_robots, state_dim, action_dim, item.source)
-            except EpisodeValidationError as error:
-                errors.append((item, error))
+        tables = [i.table.drop_columns([c for c in BOOKKEEPING_COLUMNS if c in i.table.column_names]) for i in incoming]
+        for run in _schema_runs(tables):
+            batch = validate_episode_batch([tables[i] for i in run], known_robots, state_dim, action_dim)
+            if batch is not None:  # all of them pass: checked and canonicalised together
+                staged.extend(_stage_batch([incoming[i] for i in run], batch))
+                state_dim, action_dim = batch.episodes[0].states.shape[1], batch.episodes[0].actions.shape[1]
                 continue
-            state_dim, action_dim = episode.states.shape[1], episode.actions.shape[1]
-            staged.append(_stage_one(item, episode, table))
+            for i in run:  # one by one, so each rejection names its own file and field
+                try:
+                    episode = validate_episode_table(tables[i], known_robots, state_dim, action_dim, incoming[i].source)
+                except EpisodeValidationError as error:
+                    errors.append((incoming[i], error))
+                    continue
+                state_dim, action_dim = episode.states.shape[1], episode.actions.shape[1]
+                staged.append(_stage_one(incoming[i], episode, tables[i]))
         if errors and quarantine_dir is None:
             raise errors[0][1]
         return staged, [self._reject(item, error, quarantine_dir) for item, error in errors]
@@ -939,6 +948,18 @@ def _pool(old: dict[str, list] | None, new: dict[str, list] | None) -> dict[str,
     return {k: v.tolist() for k, v in aggregate_stats(stacked).items()}
 
 
+def _adjacent_runs(keys: list[tuple[int, int]], starts: list[int], lengths: list[int]) -> list[list[int]]:
+    """Positions of consecutive episodes grouped into runs that lie back to back in one data
+    file (same file, each starting where the one before ends): each run is decoded at once."""
+    runs: list[list[int]] = []
+    for i in range(len(keys)):
+        if runs and keys[i] == keys[runs[-1][-1]] and starts[i] == starts[runs[-1][-1]] + lengths[runs[-1][-1]]:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
 def read_incoming(path: Path, quarantine_dir: Path) -> IncomingEpisode | QuarantinedFile:
     """Read one incoming episode file; an unreadable one goes to quarantine with its reason.
 
@@ -956,6 +977,27 @@ def read_incoming(path: Path, quarantine_dir: Path) -> IncomingEpisode | Quarant
     return IncomingEpisode(table=table, source=str(path), origin=Path(path))
 
 
+def _schema_runs(tables: list[pa.Table]) -> list[list[int]]:
+    """Positions of consecutive tables grouped into runs of one schema (validated together)."""
+    runs: list[list[int]] = []
+    for i, table in enumerate(tables):
+        if runs and table.schema.equals(tables[runs[-1][-1]].schema):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+def _stage_batch(items: list[IncomingEpisode], batch: ValidatedBatch) -> list[_Staged]:
+    """``_stage_one`` for a batch validated together; the frames' fingerprints in one pass."""
+    frames = table_fingerprints(batch.frames, batch.bounds)
+    out = []
+    for i, (item, episode) in enumerate(zip(items, batch.episodes)):
+        canonical = batch.frames.slice(int(batch.bounds[i]), episode.length)
+        out.append(_Staged(item, episode, canonical, _content_hash(frames[i], item.meta_extra)))
+    return out
+
+
 def _stage_one(item: IncomingEpisode, episode: Episode, table: pa.Table) -> _Staged:
     canonical = episode_to_table(dataclasses.replace(episode, extras={}))
     for name in table.column_names:
@@ -968,7 +1010,11 @@ def episode_content_hash(canonical: pa.Table, meta: pa.Table | None = None) -> s
     """The content hash the dataset stores for an episode: its canonical frames plus any carried
     meta (file locations excluded, so re-chunking never changes it). The one recipe: the fleet's
     spool quotes it so anyone can check that what was stored is exactly what the robot finished."""
-    parts = [table_fingerprint(canonical)]
+    return _content_hash(table_fingerprint(canonical), meta)
+
+
+def _content_hash(frames_fingerprint: str, meta: pa.Table | None) -> str:
+    parts = [frames_fingerprint]
     if meta is not None and any(not is_location_column(n) for n in meta.column_names):
         locations = frozenset(n for n in meta.column_names if is_location_column(n))
         parts.append(table_fingerprint(meta, exclude=locations))

@@ -130,6 +130,26 @@ def episode_to_table(ep: Episode) -> pa.Table:
     return table
 
 
+def canonical_frames(table: pa.Table, states: np.ndarray, actions: np.ndarray) -> pa.Table:
+    """Validated frames (one episode or several back to back) in the canonical layout: what
+    ``episode_to_table`` gives each episode (contract columns, fixed-size vectors), then the
+    table's other columns in its order. ``states``/``actions``: the vector columns as (T, d)."""
+    schema = episode_schema(states.shape[1], actions.shape[1])
+    columns = []
+    for field in schema:
+        if field.name == STATE:
+            columns.append(vectors_to_arrow(states))
+        elif field.name == ACTION:
+            columns.append(vectors_to_arrow(actions))
+        else:
+            columns.append(table.column(field.name).cast(field.type))
+    canonical = pa.Table.from_arrays(columns, schema=schema)
+    for name in table.column_names:
+        if name not in CONTRACT_COLUMNS:
+            canonical = canonical.append_column(table.schema.field(name), table.column(name))
+    return canonical
+
+
 def _extra_to_numpy(column: pa.ChunkedArray) -> np.ndarray:
     arr = column.combine_chunks()
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(
@@ -166,6 +186,51 @@ def table_to_episode(table: pa.Table) -> Episode:
         stage_reached=reached_stage(extras.get(STAGE_COLUMN)),
         extras=extras,
     )
+
+
+def table_to_episodes(table: pa.Table, lengths: list[int]) -> list[Episode]:
+    """Episodes stored back to back in ``table`` (``lengths`` frames each, in row order) →
+    the same Episodes ``table_to_episode`` gives for each slice, decoded column by column over
+    the whole table: one conversion per column instead of one per episode and column (what a
+    reader of many short episodes pays). Arrays are views into the table's columns."""
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    if bounds[-1] != table.num_rows:
+        raise ValueError(f"episode lengths sum to {bounds[-1]}, the table has {table.num_rows} rows")
+    starts = pa.array(bounds[:-1])
+    first = {name: table.column(name).take(starts).to_pylist() for name in EPISODE_LEVEL_COLUMNS}
+    states = list_column_to_numpy(table.column(STATE)).astype(np.float32, copy=False)
+    actions = list_column_to_numpy(table.column(ACTION)).astype(np.float32, copy=False)
+    timestamps = table.column(TIMESTAMP).to_numpy().astype(np.float32, copy=False)
+    extras = [name for name in table.column_names if name not in CONTRACT_COLUMNS]
+    whole = {name: _whole_extra(table.column(name)) for name in extras}
+    out = []
+    for i, (a, b) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
+        mine = {name: values[a:b] if values is not None else _extra_to_numpy(table.column(name).slice(a, b - a))
+                for name, values in whole.items()}
+        out.append(Episode(
+            episode_id=str(first[EPISODE_ID][i]), robot_id=str(first[ROBOT_ID][i]), task=str(first[TASK][i]),
+            states=states[a:b], actions=actions[a:b], timestamps=timestamps[a:b],
+            success=bool(first[SUCCESS][i]), interrupted=bool(first[INTERRUPTED][i]),
+            policy_version=str(first[POLICY_VERSION][i]), stage_reached=reached_stage(mine.get(STAGE_COLUMN)),
+            extras=mine,
+        ))
+    return out
+
+
+def _whole_extra(column: pa.ChunkedArray) -> np.ndarray | None:
+    """An extra column decoded once for the whole table, when slicing that decoding gives what
+    each episode's own decoding would: numeric scalars or fixed-width vectors without nulls. None
+    otherwise (nulls, strings, ragged lists decode per episode)."""
+    t = column.type
+    if column.null_count:
+        return None
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        return column.combine_chunks().to_numpy(zero_copy_only=False)
+    if pa.types.is_fixed_size_list(t) and (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)):
+        arr = column.combine_chunks()
+        if arr.flatten().null_count == 0:
+            return list_column_to_numpy(arr)
+    return None
 
 
 def write_episode_file(ep: Episode, path: Path) -> Path:

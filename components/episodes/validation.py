@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Set
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -25,8 +26,10 @@ from components.episodes.schema import (
     STATE,
     SUCCESS,
     TIMESTAMP,
+    canonical_frames,
     list_column_to_numpy,
     table_to_episode,
+    table_to_episodes,
 )
 
 # The whole table, not one column (e.g. an empty episode or an unreadable file).
@@ -112,22 +115,8 @@ def _check_vectors(table: pa.Table, name: str, dim: int | None, source: str) -> 
     return values
 
 
-def validate_episode_table(
-    table: pa.Table,
-    known_robots: Set[str] | None,
-    state_dim: int | None,
-    action_dim: int | None,
-    source: str,
-) -> Episode:
-    """Check ``table`` against the episode contract and return it as an Episode.
-
-    ``known_robots=None`` accepts any robot id; ``state_dim``/``action_dim`` ``None`` accept any
-    width (the first ingest fixes them). Raises ``EpisodeValidationError`` on the first problem.
-    """
-    if table.num_rows == 0:
-        raise EpisodeValidationError(
-            source, WHOLE_FILE, "episode has no frames", "send episodes with at least one frame"
-        )
+def _check_columns(table: pa.Table, source: str) -> None:
+    """The schema half of the contract: every contract column, once, with its type."""
     missing = [name for name in CONTRACT_COLUMNS if name not in table.column_names]
     if missing:
         raise EpisodeValidationError(
@@ -152,6 +141,25 @@ def validate_episode_table(
             raise EpisodeValidationError(
                 source, name, f"dtype is {actual}, expected {expected}", f"cast {name} to {expected}"
             )
+
+
+def validate_episode_table(
+    table: pa.Table,
+    known_robots: Set[str] | None,
+    state_dim: int | None,
+    action_dim: int | None,
+    source: str,
+) -> Episode:
+    """Check ``table`` against the episode contract and return it as an Episode.
+
+    ``known_robots=None`` accepts any robot id; ``state_dim``/``action_dim`` ``None`` accept any
+    width (the first ingest fixes them). Raises ``EpisodeValidationError`` on the first problem.
+    """
+    if table.num_rows == 0:
+        raise EpisodeValidationError(
+            source, WHOLE_FILE, "episode has no frames", "send episodes with at least one frame"
+        )
+    _check_columns(table, source)
     for name in (FRAME_INDEX, TIMESTAMP, *EPISODE_LEVEL_COLUMNS):
         nulls = table.column(name).null_count
         if nulls:
@@ -199,7 +207,11 @@ def validate_episode_table(
                 f"write one constant {name} on every frame of an episode",
             )
 
-    episode_id = table.column(EPISODE_ID)[0].as_py()
+    _check_ids(table.column(EPISODE_ID)[0].as_py(), table.column(ROBOT_ID)[0].as_py(), known_robots, source)
+    return table_to_episode(table)
+
+
+def _check_ids(episode_id: str, robot_id: str, known_robots: Set[str] | None, source: str) -> None:
     try:
         parsed = uuid.UUID(episode_id)
     except ValueError:
@@ -211,7 +223,6 @@ def validate_episode_table(
             f"{episode_id!r} is not a uuid4",
             "use str(uuid.uuid4()) (or components.episodes.record.new_episode_id) as episode_id",
         )
-    robot_id = table.column(ROBOT_ID)[0].as_py()
     if known_robots is not None and robot_id not in known_robots:
         raise EpisodeValidationError(
             source,
@@ -219,4 +230,69 @@ def validate_episode_table(
             f"unknown robot {robot_id!r}",
             "register the robot (fleet.extra_robots in params.yaml) or fix the robot_id",
         )
-    return table_to_episode(table)
+
+
+@dataclass(frozen=True)
+class ValidatedBatch:
+    """Episodes that passed together: ``frames`` holds their canonical frames back to back
+    (``bounds[i]:bounds[i + 1]`` is episode i), as ``episode_to_table`` gives each one."""
+
+    episodes: list[Episode]
+    frames: pa.Table
+    bounds: np.ndarray
+
+
+def validate_episode_batch(
+    tables: list[pa.Table],
+    known_robots: Set[str] | None,
+    state_dim: int | None,
+    action_dim: int | None,
+) -> ValidatedBatch | None:
+    """``validate_episode_table``'s checks run once over the concatenation of ``tables`` (one
+    schema), instead of once per table: what a batch of many short episodes would otherwise pay
+    per episode. Returns None when any table breaks any check, or the tables differ in schema:
+    validate each table on its own then, for the error that names its file and field. A batch
+    that passes here passes there table by table, with the same widths."""
+    lengths = [t.num_rows for t in tables]
+    if not tables or min(lengths) == 0 or any(not t.schema.equals(tables[0].schema) for t in tables[1:]):
+        return None
+    try:
+        _check_columns(tables[0], "")
+        table = pa.concat_tables(tables)
+        if any(table.column(n).null_count for n in (FRAME_INDEX, TIMESTAMP, *EPISODE_LEVEL_COLUMNS)):
+            return None
+        states = _check_vectors(table, STATE, state_dim, "")
+        actions = _check_vectors(table, ACTION, action_dim, "")
+    except EpisodeValidationError:
+        return None
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    starts = np.repeat(bounds[:-1], lengths)  # each frame's episode start
+    if not _frames_and_times_hold(table, bounds, starts) or not _constant_per_episode(table, starts):
+        return None
+    first = pa.array(bounds[:-1])
+    ids = table.column(EPISODE_ID).take(first).to_pylist()
+    robots = table.column(ROBOT_ID).take(first).to_pylist()
+    try:
+        for episode_id, robot_id in zip(ids, robots):
+            _check_ids(episode_id, robot_id, known_robots, "")
+    except EpisodeValidationError:
+        return None
+    frames = canonical_frames(table, states, actions)
+    return ValidatedBatch(table_to_episodes(table, lengths), frames, bounds)
+
+
+def _frames_and_times_hold(table: pa.Table, bounds: np.ndarray, starts: np.ndarray) -> bool:
+    """frame_index 0..n-1 in each episode; timestamps finite, from >= 0, strictly increasing."""
+    frames = table.column(FRAME_INDEX).to_numpy()
+    if not np.array_equal(frames, np.arange(len(frames), dtype=np.int64) - starts):
+        return False
+    times = table.column(TIMESTAMP).to_numpy()
+    if not np.isfinite(times).all() or (times[bounds[:-1]] < 0).any():
+        return False
+    steps = np.delete(np.diff(times), bounds[1:-1] - 1)  # not across two episodes
+    return not (steps <= 0).any()
+
+
+def _constant_per_episode(table: pa.Table, starts: np.ndarray) -> bool:
+    index = pa.array(starts)
+    return all(pc.all(pc.equal(table.column(n), table.column(n).take(index))).as_py() for n in EPISODE_LEVEL_COLUMNS)
