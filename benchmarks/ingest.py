@@ -90,14 +90,15 @@ class Latency:
     cpu_p99_ms: float | None = None
 
 
-def synthetic_episodes(seed: int, count: int, state_dim: int, action_dim: int) -> list[Episode]:
-    """``count`` smooth random-walk episodes from a seeded generator."""
+def synthetic_episodes(seed: int, count: int, state_dim: int, action_dim: int,
+                       frames: int = EPISODE_FRAMES) -> list[Episode]:
+    """``count`` smooth random-walk episodes of ``frames`` frames from a seeded generator."""
     rng = np.random.default_rng(seed)
     starts = rng.uniform(-0.5, 0.5, (count, 1, state_dim))
-    steps = rng.standard_normal((count, EPISODE_FRAMES, state_dim)) * STEP_SCALE
+    steps = rng.standard_normal((count, frames, state_dim)) * STEP_SCALE
     states = (starts + np.cumsum(steps, axis=1)).astype(np.float32)
-    actions = rng.uniform(-1, 1, (count, EPISODE_FRAMES, action_dim)).astype(np.float32)
-    timestamps = np.arange(EPISODE_FRAMES, dtype=np.float32) / 10.0
+    actions = rng.uniform(-1, 1, (count, frames, action_dim)).astype(np.float32)
+    timestamps = np.arange(frames, dtype=np.float32) / 10.0
     robots = rng.integers(0, NUM_ROBOTS, count)
     success = rng.random(count) < SUCCESS_RATE
     return [
@@ -148,12 +149,14 @@ def time_queries(store: SegmentStore, queries: np.ndarray, exact: bool, success:
     return seconds, cpu_seconds, np.stack(ids)
 
 
-def ingest_batch(settings: Settings, ws: Workspace, batch: int, episodes: int, scratch: Path) -> float:
-    """Write ``episodes`` synthetic episodes (seed ``batch``) as files, ingest them through
-    ``ingest_files`` and return its wall time (writing the files is the robot's side: untimed)."""
+def ingest_batch(settings: Settings, ws: Workspace, batch: int, episodes: int, scratch: Path,
+                 frames: int = EPISODE_FRAMES) -> float:
+    """Write ``episodes`` synthetic episodes of ``frames`` frames (seed ``batch``) as files, ingest
+    them through ``ingest_files`` and return its wall time (writing the files is the robot's
+    side: untimed)."""
     folder = scratch / f"batch-{batch:05d}"
     files = [write_episode_file(e, folder / f"{i:04d}.parquet")
-             for i, e in enumerate(synthetic_episodes(batch, episodes, ws.obs_dim, ws.act_dim))]
+             for i, e in enumerate(synthetic_episodes(batch, episodes, ws.obs_dim, ws.act_dim, frames))]
     t0 = time.perf_counter()
     result = ingest_files(settings, files)
     seconds = time.perf_counter() - t0
