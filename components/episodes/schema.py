@@ -256,8 +256,9 @@ def table_to_ipc(table: pa.Table) -> bytes:
 def read_episode_bytes(data: bytes) -> pa.Table:
     """Parquet bytes or Arrow IPC stream bytes → table. Raises ``ValueError`` if neither."""
     if data[:4] == PARQUET_MAGIC:
-        try:  # ParquetFile, not read_table: no dataset discovery, ~5x less per small file
-            return pq.ParquetFile(pa.BufferReader(data)).read()
+        try:  # ParquetFile, not read_table: no dataset discovery, ~5x less per small file; one
+            # episode's columns decode faster in this thread than handed to Arrow's pool (~0.3 vs 0.4 ms)
+            return pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
         except OSError as exc:  # damaged pages (e.g. corrupt snappy data) raise OSError, not ArrowInvalid
             raise ValueError(f"a damaged Parquet file ({exc})") from exc
     try:
