@@ -1095,8 +1095,11 @@ def _with_stats(meta: pa.Table, data: pa.Table, lengths: list[int]) -> pa.Table:
     for name in data.column_names:
         if name in (SUCCESS, INTERRUPTED):
             continue
-        per_episode = _episode_stats(data.column(name), lengths)
-        if all(stats is None for stats in per_episode):
+        values = column_values(data.column(name))
+        # one pass for the batch when the whole column is flat numeric, else episode by episode
+        stacked = span_stats(values, lengths) if values is not None and values.size else None
+        per_episode = None if stacked is not None else _episode_stats(data.column(name), lengths)
+        if per_episode is not None and all(stats is None for stats in per_episode):
             continue
         for stat in STAT_NAMES:
             item, column = pa.int64() if stat == "count" else pa.float64(), stats_column(name, stat)
@@ -1104,20 +1107,26 @@ def _with_stats(meta: pa.Table, data: pa.Table, lengths: list[int]) -> pa.Table:
             if column in meta.column_names:
                 carried = meta.column(column).to_pylist()
                 meta = meta.remove_column(meta.column_names.index(column))  # it sat after ours: position holds
-            values = [carried[i] if stats is None else stats[stat] for i, stats in enumerate(per_episode)]
-            meta = meta.add_column(position, column, pa.array(values, pa.list_(item)))
+            if stacked is not None:  # every episode has its own figures
+                array = _rows_as_lists(stacked[stat], item)
+            else:
+                array = pa.array([carried[i] if stats is None else stats[stat] for i, stats in enumerate(per_episode)],
+                                 pa.list_(item))
+            meta = meta.add_column(position, column, array)
             position += 1
     return meta
 
 
+def _rows_as_lists(rows: np.ndarray, item: pa.DataType) -> pa.ListArray:
+    """(runs, d) → a list<item> array of runs rows of d values (no Python lists in between)."""
+    runs, width = rows.shape
+    offsets = pa.array(np.arange(0, runs * width + 1, width, dtype=np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(rows).reshape(-1), item))
+
+
 def _episode_stats(column: pa.ChunkedArray, lengths: np.ndarray) -> list[dict[str, list] | None]:
-    """Each episode's stats of one column (``lengths`` frames each, in order) as stored: lists per
-    stat; None where the episode has no flat numbers. One pass for the batch when the whole
-    column is flat numeric, else episode by episode."""
-    values = column_values(column)
-    if values is not None and values.size:
-        stacked = {stat: rows.tolist() for stat, rows in span_stats(values, lengths).items()}
-        return [{stat: stacked[stat][i] for stat in STAT_NAMES} for i in range(len(lengths))]
+    """Each episode's stats of one column (``lengths`` frames each, in order) as stored, one by
+    one: lists per stat; None where the episode has no flat numbers."""
     out: list[dict[str, list] | None] = []
     for start, length in zip(np.cumsum(lengths) - lengths, lengths):
         mine = column_values(column.slice(int(start), int(length)))
