@@ -322,6 +322,9 @@ def test_slice_fingerprints_in_one_pass_equal_each_slices_own():
     alone = [table_fingerprint(table.slice(a, b - a)) for a, b in zip(bounds[:-1], bounds[1:])]
     assert table_fingerprints(table, bounds) == alone == table_fingerprints(chunked, bounds)
     assert len(set(alone)) == len(alone)
+    # the recipe itself is pinned: stored content hashes and the fleet's spool quote it
+    assert table_fingerprint(table) == "c8bd7727abfa848d572462a3c92efb0b1f8367b621f431325ac8781a04236efb"
+    assert alone[2] == "ad99d6ad33e9d0a84c054cac287a044531a76018a2a3132d7bff1f998b4faa20"  # rows 5..11
 
 
 def test_unreadable_file_is_quarantined(ds, rng, tmp_path):

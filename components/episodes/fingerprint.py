@@ -21,33 +21,10 @@ def _is_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
-def _update(h: "hashlib._Hash", arr: pa.Array) -> None:
-    t = arr.type
-    if _is_list(t) and arr.null_count == 0:
-        flat = arr.flatten()
-        if pa.types.is_fixed_size_list(t):
-            sizes = np.full(len(arr), t.list_size, dtype=np.int64)
-        else:
-            sizes = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
-        h.update(b"L")
-        h.update(sizes.tobytes())
-        _update(h, flat)
-        return
-    if (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)) and not arr.null_count:
-        h.update(str(t).encode())
-        h.update(arr.to_numpy(zero_copy_only=False).tobytes())
-        return
-    h.update(b"J")
-    h.update(json.dumps(arr.to_pylist(), default=str, sort_keys=True).encode())
-
-
 def table_fingerprint(table: pa.Table, exclude: frozenset[str] = frozenset()) -> str:
     """Hash of every column's name and values (columns in name order)."""
-    h = hashlib.new(HASH_NAME)
-    for name in sorted(n for n in table.column_names if n not in exclude):
-        h.update(name.encode() + b"\0")
-        _update(h, table.column(name).combine_chunks())
-    return h.hexdigest()
+    kept = table.select([n for n in table.column_names if n not in exclude])
+    return table_fingerprints(kept, np.array([0, kept.num_rows]))[0]
 
 
 def table_fingerprints(table: pa.Table, bounds: np.ndarray) -> list[str]:
@@ -62,14 +39,16 @@ def table_fingerprints(table: pa.Table, bounds: np.ndarray) -> list[str]:
 
 
 def _update_slices(hashes: list, arr: pa.Array, bounds: np.ndarray) -> None:
-    """``_update(hashes[i], arr[bounds[i]:bounds[i + 1]])`` for every i."""
+    """Feed each slice ``arr[bounds[i]:bounds[i + 1]]`` to ``hashes[i]``: lists as their sizes
+    then their values, numbers as their type and raw bytes, anything else (or anything holding a
+    null) as JSON. The recipe every content hash is made of."""
     t = arr.type
     spans = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
-    if arr.null_count:  # a slice may or may not hold a null: each takes its own branch
+    if arr.null_count and len(spans) > 1:  # a slice may or may not hold a null: each takes its own branch
         for h, (a, b) in zip(hashes, spans):
-            _update(h, arr.slice(a, b - a))
+            _update_slices([h], arr.slice(a, b - a), np.array([0, b - a]))
         return
-    if _is_list(t):
+    if _is_list(t) and not arr.null_count:
         if pa.types.is_fixed_size_list(t):
             sizes = np.full(len(arr), t.list_size, dtype=np.int64)
         else:
@@ -80,7 +59,7 @@ def _update_slices(hashes: list, arr: pa.Array, bounds: np.ndarray) -> None:
         flat_bounds = np.concatenate([[0], np.cumsum(sizes)])[bounds]
         _update_slices(hashes, arr.flatten(), flat_bounds)
         return
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+    if (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)) and not arr.null_count:
         kind, values = str(t).encode(), arr.to_numpy(zero_copy_only=False)
         for h, (a, b) in zip(hashes, spans):
             h.update(kind)
