@@ -167,25 +167,7 @@ def _extra_to_numpy(column: pa.ChunkedArray) -> np.ndarray:
 
 def table_to_episode(table: pa.Table) -> Episode:
     """An episode table (already validated) → Episode; non-contract columns go to ``extras``."""
-    first = {name: table.column(name)[0].as_py() for name in EPISODE_LEVEL_COLUMNS}
-    extras = {
-        name: _extra_to_numpy(table.column(name))
-        for name in table.column_names
-        if name not in CONTRACT_COLUMNS
-    }
-    return Episode(
-        episode_id=str(first[EPISODE_ID]),
-        robot_id=str(first[ROBOT_ID]),
-        task=str(first[TASK]),
-        states=list_column_to_numpy(table.column(STATE)).astype(np.float32, copy=False),
-        actions=list_column_to_numpy(table.column(ACTION)).astype(np.float32, copy=False),
-        timestamps=table.column(TIMESTAMP).to_numpy().astype(np.float32, copy=False),
-        success=bool(first[SUCCESS]),
-        interrupted=bool(first[INTERRUPTED]),
-        policy_version=str(first[POLICY_VERSION]),
-        stage_reached=reached_stage(extras.get(STAGE_COLUMN)),
-        extras=extras,
-    )
+    return table_to_episodes(table, [table.num_rows])[0]
 
 
 def table_to_episodes(table: pa.Table, lengths: list[int]) -> list[Episode]:
