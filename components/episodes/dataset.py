@@ -29,7 +29,7 @@ import json
 import re
 import shutil
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +52,11 @@ from components.episodes.data_files import (
     unreferenced,
     write_merged,
 )
-from components.episodes.fingerprint import combine_fingerprints, table_fingerprint, table_fingerprints
+from components.episodes.fingerprint import (
+    combine_fingerprints,
+    table_fingerprint,
+    table_fingerprints,
+)
 from components.episodes.meta_files import (
     MetaFile,
     dedupe_episodes,
@@ -948,16 +952,22 @@ def _pool(old: dict[str, list] | None, new: dict[str, list] | None) -> dict[str,
     return {k: v.tolist() for k, v in aggregate_stats(stacked).items()}
 
 
-def _adjacent_runs(keys: list[tuple[int, int]], starts: list[int], lengths: list[int]) -> list[list[int]]:
-    """Positions of consecutive episodes grouped into runs that lie back to back in one data
-    file (same file, each starting where the one before ends): each run is decoded at once."""
+def _consecutive_runs(count: int, joins: Callable[[int, int], bool]) -> list[list[int]]:
+    """Positions 0..count-1 grouped into runs of consecutive ones, position i joining the run of
+    i - 1 when ``joins(i - 1, i)``."""
     runs: list[list[int]] = []
-    for i in range(len(keys)):
-        if runs and keys[i] == keys[runs[-1][-1]] and starts[i] == starts[runs[-1][-1]] + lengths[runs[-1][-1]]:
+    for i in range(count):
+        if runs and joins(i - 1, i):
             runs[-1].append(i)
         else:
             runs.append([i])
     return runs
+
+
+def _adjacent_runs(keys: list[tuple[int, int]], starts: list[int], lengths: list[int]) -> list[list[int]]:
+    """Consecutive episodes that lie back to back in one data file (same file, each starting
+    where the one before ends): each run is decoded at once."""
+    return _consecutive_runs(len(keys), lambda a, b: keys[a] == keys[b] and starts[b] == starts[a] + lengths[a])
 
 
 def read_incoming(path: Path, quarantine_dir: Path) -> IncomingEpisode | QuarantinedFile:
@@ -978,14 +988,8 @@ def read_incoming(path: Path, quarantine_dir: Path) -> IncomingEpisode | Quarant
 
 
 def _schema_runs(tables: list[pa.Table]) -> list[list[int]]:
-    """Positions of consecutive tables grouped into runs of one schema (validated together)."""
-    runs: list[list[int]] = []
-    for i, table in enumerate(tables):
-        if runs and table.schema.equals(tables[runs[-1][-1]].schema):
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return runs
+    """Consecutive tables of one schema (validated together)."""
+    return _consecutive_runs(len(tables), lambda a, b: tables[b].schema.equals(tables[a].schema))
 
 
 def _stage_batch(items: list[IncomingEpisode], batch: ValidatedBatch) -> list[_Staged]:
@@ -1105,7 +1109,8 @@ def _with_stats(meta: pa.Table, data: pa.Table, lengths: list[int]) -> pa.Table:
             item, column = pa.int64() if stat == "count" else pa.float64(), stats_column(name, stat)
             carried = [None] * meta.num_rows  # an import's own stats of this feature: kept where we have none
             if column in meta.column_names:
-                carried = meta.column(column).to_pylist()
+                if stacked is None:  # with stacked figures every episode has its own
+                    carried = meta.column(column).to_pylist()
                 meta = meta.remove_column(meta.column_names.index(column))  # it sat after ours: position holds
             if stacked is not None:  # every episode has its own figures
                 array = _rows_as_lists(stacked[stat], item)
