@@ -25,6 +25,7 @@ from pathlib import Path
 from benchmarks.ingest import EPISODE_FRAMES, ingest_batch
 from components.config import load_settings
 from components.pipeline.workspace import Workspace
+from components.store.windows import window_starts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NAME = "ingest_fresh_vs_grown"
@@ -34,7 +35,7 @@ GROWN_SEED = 50_000_000  # + the root's episode count: seeds no growth run (nor 
 
 def run(grown_root: Path, pairs: int, scratch: Path) -> dict:
     grown, fresh = load_settings(root=grown_root), load_settings(root=scratch / "root")
-    segments_per_batch = EPISODES * ((EPISODE_FRAMES - fresh.store.window) // fresh.store.stride + 1)
+    segments_per_batch = EPISODES * len(window_starts(EPISODE_FRAMES, fresh.store.window, fresh.store.stride))
     if (pairs + 1) * segments_per_batch >= fresh.store.index_min_rows:
         raise SystemExit(f"{pairs} pairs would take the fresh root past store.index_min_rows="
                          f"{fresh.store.index_min_rows:,} segments: use fewer --pairs")

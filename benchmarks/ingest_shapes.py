@@ -38,6 +38,7 @@ import numpy as np
 from benchmarks.ingest import ingest_batch
 from components.config import load_settings
 from components.pipeline.workspace import Workspace
+from components.store.windows import window_starts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NAME = "ingest_shapes"
@@ -71,10 +72,9 @@ class Cell:
 
 def check_below_index(grid: Grid, settings) -> None:
     """Refuse a grid whose largest cell would cross ``store.index_min_rows`` (its first index build
-    would land in one timed batch); segments per frame from the window and stride."""
-    window, stride = settings.store.window, settings.store.stride
+    would land in one timed batch); segments per episode as the store cuts them."""
     for frames in grid.episode_frames:
-        per_episode = (frames - window) // stride + 1
+        per_episode = len(window_starts(frames, settings.store.window, settings.store.stride))
         for batch in grid.batch_frames:
             segments = (grid.timed_batches + 1) * (batch // frames) * per_episode
             if segments >= settings.store.index_min_rows:
