@@ -423,6 +423,13 @@ def test_index_plan_follows_the_type_and_the_rows_and_search_follows_the_built_i
     assert search_params("IVF_HNSW_SQ", cfg.hnsw_ef + 5, cfg).ef == cfg.hnsw_ef + 5  # never narrower than k
 
 
+def test_index_builds_train_with_the_configured_kmeans_iterations() -> None:
+    # LanceDB's default is 50; store.index_max_iterations reaches both index types' build config
+    for index_type in ("IVF_PQ", "IVF_HNSW_SQ"):
+        cfg = StoreConfig(index_type=index_type, index_max_iterations=7)
+        assert plan_index(88, 100_000, cfg).index_config("l2").max_iterations == 7
+
+
 def _sim_width_fleet(seed: int, count: int) -> list[Episode]:
     """Episodes with the default simulator's 11-dim state: windows of 8 x 11 = 88 values."""
     rng = np.random.default_rng(seed)

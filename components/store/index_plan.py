@@ -46,6 +46,7 @@ class IvfPqPlan:
     sub_vectors: int
     dim: int
     derived: bool  # True when store.index_sub_vectors did not divide dim and was replaced
+    max_iterations: int = 50  # k-means iterations of the partitions and codebooks (LanceDB's default)
 
     kind = "IVF_PQ"
 
@@ -54,7 +55,8 @@ class IvfPqPlan:
         return self.dim // self.sub_vectors
 
     def index_config(self, metric: str) -> IvfPq:
-        return IvfPq(distance_type=metric, num_partitions=self.partitions, num_sub_vectors=self.sub_vectors)
+        return IvfPq(distance_type=metric, num_partitions=self.partitions, num_sub_vectors=self.sub_vectors,
+                     max_iterations=self.max_iterations)
 
     def describe(self) -> str:
         return f"IVF_PQ {self.partitions} partitions x {self.sub_vectors} sub-vectors"
@@ -68,12 +70,13 @@ class IvfHnswSqPlan:
     m: int  # graph edges per node
     ef_construction: int
     dim: int
+    max_iterations: int = 50  # k-means iterations of the partitions (LanceDB's default)
 
     kind = "IVF_HNSW_SQ"
 
     def index_config(self, metric: str) -> IvfHnswSq:
         return IvfHnswSq(distance_type=metric, num_partitions=self.partitions, m=self.m,
-                         ef_construction=self.ef_construction)
+                         ef_construction=self.ef_construction, max_iterations=self.max_iterations)
 
     def describe(self) -> str:
         return f"IVF_HNSW_SQ {self.partitions} partitions, m={self.m}, ef_construction={self.ef_construction}"
@@ -111,13 +114,14 @@ def plan_ivf_pq(dim: int, rows: int, cfg: StoreConfig) -> IvfPqPlan:
     """Partitions: ``store.index_partitions``, fewer while the table has < 256 rows per partition."""
     sub_vectors = sub_vectors_for(dim, cfg.index_sub_vectors)
     partitions = trainable_partitions(cfg.index_partitions, rows)
-    return IvfPqPlan(partitions, sub_vectors, dim, derived=sub_vectors != cfg.index_sub_vectors)
+    return IvfPqPlan(partitions, sub_vectors, dim, derived=sub_vectors != cfg.index_sub_vectors,
+                     max_iterations=cfg.index_max_iterations)
 
 
 def plan_ivf_hnsw_sq(dim: int, rows: int, cfg: StoreConfig) -> IvfHnswSqPlan:
     """Partitions: ``ceil(rows / store.hnsw_partition_rows)`` (trainable); graph sizes from the config."""
     partitions = trainable_partitions(math.ceil(rows / cfg.hnsw_partition_rows), rows)
-    return IvfHnswSqPlan(partitions, cfg.hnsw_m, cfg.hnsw_ef_construction, dim)
+    return IvfHnswSqPlan(partitions, cfg.hnsw_m, cfg.hnsw_ef_construction, dim, cfg.index_max_iterations)
 
 
 def plan_index(dim: int, rows: int, cfg: StoreConfig) -> IndexPlan:
