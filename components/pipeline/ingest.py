@@ -71,13 +71,18 @@ def read_file(settings: Settings, path: Path) -> IncomingEpisode | QuarantinedFi
     return read_incoming(Path(path), settings.paths.quarantine)
 
 
-def store_episodes(settings: Settings, items: list[IncomingEpisode | QuarantinedFile]) -> IngestReport:
-    """Validate and append the readable files; bad ones go to quarantine, good ones are kept."""
+def store_episodes(
+    settings: Settings, items: list[IncomingEpisode | QuarantinedFile], ws: Workspace | None = None
+) -> IngestReport:
+    """Validate and append the readable files; bad ones go to quarantine, good ones are kept.
+
+    ``ws``: handles already open in this process (``ingest_files`` opens one set for all phases;
+    a flow's tasks, possibly in other processes, each open their own)."""
     import dataclasses
 
     incoming = [i for i in items if isinstance(i, IncomingEpisode)]
     unreadable = tuple(i for i in items if not isinstance(i, IncomingEpisode))
-    report = Workspace(settings).dataset.ingest_tables(incoming, settings.known_robots(), settings.paths.quarantine)
+    report = (ws or Workspace(settings)).dataset.ingest_tables(incoming, settings.known_robots(), settings.paths.quarantine)
     return dataclasses.replace(report, quarantined=unreadable + report.quarantined)
 
 
@@ -90,11 +95,11 @@ def sync_to_head(settings: Settings) -> SyncResult:
     return sync_dataset(settings.root, settings.paths.episodes, dvc_remote(settings), episodes)
 
 
-def take_snapshot(settings: Settings, changed: bool) -> Snapshot | None:
+def take_snapshot(settings: Settings, changed: bool, ws: Workspace | None = None) -> Snapshot | None:
     """A DVC snapshot when the data changed (or none exists yet); otherwise the last one. With
     ``episodes.dvc_remote`` it is pushed and made the remote's head (every time: a push or publish
     that failed before is completed)."""
-    ws = Workspace(settings)
+    ws = ws or Workspace(settings)
     last = read_snapshot(settings.paths.episodes)
     if (changed or last is None) and ws.dataset.num_episodes:
         last = snapshot_dataset(settings.root, settings.paths.episodes)
@@ -109,9 +114,9 @@ def dvc_remote(settings: Settings) -> DvcRemote:
     return DvcRemote(settings.episodes.dvc_remote, settings.episodes.dvc_remote_endpoint)
 
 
-def store_encoder(settings: Settings) -> WindowEncoder:
+def store_encoder(settings: Settings, ws: Workspace | None = None) -> WindowEncoder:
     """The encoder that made the store's vectors; fitted on the whole dataset the first time."""
-    ws = Workspace(settings)
+    ws = ws or Workspace(settings)
     encoder = ws.store.load_encoder()
     if encoder is not None:
         return encoder
@@ -134,7 +139,7 @@ def store_encoder(settings: Settings) -> WindowEncoder:
 
 
 
-def episodes_to_embed(settings: Settings) -> list[Episode]:
+def episodes_to_embed(settings: Settings, ws: Workspace | None = None) -> list[Episode]:
     """Stored episodes that have no segments yet: those after the store's embed cursor.
 
     Reads only the episodes after the cursor, so its cost follows the batch, not the dataset.
@@ -143,7 +148,7 @@ def episodes_to_embed(settings: Settings) -> list[Episode]:
     store written before cursors, or a replaced dataset) it compares every stored episode with
     the store once; the next upsert records the cursor.
     """
-    ws = Workspace(settings)
+    ws = ws or Workspace(settings)
     start = _cursor_start(ws)
     if start is not None:
         return list(ws.dataset.episodes(start=start))
@@ -162,13 +167,13 @@ def _cursor_start(ws: Workspace) -> int | None:
 
 
 def advance_embed_cursor(
-    settings: Settings, upserted_ids: set[str], report: UpsertReport | None = None
+    settings: Settings, upserted_ids: set[str], report: UpsertReport | None = None, ws: Workspace | None = None
 ) -> EmbedCursor | None:
     """Move the cursor over the stored episodes that now have segments: those just upserted
     (and, while no cursor matches, those the store already holds), up to the first gap.
 
     With the upsert's ``report`` it also records ``EmbedCursor.rows`` (see ``_covered_rows``)."""
-    ws = Workspace(settings)
+    ws = ws or Workspace(settings)
     start = _cursor_start(ws)
     known = upserted_ids if start is not None else upserted_ids | ws.store.episode_ids()
     ids = ws.dataset.episode_ids(start or 0)
@@ -225,20 +230,24 @@ def upkeep_store(settings: Settings) -> UpkeepReport:
     return report
 
 
-def embed(settings: Settings, episodes: list[Episode], encoder: WindowEncoder, snapshot: str) -> pa.Table:
-    return Workspace(settings).store.segment_rows(episodes, encoder, snapshot)
+def embed(
+    settings: Settings, episodes: list[Episode], encoder: WindowEncoder, snapshot: str, ws: Workspace | None = None
+) -> pa.Table:
+    return (ws or Workspace(settings)).store.segment_rows(episodes, encoder, snapshot)
 
 
-def upsert(settings: Settings, rows: list[pa.Table], encoder: WindowEncoder) -> UpsertReport | None:
+def upsert(
+    settings: Settings, rows: list[pa.Table], encoder: WindowEncoder, ws: Workspace | None = None
+) -> UpsertReport | None:
     """Merge the rows, move the embed cursor over their episodes, keep the index up (build or fold)."""
-    ws = Workspace(settings)
+    ws = ws or Workspace(settings)
     if not rows:
-        advance_embed_cursor(settings, set())  # records a first cursor for a store that lacks one
+        advance_embed_cursor(settings, set(), ws=ws)  # records a first cursor for a store that lacks one
         return None
     table = pa.concat_tables(rows)
     upserted = set(table.column("episode_id").unique().to_pylist())
     report = ws.store.upsert_rows(table, encoder, absent_at_rows=_absent_at_rows(ws, upserted))
-    advance_embed_cursor(settings, upserted, report)
+    advance_embed_cursor(settings, upserted, report, ws=ws)
     ws.store.ensure_index()
     return report
 
@@ -253,22 +262,25 @@ def _absent_at_rows(ws: Workspace, episode_ids: set[str]) -> int:
     return cursor.rows if episode_ids <= set(ws.dataset.episode_ids(start)) else -1
 
 
-def embed_pending(settings: Settings, snapshot: str = "") -> int:
+def embed_pending(settings: Settings, snapshot: str = "", ws: Workspace | None = None) -> int:
     """The store's half of ingest: embed the stored episodes past the embed cursor and upsert
     them (index kept up); returns the segments written. ``ingest_files`` and the fleet's ingest
     service (``components/fleet/embedder.py``) both run it; crash-safe through the cursor."""
-    encoder = store_encoder(settings)
-    new = episodes_to_embed(settings)
-    rows = [embed(settings, new, encoder, snapshot)] if new else []
-    upserted = upsert(settings, rows, encoder)
+    ws = ws or Workspace(settings)
+    encoder = store_encoder(settings, ws)
+    new = episodes_to_embed(settings, ws)
+    rows = [embed(settings, new, encoder, snapshot, ws)] if new else []
+    upserted = upsert(settings, rows, encoder, ws)
     return (upserted.inserted + upserted.updated) if upserted else 0
 
 
 def ingest_files(settings: Settings, files: list[Path], snapshot: bool = True) -> IngestResult:
-    """All phases in order, in this process (``snapshot=False``: no DVC, so no remote head either)."""
+    """All phases in order, in this process (``snapshot=False``: no DVC, so no remote head either),
+    on one set of handles opened after the sync (a pull replaces the dataset's files)."""
     if snapshot:
         sync_to_head(settings)
-    report = store_episodes(settings, [read_file(settings, f) for f in files])
-    snap = take_snapshot(settings, bool(report.added)) if snapshot else None
-    count = embed_pending(settings, snap.hash if snap else "")
-    return IngestResult(report, snap, Workspace(settings).store.version, count)
+    ws = Workspace(settings)
+    report = store_episodes(settings, [read_file(settings, f) for f in files], ws)
+    snap = take_snapshot(settings, bool(report.added), ws) if snapshot else None
+    count = embed_pending(settings, snap.hash if snap else "", ws)
+    return IngestResult(report, snap, ws.store.version, count)
