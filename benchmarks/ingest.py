@@ -47,7 +47,12 @@ import numpy as np
 from components.config import Settings, load_settings
 from components.episodes.record import Episode, new_episode_id
 from components.episodes.schema import write_episode_file
-from components.pipeline.ingest import compact_dataset, ingest_files, upkeep_store
+from components.pipeline.ingest import (
+    PhaseTimes,
+    compact_dataset,
+    ingest_files,
+    upkeep_store,
+)
 from components.pipeline.workspace import Workspace
 from components.store import SegmentStore, episode_windows
 from components.store.index_plan import search_params
@@ -150,15 +155,15 @@ def time_queries(store: SegmentStore, queries: np.ndarray, exact: bool, success:
 
 
 def ingest_batch(settings: Settings, ws: Workspace, batch: int, episodes: int, scratch: Path,
-                 frames: int = EPISODE_FRAMES) -> float:
+                 frames: int = EPISODE_FRAMES, times: PhaseTimes | None = None) -> float:
     """Write ``episodes`` synthetic episodes of ``frames`` frames (seed ``batch``) as files, ingest
     them through ``ingest_files`` and return its wall time (writing the files is the robot's
-    side: untimed)."""
+    side: untimed); ``times`` collects its phases' seconds."""
     folder = scratch / f"batch-{batch:05d}"
     files = [write_episode_file(e, folder / f"{i:04d}.parquet")
              for i, e in enumerate(synthetic_episodes(batch, episodes, ws.obs_dim, ws.act_dim, frames))]
     t0 = time.perf_counter()
-    result = ingest_files(settings, files)
+    result = ingest_files(settings, files, times=times)
     seconds = time.perf_counter() - t0
     shutil.rmtree(folder)
     assert len(result.report.added) == episodes, result.report.summary()
@@ -523,7 +528,8 @@ def main() -> None:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     result["wall_s"] = time.perf_counter() - started
-    result["command"] = "python -m benchmarks.ingest " + " ".join(
+    overrides = "".join(f"{k}={v} " for k, v in sorted(os.environ.items()) if k.startswith("FLEETLOOP_"))
+    result["command"] = overrides + "python -m benchmarks.ingest " + " ".join(
         f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
         for k, v in asdict(scale).items()
         if v is not None and v is not False and not (scale.knn_only and k in ("frames", "upkeep_every"))

@@ -17,6 +17,7 @@ from components.config import Settings
 from components.episodes.record import Episode, new_episode_id
 from components.episodes.schema import write_episode_file
 from components.pipeline.ingest import (
+    PhaseTimes,
     embed,
     episodes_to_embed,
     ingest_files,
@@ -77,6 +78,16 @@ def test_each_ingest_embeds_only_its_batch_and_moves_the_cursor(settings, tmp_pa
     version = ws.store.version
     again = ingest_files(settings, sorted((tmp_path / "in").glob("2-*.parquet")), snapshot=False)
     assert not again.report.added and again.segments_upserted == 0 and again.store_version == version
+
+
+def test_an_ingest_reports_each_of_its_phases(settings, tmp_path):
+    times = PhaseTimes()
+    ingest_files(settings, episode_files(settings, tmp_path / "in", seed=1, count=3), times=times)
+    assert list(times) == ["sync", "read", "store", "snapshot", "plan", "embed", "upsert", "index"]
+    assert all(seconds >= 0 for seconds in times.values())
+    once = dict(times)
+    ingest_files(settings, episode_files(settings, tmp_path / "in", seed=2, count=3), times=times)
+    assert all(times[name] >= once[name] for name in once)  # a second batch adds to the same phases
 
 
 def test_an_ingest_that_died_before_embedding_is_completed_by_the_next(settings, tmp_path):

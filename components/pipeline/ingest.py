@@ -7,7 +7,9 @@ and cache them on content, while the writes (dataset, snapshot, store) stay sing
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +46,20 @@ class IngestResult:
 
 
 EPISODE_SUFFIXES = (".parquet", ".arrow", ".arrows")
+
+
+class PhaseTimes(dict[str, float]):
+    """Wall seconds per ingest phase (sync, read, store, snapshot, plan, embed, upsert, index), summed
+    over calls: pass one to ``ingest_files`` to see where a batch's time went
+    (``benchmarks/ingest_fresh_vs_grown.py`` compares a grown root's phases with a fresh one's)."""
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self[name] = self.get(name, 0.0) + time.perf_counter() - start
 
 
 def incoming_files(settings: Settings) -> list[Path]:
@@ -237,18 +253,21 @@ def embed(
 
 
 def upsert(
-    settings: Settings, rows: list[pa.Table], encoder: WindowEncoder, ws: Workspace | None = None
+    settings: Settings, rows: list[pa.Table], encoder: WindowEncoder, ws: Workspace | None = None,
+    times: PhaseTimes | None = None,
 ) -> UpsertReport | None:
     """Merge the rows, move the embed cursor over their episodes, keep the index up (build or fold)."""
-    ws = ws or Workspace(settings)
+    ws, times = ws or Workspace(settings), PhaseTimes() if times is None else times
     if not rows:
         advance_embed_cursor(settings, set(), ws=ws)  # records a first cursor for a store that lacks one
         return None
-    table = pa.concat_tables(rows)
-    upserted = set(table.column("episode_id").unique().to_pylist())
-    report = ws.store.upsert_rows(table, encoder, absent_at_rows=_absent_at_rows(ws, upserted))
-    advance_embed_cursor(settings, upserted, report, ws=ws)
-    ws.store.ensure_index()
+    with times.phase("upsert"):
+        table = pa.concat_tables(rows)
+        upserted = set(table.column("episode_id").unique().to_pylist())
+        report = ws.store.upsert_rows(table, encoder, absent_at_rows=_absent_at_rows(ws, upserted))
+        advance_embed_cursor(settings, upserted, report, ws=ws)
+    with times.phase("index"):
+        ws.store.ensure_index()
     return report
 
 
@@ -262,25 +281,38 @@ def _absent_at_rows(ws: Workspace, episode_ids: set[str]) -> int:
     return cursor.rows if episode_ids <= set(ws.dataset.episode_ids(start)) else -1
 
 
-def embed_pending(settings: Settings, snapshot: str = "", ws: Workspace | None = None) -> int:
+def embed_pending(
+    settings: Settings, snapshot: str = "", ws: Workspace | None = None, times: PhaseTimes | None = None
+) -> int:
     """The store's half of ingest: embed the stored episodes past the embed cursor and upsert
     them (index kept up); returns the segments written. ``ingest_files`` and the fleet's ingest
     service (``components/fleet/embedder.py``) both run it; crash-safe through the cursor."""
-    ws = ws or Workspace(settings)
-    encoder = store_encoder(settings, ws)
-    new = episodes_to_embed(settings, ws)
-    rows = [embed(settings, new, encoder, snapshot, ws)] if new else []
-    upserted = upsert(settings, rows, encoder, ws)
+    ws, times = ws or Workspace(settings), PhaseTimes() if times is None else times
+    with times.phase("plan"):
+        encoder = store_encoder(settings, ws)
+        new = episodes_to_embed(settings, ws)
+    with times.phase("embed"):
+        rows = [embed(settings, new, encoder, snapshot, ws)] if new else []
+    upserted = upsert(settings, rows, encoder, ws, times)
     return (upserted.inserted + upserted.updated) if upserted else 0
 
 
-def ingest_files(settings: Settings, files: list[Path], snapshot: bool = True) -> IngestResult:
+def ingest_files(
+    settings: Settings, files: list[Path], snapshot: bool = True, times: PhaseTimes | None = None
+) -> IngestResult:
     """All phases in order, in this process (``snapshot=False``: no DVC, so no remote head either),
-    on one set of handles opened after the sync (a pull replaces the dataset's files)."""
+    on one set of handles opened after the sync (a pull replaces the dataset's files). ``times``
+    collects each phase's seconds."""
+    times = PhaseTimes() if times is None else times
     if snapshot:
-        sync_to_head(settings)
+        with times.phase("sync"):
+            sync_to_head(settings)
     ws = Workspace(settings)
-    report = store_episodes(settings, [read_file(settings, f) for f in files], ws)
-    snap = take_snapshot(settings, bool(report.added), ws) if snapshot else None
-    count = embed_pending(settings, snap.hash if snap else "", ws)
+    with times.phase("read"):
+        items = [read_file(settings, f) for f in files]
+    with times.phase("store"):
+        report = store_episodes(settings, items, ws)
+    with times.phase("snapshot"):
+        snap = take_snapshot(settings, bool(report.added), ws) if snapshot else None
+    count = embed_pending(settings, snap.hash if snap else "", ws, times)
     return IngestResult(report, snap, ws.store.version, count)
