@@ -22,6 +22,7 @@ from components.store import (
     encoder_fingerprint,
     episode_windows,
     encoder_from_state_dict,
+    window_count,
     window_starts,
 )
 from components.store.index_plan import IVF_MIN_ROWS, plan_index, plan_ivf_pq, search_params, sub_vectors_for
@@ -89,6 +90,8 @@ def test_windows_cover_episode_with_end_aligned_last_window() -> None:
     # already aligned: no extra window
     assert window_starts(28, 8, 4).tolist() == [0, 4, 8, 12, 16, 20]
     assert window_starts(8, 8, 4).tolist() == [0]
+    for length, window, stride in ((1, 8, 4), (8, 8, 4), (9, 8, 4), (28, 8, 4), (30, 8, 4), (50, 8, 4), (97, 5, 3)):
+        assert window_count(length, window, stride) == len(window_starts(length, window, stride))
     episode = Episode("e", "robot-0000", "pick-place", states, np.zeros((30, 1), np.float32),
                       np.arange(30, dtype=np.float32), True)
     starts, windows = episode_windows(episode, 8, 4)

@@ -18,6 +18,7 @@ _EXPORTS = {
     "Windows": "components.store.windows",
     "cut_windows": "components.store.windows",
     "episode_windows": "components.store.windows",
+    "window_count": "components.store.windows",
     "window_starts": "components.store.windows",
 }
 

@@ -50,7 +50,7 @@ from components.store.encoder import WindowEncoder, encoder_fingerprint, encoder
 from components.store.index_plan import IVF_MIN_ROWS, IndexPlan, plan_index, search_params
 from components.store.location import StoreLocation, table_bytes
 from components.store.scan import scan_nearest, vectors_of
-from components.store.windows import cut_windows
+from components.store.windows import cut_windows, window_count
 
 if TYPE_CHECKING:
     from components.store.resident import ResidentIndex
@@ -951,19 +951,12 @@ def _episode_batches(episodes: Sequence[Episode], cfg: StoreConfig) -> Iterator[
     rows = 0
     for episode in episodes:
         batch.append(episode)
-        rows += _window_count(episode.length, cfg.window, cfg.stride)
+        rows += window_count(episode.length, cfg.window, cfg.stride)
         if rows >= cfg.upsert_batch_rows:
             yield batch
             batch, rows = [], 0
     if batch:
         yield batch
-
-
-def _window_count(length: int, window: int, stride: int) -> int:
-    if length <= window:
-        return 1
-    last = length - window
-    return last // stride + 1 + (1 if last % stride else 0)
 
 
 def _empty_result(n_queries: int, k: int, metric: str, version: int) -> SearchResult:

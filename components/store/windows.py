@@ -32,6 +32,14 @@ class Windows:
         return int(self.starts.shape[0])
 
 
+def window_count(length: int, window: int, stride: int) -> int:
+    """``len(window_starts(length, window, stride))`` without building the array."""
+    last = length - window
+    if last <= 0:
+        return 1
+    return last // stride + 1 + (1 if last % stride else 0)
+
+
 def window_starts(length: int, window: int, stride: int) -> np.ndarray:
     """Start frames for an episode of ``length`` frames (see the module docstring)."""
     if length < 1:
