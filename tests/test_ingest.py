@@ -228,3 +228,24 @@ def test_dvc_never_walks_the_store_and_a_users_dvcignore_keeps_its_lines(setting
                        superseded):
             assert repo.dvcignore.is_ignored_dir(str(folder)), folder
         assert not repo.dvcignore.is_ignored_dir(str(settings.paths.episodes))
+
+
+def test_a_dvc_lock_file_left_truncated_by_a_killed_writer_does_not_stop_snapshots(settings, tmp_path):
+    """DVC rewrites .dvc/tmp/rwlock in place; a SIGKILL during the rewrite (tests/test_ingest_kills.py
+    found it) left it truncated and every later `dvc add` failed. A well-formed file naming a dead
+    process is DVC's to clear, and is left alone."""
+    from components.episodes.snapshot import repair_dvc_rwlock
+
+    first = ingest_files(settings, episode_files(settings, tmp_path / "in", seed=1, count=2))
+    rwlock = settings.root / ".dvc" / "tmp" / "rwlock"
+    rwlock.parent.mkdir(parents=True, exist_ok=True)
+    dead = {"write": {str(settings.paths.episodes): {"pid": 2**22 + 1, "cmd": "killed ingest"}}}
+    rwlock.write_text(json.dumps(dead))
+    assert not repair_dvc_rwlock(settings.root) and json.loads(rwlock.read_text()) == dead
+    second = ingest_files(settings, episode_files(settings, tmp_path / "in", seed=2, count=2))
+
+    rwlock.write_text(json.dumps(dead)[:17])  # what a writer killed mid-rewrite leaves
+    third = ingest_files(settings, episode_files(settings, tmp_path / "in", seed=3, count=2))
+    snapshots = [r.snapshot.hash for r in (first, second, third)]
+    assert len(set(snapshots)) == 3 and len(third.report.added) == 2
+    assert Workspace(settings).dataset.num_episodes == 6

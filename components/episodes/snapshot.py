@@ -78,12 +78,42 @@ def snapshot_dataset(root: Path, folder: Path) -> Snapshot:
 
 
 def ensure_dvc_repo(root: Path) -> None:
-    """A DVC repo at ``root`` (initialised in a scratch root or a new host's root)."""
+    """A DVC repo at ``root`` (initialised in a scratch root or a new host's root) whose lock
+    file a killed process did not leave unreadable."""
     from dvc.repo import Repo
 
     if not (root / ".dvc").exists():
         Repo.init(str(root), no_scm=not (root / ".git").exists())
     ensure_dvcignore(root)
+    repair_dvc_rwlock(root)
+
+
+def repair_dvc_rwlock(root: Path) -> bool:
+    """Remove ``.dvc/tmp/rwlock`` when it is not JSON; True if it was removed.
+
+    DVC rewrites that file in place while holding its guard ``rwlock.lock`` (an OS file lock,
+    released when its holder dies). So a process killed during the rewrite leaves it truncated, and
+    every later ``dvc add`` of the root fails with RWLockFileCorruptedError until someone deletes it
+    (found by tests/test_ingest_kills.py). Under the same guard, a file that is not JSON can only
+    be a dead writer's: DVC reads a missing file as "no locks held". Stale entries of dead
+    processes in a well-formed file DVC clears itself."""
+    import json
+
+    from dvc.lock import make_lock
+
+    tmp = root / ".dvc" / "tmp"
+    path = tmp / "rwlock"
+    if not path.exists():
+        return False
+    with make_lock(str(tmp / "rwlock.lock"), tmp_dir=str(tmp), wait=True):
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+            return False
+        except FileNotFoundError:
+            return False
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            path.unlink()
+            return True
 
 
 def ensure_dvcignore(root: Path) -> None:
@@ -111,6 +141,7 @@ def push_snapshot(root: Path, snapshot: Snapshot, remote: DvcRemote) -> int:
     """Send the remote what it lacks of ``snapshot`` (0 files when it has it all)."""
     from dvc.repo import Repo
 
+    repair_dvc_rwlock(root)
     use_remote(root, remote)
     try:
         with Repo(str(root)) as repo:
