@@ -41,18 +41,38 @@ def start_ingesting(settings: Settings, progress: Path, until: int = 10**6) -> s
     return proc
 
 
+def seconds_to_first_batch(settings: Settings, scratch: Path) -> float:
+    """How long a started process takes to finish its first batch in a new root on this machine
+    (DVC init, encoder fit, first opens), in a root of its own."""
+    scratch.mkdir()
+    progress = scratch / "progress"
+    progress.write_text("0")
+    proc = start_ingesting(settings.model_copy(update={"root": scratch / "root"}), progress, until=1)
+    start = time.perf_counter()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    return time.perf_counter() - start
+
+
+def merge_often(settings: Settings) -> Settings:
+    """Small merge thresholds, so the kills can land in episodes-table and data-file merges too."""
+    return settings.model_copy(update={"episodes": settings.episodes.model_copy(update={"meta_merge_files": 3, "data_file_mb": 0.05})})
+
+
 @pytest.mark.slow
 def test_ingest_killed_at_random_moments_stores_every_episode_once_with_its_segments(tmp_path):
-    # small merge thresholds, so the kills can land in episodes-table and data-file merges too
-    base = small_settings(tmp_path / "root")
-    settings = base.model_copy(update={"episodes": base.episodes.model_copy(update={"meta_merge_files": 3, "data_file_mb": 0.05})})
+    settings = merge_often(small_settings(tmp_path / "root"))
+    # the kill clock is seeded and scaled to this machine: a restarted process needs about as long
+    # as a new root's first batch before it stores anything, so with a fixed clock a slower host
+    # killed every restart inside the same batch (each later batch takes ~0.1 s here)
+    first = seconds_to_first_batch(settings, tmp_path / "calibration")
     progress = tmp_path / "progress"
     progress.write_text("0")
     clock = np.random.default_rng(7)
     killed_in = []
     for _ in range(KILLS):
         proc = start_ingesting(settings, progress)
-        time.sleep(float(clock.uniform(0.3, 3.0)))  # a batch takes ~0.25 s here, the root's first ~2.5 s
+        time.sleep(0.3 + float(clock.uniform(0, 1)) * (first + 2.0))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         killed_in.append(int(progress.read_text()))
