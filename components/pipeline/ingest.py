@@ -165,16 +165,16 @@ def episodes_to_embed(settings: Settings, ws: Workspace | None = None) -> list[E
     the store once; the next upsert records the cursor.
     """
     ws = ws or Workspace(settings)
-    start = _cursor_start(ws)
+    start = _cursor_start(ws, ws.store.embed_cursor())
     if start is not None:
         return list(ws.dataset.episodes(start=start))
     embedded = ws.store.episode_ids()
     return [ep for ep in ws.dataset.episodes() if ep.episode_id not in embedded]
 
 
-def _cursor_start(ws: Workspace) -> int | None:
-    """Where embedding resumes, if the store's cursor describes this dataset; else None."""
-    cursor = ws.store.embed_cursor()
+def _cursor_start(ws: Workspace, cursor: EmbedCursor | None) -> int | None:
+    """Where embedding resumes, if the store's ``cursor`` (as the caller read it: read once per
+    step, each read is a LanceDB metadata call) describes this dataset; else None."""
     if cursor is None or cursor.episodes > ws.dataset.num_episodes:
         return None
     if cursor.episodes and ws.dataset.episode_ids(cursor.episodes - 1, cursor.episodes) != [cursor.last_episode_id]:
@@ -190,14 +190,15 @@ def advance_embed_cursor(
 
     With the upsert's ``report`` it also records ``EmbedCursor.rows`` (see ``_covered_rows``)."""
     ws = ws or Workspace(settings)
-    start = _cursor_start(ws)
+    before = ws.store.embed_cursor()
+    start = _cursor_start(ws, before)
     known = upserted_ids if start is not None else upserted_ids | ws.store.episode_ids()
     ids = ws.dataset.episode_ids(start or 0)
     covered = np.fromiter((i in known for i in ids), dtype=bool, count=len(ids))
     gap = int(np.argmin(covered)) if not covered.all() else len(ids)
     if gap == 0:
-        return ws.store.embed_cursor() if start is not None else None
-    rows = _covered_rows(ws.store.embed_cursor() if start is not None else None, report, upserted_ids <= set(ids[:gap]))
+        return before if start is not None else None
+    rows = _covered_rows(before if start is not None else None, report, upserted_ids <= set(ids[:gap]))
     cursor = EmbedCursor(episodes=(start or 0) + gap, last_episode_id=ids[gap - 1], rows=rows)
     ws.store.set_embed_cursor(cursor)
     return cursor
@@ -224,7 +225,7 @@ def recount_embed_cursor(settings: Settings) -> EmbedCursor | None:
     ws = Workspace(settings)
 
     def covered(cursor: EmbedCursor) -> set[str]:
-        if _cursor_start(ws) != cursor.episodes:
+        if _cursor_start(ws, ws.store.embed_cursor()) != cursor.episodes:
             return set()  # the cursor describes another dataset: nothing is covered
         return set(ws.dataset.episode_ids(0, cursor.episodes))
 
@@ -274,8 +275,8 @@ def upsert(
 def _absent_at_rows(ws: Workspace, episode_ids: set[str]) -> int:
     """The cursor's ``rows`` when all these episodes come after it (then, at that count, the
     store holds none of them); -1 otherwise."""
-    start = _cursor_start(ws)
     cursor = ws.store.embed_cursor()
+    start = _cursor_start(ws, cursor)
     if start is None or cursor is None or cursor.rows < 0:
         return -1
     return cursor.rows if episode_ids <= set(ws.dataset.episode_ids(start)) else -1
