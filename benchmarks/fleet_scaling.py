@@ -85,7 +85,7 @@ from components.evaluation.intervals import (
     seeds_needed,
     wilson_interval,
 )
-from components.evaluation.populations import evaluate_test
+from components.evaluation.populations import evaluate_test, evaluate_tuning
 from components.fert.corpus import episode_infos
 from components.pipeline import steps
 from components.pipeline.collect import ROUND_DIR, collect_expert_demos, collect_fleet
@@ -144,6 +144,16 @@ class Plan:
     # fine-tuning on the demos alone, each kept only if validation says so -- demos-only training run
     # until it stops paying, so that what the fleet rounds add is not simply more training
     init_rounds: int = 0
+    # the study's seeds are first_seed .. first_seed + seeds - 1: a re-measurement after a change of
+    # settings takes seeds no earlier run used, so its test populations (1000 + seed) are fresh too
+    first_seed: int = 0
+    # "test": figures on test robots (reported); "tuning": on tuning robots, the only figures a
+    # setting may be chosen on (``--tuning``: its own JSON, no docs section, no models logged)
+    robots: str = "test"
+
+    @property
+    def seed_ids(self) -> list[int]:
+        return list(range(self.first_seed, self.first_seed + self.seeds))
 
 
 PLANS = {
@@ -225,16 +235,22 @@ def log(message: str) -> None:
 def evaluate(settings: Settings, plan: Plan, policy: NormalizedPolicy, seed: int) -> Score:
     """The reported figure: ``plan.heldout_robots`` *test* robots drawn fresh for this seed
     (population ``fleet.test_population_seed(seed)``), never collected on, never used for a decision;
-    ``evaluate_test`` refuses any other robot."""
-    robots = settings.fleet.test_ids(plan.heldout_robots)
-    population = settings.fleet.test_population_seed(seed)
+    ``evaluate_test`` refuses any other robot. A tuning plan (``plan.robots == "tuning"``) scores on
+    *tuning* robots of the sim's own population instead: the figures settings are chosen on."""
     eval_seed = seed * SEED_STRIDE + EVAL_STREAM
     actor = PolicyActor(policy)
-    test = partial(evaluate_test, robot_ids=robots, population_seed=population, sim_cfg=settings.sim,
-                   fleet_cfg=settings.fleet, eval_cfg=settings.evaluation, trials_per_robot=plan.trials_per_robot,
-                   seed=eval_seed, policy_version="eval")
-    report = test(make_thresholded(settings.sim, actor))
-    sampled = test(make_exploration(settings.sim, actor, eval_seed, motion=False))
+    if plan.robots == "tuning":
+        robots, population = settings.fleet.tuning_ids(plan.heldout_robots), settings.sim.population_seed
+        score = partial(evaluate_tuning, robot_ids=robots, sim_cfg=settings.sim, eval_cfg=settings.evaluation,
+                        fleet_cfg=settings.fleet, trials_per_robot=plan.trials_per_robot, seed=eval_seed,
+                        policy_version="eval")
+    else:
+        robots, population = settings.fleet.test_ids(plan.heldout_robots), settings.fleet.test_population_seed(seed)
+        score = partial(evaluate_test, robot_ids=robots, population_seed=population, sim_cfg=settings.sim,
+                        fleet_cfg=settings.fleet, eval_cfg=settings.evaluation, trials_per_robot=plan.trials_per_robot,
+                        seed=eval_seed, policy_version="eval")
+    report = score(make_thresholded(settings.sim, actor))
+    sampled = score(make_exploration(settings.sim, actor, eval_seed, motion=False))
     return Score(
         report.overall.successes, report.overall.trials, sampled.overall.successes, dict(report.failures_by_stage),
         {r: p.successes for r, p in report.by_robot.items()}, plan.trials_per_robot, population,
@@ -371,11 +387,11 @@ def run(plan: Plan, out_name: str, workers: int = 1, settings: Settings | None =
     scratch = cells or Path(tempfile.mkdtemp(prefix="fleet_scaling_"))
     scratch.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    todo = [] if finished_only else [s for s in range(plan.seeds) if not seed_file(scratch, s).exists()]
+    todo = [] if finished_only else [s for s in plan.seed_ids if not seed_file(scratch, s).exists()]
     try:
         for seed, done in run_seeds(settings, plan, todo, scratch, workers):
             seed_file(scratch, seed).write_text(json.dumps(_seed_json(done), indent=1) + "\n")
-        seeds = [s for s in range(plan.seeds) if seed_file(scratch, s).exists()]
+        seeds = [s for s in plan.seed_ids if seed_file(scratch, s).exists()]
         if not seeds:
             raise SystemExit(f"{scratch} holds no finished seed of this plan: nothing to report")
         per_seed = [_seed_from_json(json.loads(seed_file(scratch, s).read_text())) for s in seeds]
@@ -475,7 +491,7 @@ def run_seed(settings: Settings, plan: Plan, seed: int, scratch: Path) -> tuple[
     rows: list[RunRow] = []
     bc, initial = cel_run(settings, plan, "bc", plan.fleet_sizes[0], seed, scratch)  # it never sees the fleet
     rows += [replace(bc, fleet=fleet) for fleet in plan.fleet_sizes]
-    log(f"seed {seed}: initial policy {initial.rate:.1%} on test robots (sampled {initial.sampled_rate:.1%}); "
+    log(f"seed {seed}: initial policy {initial.rate:.1%} on {plan.robots} robots (sampled {initial.sampled_rate:.1%}); "
         f"bc (demos only) {bc.score.rate:.1%}")
     methods = [(m, n) for n in plan.fleet_sizes for m in plan.methods]
     if plan.ablation and seed == 0:  # ablations: largest fleet, first seed only (time)
@@ -487,7 +503,7 @@ def run_seed(settings: Settings, plan: Plan, seed: int, scratch: Path) -> tuple[
                                "the bootstrap must be deterministic")
         rows.append(row)
         last = row.rounds[-1]
-        log(f"seed {seed}: {method:12s} fleet {fleet:3d}: {row.score.rate:.1%} on test robots "
+        log(f"seed {seed}: {method:12s} fleet {fleet:3d}: {row.score.rate:.1%} on {plan.robots} robots "
             f"(sampled {row.score.sampled_rate:.1%}); last round collected {last['collected_success']:.1%} "
             f"of {last['episodes']} episodes; {row.seconds:.0f}s")
     return initial, rows
@@ -539,6 +555,7 @@ def summarize_run(
         "initial": {"thresholded": init, "sampled": pooled(initial, conf, sampled=True)},
         "results": table,
         "by_fleet": by_fleet,
+        "scored_on": plan.robots,  # test robots (reported) or tuning robots (settings chosen on them)
         "test_population_seeds": [s.population_seed for s in initial],
         "targets": targets,
         "runs": [
@@ -706,6 +723,11 @@ def main() -> None:
     parser.add_argument("--sim", choices=sorted(PLANS), default="pickplace")
     parser.add_argument("--quick", action="store_true", help="small smoke run")
     parser.add_argument("--seeds", type=int)
+    parser.add_argument("--first-seed", type=int, help="seeds first..first+seeds-1 (a re-measurement takes unused "
+                                                       "seeds: fresh test populations)")
+    parser.add_argument("--tuning", action="store_true",
+                        help="score on tuning robots (the only figures a setting may be chosen on): writes "
+                             "fleet_scaling_<sim>_tuning.json, no docs section, no models logged")
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--fleet-sizes", type=int, nargs="+")
     parser.add_argument("--steps-per-robot", type=int)
@@ -743,7 +765,7 @@ def main() -> None:
         "seeds": args.seeds, "rounds": args.rounds, "steps_per_robot": args.steps_per_robot,
         "finetune_steps": args.finetune_steps, "max_epochs": args.max_epochs, "heldout_robots": args.heldout_robots,
         "validation_robots": args.validation_robots, "validation_trials": args.validation_trials,
-        "init_rounds": args.init_rounds,
+        "init_rounds": args.init_rounds, "first_seed": args.first_seed,
         "trials_per_robot": args.trials_per_robot,
         "fleet_sizes": tuple(args.fleet_sizes) if args.fleet_sizes else None,
     }.items() if v is not None}
@@ -755,17 +777,19 @@ def main() -> None:
         updates["methods"] = tuple(args.methods)
     if args.no_ablation:
         updates["ablation"] = False
+    if args.tuning:
+        updates["robots"] = "tuning"
     if args.explain:
         updates["explain_dir"] = str(Path(args.explain).resolve())
     plan = Plan(**{**asdict(plan), **updates})
-    out = args.out or f"fleet_scaling_{args.sim}" + ("_quick" if args.quick else "")
+    out = args.out or f"fleet_scaling_{args.sim}" + ("_quick" if args.quick else "") + ("_tuning" if args.tuning else "")
     log(f"plan: {plan}")
     if args.finished_only and not args.cells:
         parser.error("--finished-only reports the seeds of a --cells folder: pass --cells DIR")
-    result = run(plan, out, workers=args.workers, log_models=not args.no_log_models, cells=args.cells,
+    result = run(plan, out, workers=args.workers, log_models=not (args.no_log_models or args.tuning), cells=args.cells,
                  finished_only=args.finished_only, command=" ".join(["python -m benchmarks.fleet_scaling", *sys.argv[1:]]))
     log(f"targets: {json.dumps(result['targets'])}")
-    if not args.quick and not args.out:
+    if not args.quick and not args.out and not args.tuning:
         write_docs(result)
 
 

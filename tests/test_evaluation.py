@@ -138,6 +138,21 @@ def test_reports_are_refused_on_robots_used_for_tuning_validation_or_collection(
         FleetConfig(test_prefix="validation")
 
 
+def test_settings_are_tuned_on_tuning_robots_only():
+    from components.config import FleetConfig
+    from components.evaluation.populations import UsedRobotError, evaluate_tuning
+
+    fleet, cfg = FleetConfig(), EvaluationConfig(trials_per_robot=1)
+    for robot, role in (("test-0000", "test"), ("validation-0000", "validation"), ("heldout-0001", "heldout"),
+                        ("robot-0002", "fleet")):
+        with pytest.raises(UsedRobotError, match=rf"refusing to tune on '{robot}': it is a {role} robot.*fix: .*tuning_ids"):
+            evaluate_tuning(ScriptedExpert(), ["tuning-0000", robot], SIM, cfg, fleet, 1, 0, "v1")
+    with pytest.raises(ValueError, match="no robots to tune on"):
+        evaluate_tuning(ScriptedExpert(), [], SIM, cfg, fleet, 1, 0, "v1")
+    report = evaluate_tuning(ScriptedExpert(), fleet.tuning_ids(2), SIM, cfg, fleet, 2, 0, "expert")
+    assert report.overall.trials == 4 and report.robots == ["tuning-0000", "tuning-0001"]
+
+
 def test_the_gate_never_decides_on_test_robots(tmp_path):
     from components.config import FleetConfig, Settings
     from components.evaluation.populations import UsedRobotError, check_decision_robots

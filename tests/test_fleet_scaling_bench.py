@@ -182,6 +182,38 @@ def test_seeds_run_in_worker_processes_give_the_same_study(studies, tmp_path):
     assert tested and not tested & decided
 
 
+def test_a_tuning_plan_scores_on_tuning_robots_and_first_seed_takes_unused_seeds(tmp_path, monkeypatch):
+    """--tuning: the figures settings are chosen on come from tuning robots of the sim's own population,
+    never test robots; --first-seed: a re-measurement runs seeds (so test populations) no run used."""
+    from components.policy.factory import make_policy
+
+    settings = fs.plan_settings(fs.PLANS["pack"], load_settings())
+    policy = make_policy(17, 3, settings.policy)  # untrained: only who is scored is checked
+    tuning = replace(fs.QUICK["pack"], heldout_robots=2, trials_per_robot=1, robots="tuning")
+    score = fs.evaluate(settings, tuning, policy, seed=3)
+    assert sorted(score.successes_by_robot) == ["tuning-0000", "tuning-0001"]
+    assert score.population_seed == settings.sim.population_seed and score.trials == 2
+    test = fs.evaluate(settings, replace(tuning, robots="test"), policy, seed=3)
+    assert sorted(test.successes_by_robot) == ["test-0000", "test-0001"]
+    assert test.population_seed == settings.fleet.test_population_seed(3) != score.population_seed
+
+    plan = replace(fs.QUICK["pack"], seeds=2, first_seed=4)
+    assert plan.seed_ids == [4, 5]
+    ran: list[int] = []
+
+    class Stop(Exception):
+        pass
+
+    def first_seed_only(settings, plan, seed, scratch):
+        ran.append(seed)
+        raise Stop
+
+    monkeypatch.setattr(fs, "run_seed", first_seed_only)
+    with pytest.raises(Stop):
+        fs.run(plan, "unused", settings=_small(tmp_path / "root"), log_models=False, cells=tmp_path / "cells")
+    assert ran == [4]
+
+
 def test_cells_drive_the_product_and_gate_on_validation_robots(tmp_path):
     """A cell is a product root: the gate evaluates on validation robots (not the reported held-out
     ones) and promotes a candidate that is not worse on the same trials."""

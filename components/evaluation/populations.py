@@ -18,6 +18,7 @@ from components.evaluation.heldout import EvaluationReport, summarize
 from components.sim.collect import Policy, run_episodes
 
 REPORTABLE_ROLE = "test"
+TUNING_ROLE = "tuning"
 
 
 class UsedRobotError(ValueError):
@@ -45,6 +46,20 @@ def check_reportable(robot_ids: list[str], fleet: FleetConfig) -> None:
                 f"{REPORTABLE_ROLE} robots, never used for tuning, validation or collection, may be reported; "
                 f"fix: evaluate on fleet.test_ids(n) ({fleet.test_prefix}-NNNN) with a fresh population seed "
                 f"(fleet.test_population_seed(study seed))"
+            )
+
+
+def check_tuning_robots(robot_ids: list[str], fleet: FleetConfig) -> None:
+    """Settings are chosen on tuning robots only: refuse any other robot, naming it and the fix."""
+    if not robot_ids:
+        raise ValueError("no robots to tune on: pass tuning robots, e.g. settings.fleet.tuning_ids(16)")
+    for robot in robot_ids:
+        role = robot_role(robot, fleet)
+        if role != TUNING_ROLE:
+            raise UsedRobotError(
+                f"refusing to tune on {robot!r}: it is {f'a {role} robot' if role else 'a robot of no role'}, and "
+                f"settings may be chosen on {TUNING_ROLE} robots only; fix: evaluate on fleet.tuning_ids(n) "
+                f"({fleet.tuning_prefix}-NNNN)"
             )
 
 
@@ -76,3 +91,21 @@ def evaluate_test(
     population = sim_cfg.model_copy(update={"population_seed": population_seed})
     episodes = run_episodes(policy, robot_ids, population, trials_per_robot, seed, policy_version)
     return summarize(episodes, population, eval_cfg.confidence, policy_version)
+
+
+def evaluate_tuning(
+    policy: Policy,
+    robot_ids: list[str],
+    sim_cfg: SimConfig,
+    eval_cfg: EvaluationConfig,
+    fleet_cfg: FleetConfig,
+    trials_per_robot: int,
+    seed: int,
+    policy_version: str,
+) -> EvaluationReport:
+    """The figure a setting is chosen on: seeded trials on tuning robots of the sim's own population
+    (``sim.population_seed``; test populations are drawn apart from it). Raises ``UsedRobotError``
+    before any rollout if a robot is not a tuning robot."""
+    check_tuning_robots(robot_ids, fleet_cfg)
+    episodes = run_episodes(policy, robot_ids, sim_cfg, trials_per_robot, seed, policy_version)
+    return summarize(episodes, sim_cfg, eval_cfg.confidence, policy_version)
