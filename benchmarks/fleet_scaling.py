@@ -685,6 +685,8 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fleets = result["plan"]["fleet_sizes"]
+    tuning = result.get("scored_on") == "tuning"
+    who = "tuning robots (population 0)" if tuning else "test robots (fresh per seed)"
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     colors = {"bc": "tab:gray", "filtered_bc": "tab:blue", "fert": "tab:red", "fert_uniform": "tab:orange", "fert_learned": "tab:purple"}
     for ax, mode in zip(axes, ("thresholded", "sampled"), strict=True):
@@ -702,16 +704,21 @@ def plot(result: dict, path: Path) -> None:
             for n, x in zip(xs, xo, strict=True):
                 seeds = by_fleet[str(n)][mode]["per_seed"]
                 ax.scatter([x] * len(seeds), [100 * s for s in seeds], s=8, color=colors[method], alpha=0.4)
-        ax.set_xscale("log")
+        if len(fleets) > 1:
+            ax.set_xscale("log")
+        else:  # one fleet size: the methods side by side around it
+            ax.set_xlim(fleets[0] * 0.9, fleets[0] * 1.1)
         ax.set_xticks(fleets, [str(n) for n in fleets])
+        ax.minorticks_off()
         ax.set_xlabel("robots collecting (fixed time per robot)")
-        ax.set_title(f"test-robot success, {mode} jaw")
+        ax.set_title(f"{'tuning' if tuning else 'test'}-robot success, {mode} jaw")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("success % (Wilson 95% CI; dots = seeds)")
     axes[0].legend(fontsize=8, loc="lower left")
     plan = result["plan"]
     fig.suptitle(f"{plan['sim']}: {plan['rounds']} CEL rounds, {len(result.get('seeds_reported', range(plan['seeds'])))} seeds, "
-                 f"{plan['heldout_robots']} test robots (fresh per seed) x {plan['trials_per_robot']} trials per seed")
+                 f"{plan['heldout_robots']} {who} x {plan['trials_per_robot']} trials per seed"
+                 + (f"; {plan['finetune_steps']} fine-tuning steps per round" if tuning else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
