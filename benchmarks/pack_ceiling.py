@@ -119,6 +119,9 @@ def plot(result: dict, path: Path) -> None:
                        s=10, alpha=0.4, color=ax.lines[-1].get_color())
     ax.axhline(100, color="grey", lw=0.8, ls=":", label="scripted expert (100% of its trials)")
     ax.set_xscale("log")
+    budgets = [int(b) for b in next(iter(result["table"].values()))]
+    ax.set_xticks(budgets, [str(b) for b in budgets])
+    ax.minorticks_off()
     ax.set_xlabel("gradient steps (BC from scratch)")
     ax.set_ylabel("success on tuning robots, % (thresholded)")
     g = result["grid"]
