@@ -5,6 +5,7 @@
     python -m benchmarks.fleet_scaling --sim metaworld   # Meta-World pick-place-v3 (smaller plan, see PLANS)
     python -m benchmarks.fleet_scaling --cells DIR       # keep each finished seed in DIR: a stopped run resumes
     python -m benchmarks.fleet_scaling --cells DIR --finished-only   # report the seeds DIR holds
+    python -m benchmarks.fleet_scaling --sim pack --tuning --seeds 2 --fleet-sizes 96   # on tuning robots: to choose a setting
     python -m benchmarks.fleet_scaling --quick           # smoke run (< 1 min; --sim metaworld --quick ~1 min)
     python -m benchmarks.fleet_scaling --replot          # redraw PNG + docs section from the saved JSON
 
