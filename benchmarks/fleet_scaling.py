@@ -245,14 +245,12 @@ def evaluate(settings: Settings, plan: Plan, policy: NormalizedPolicy, seed: int
     actor = PolicyActor(policy)
     if plan.robots == "tuning":
         robots, population = settings.fleet.tuning_ids(plan.heldout_robots), settings.sim.population_seed
-        score = partial(evaluate_tuning, robot_ids=robots, sim_cfg=settings.sim, eval_cfg=settings.evaluation,
-                        fleet_cfg=settings.fleet, trials_per_robot=plan.trials_per_robot, seed=eval_seed,
-                        policy_version="eval")
+        scored_on = partial(evaluate_tuning, robot_ids=robots)
     else:
         robots, population = settings.fleet.test_ids(plan.heldout_robots), settings.fleet.test_population_seed(seed)
-        score = partial(evaluate_test, robot_ids=robots, population_seed=population, sim_cfg=settings.sim,
-                        fleet_cfg=settings.fleet, eval_cfg=settings.evaluation, trials_per_robot=plan.trials_per_robot,
-                        seed=eval_seed, policy_version="eval")
+        scored_on = partial(evaluate_test, robot_ids=robots, population_seed=population)
+    score = partial(scored_on, sim_cfg=settings.sim, fleet_cfg=settings.fleet, eval_cfg=settings.evaluation,
+                    trials_per_robot=plan.trials_per_robot, seed=eval_seed, policy_version="eval")
     report = score(make_thresholded(settings.sim, actor))
     sampled = score(make_exploration(settings.sim, actor, eval_seed, motion=False))
     return Score(

@@ -64,8 +64,8 @@ def run_cell(seed: int, demo_robots: int, train_steps: int, tuning_robots: int, 
     settings = settings.model_copy(update={"train": finetune_config(settings, demos.env_steps, train_steps)})
     outcome = steps.train_policy(settings)
     actor = make_thresholded(settings.sim, PolicyActor(outcome.result.policy))
-    report = evaluate_tuning(actor, settings.fleet.tuning_ids(tuning_robots), settings.sim, settings.evaluation,
-                             settings.fleet, trials, seed * SEED_STRIDE + EVAL_STREAM, "bc")
+    report = evaluate_tuning(actor, settings.fleet.tuning_ids(tuning_robots), settings.sim, settings.fleet,
+                             settings.evaluation, trials, seed * SEED_STRIDE + EVAL_STREAM, "bc")
     return {"seed": seed, "demo_robots": demo_robots, "demo_episodes": demos.episodes, "demo_frames": demos.env_steps,
             "train_steps_planned": train_steps, "train_steps": outcome.result.steps,
             "final_loss": float(outcome.result.losses[-1]), "rate": report.overall.rate,

@@ -146,10 +146,10 @@ def test_settings_are_tuned_on_tuning_robots_only():
     for robot, role in (("test-0000", "test"), ("validation-0000", "validation"), ("heldout-0001", "heldout"),
                         ("robot-0002", "fleet")):
         with pytest.raises(UsedRobotError, match=rf"refusing to tune on '{robot}': it is a {role} robot.*fix: .*tuning_ids"):
-            evaluate_tuning(ScriptedExpert(), ["tuning-0000", robot], SIM, cfg, fleet, 1, 0, "v1")
+            evaluate_tuning(ScriptedExpert(), ["tuning-0000", robot], SIM, fleet, cfg, 1, 0, "v1")
     with pytest.raises(ValueError, match="no robots to tune on"):
-        evaluate_tuning(ScriptedExpert(), [], SIM, cfg, fleet, 1, 0, "v1")
-    report = evaluate_tuning(ScriptedExpert(), fleet.tuning_ids(2), SIM, cfg, fleet, 2, 0, "expert")
+        evaluate_tuning(ScriptedExpert(), [], SIM, fleet, cfg, 1, 0, "v1")
+    report = evaluate_tuning(ScriptedExpert(), fleet.tuning_ids(2), SIM, fleet, cfg, 2, 0, "expert")
     assert report.overall.trials == 4 and report.robots == ["tuning-0000", "tuning-0001"]
 
 

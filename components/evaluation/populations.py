@@ -33,34 +33,37 @@ def robot_role(robot_id: str, fleet: FleetConfig) -> str | None:
     return None
 
 
+def _require_role(robot_ids: list[str], fleet: FleetConfig, role: str, empty: str, refusal: str) -> None:
+    """Raise unless every robot has ``role``: ``empty`` when none is given, else ``UsedRobotError``
+    with ``refusal`` formatted with the robot (repr) and what it is (its role, or no role)."""
+    if not robot_ids:
+        raise ValueError(empty)
+    for robot in robot_ids:
+        found = robot_role(robot, fleet)
+        if found != role:
+            used = f"a {found} robot" if found else "a robot of no role"
+            raise UsedRobotError(refusal.format(robot=repr(robot), used=used, prefix=repr(robot.split("-")[0])))
+
+
 def check_reportable(robot_ids: list[str], fleet: FleetConfig) -> None:
     """Refuse any robot that is not a test robot, naming the robot, its role and the fix."""
-    if not robot_ids:
-        raise ValueError("no robots to report on: pass test robots, e.g. settings.fleet.test_ids(16)")
-    for robot in robot_ids:
-        role = robot_role(robot, fleet)
-        if role != REPORTABLE_ROLE:
-            used = f"a {role} robot" if role else "a robot of no role"
-            raise UsedRobotError(
-                f"refusing to report on {robot!r}: it is {used} (prefix {robot.split('-')[0]!r}), and only "
-                f"{REPORTABLE_ROLE} robots, never used for tuning, validation or collection, may be reported; "
-                f"fix: evaluate on fleet.test_ids(n) ({fleet.test_prefix}-NNNN) with a fresh population seed "
-                f"(fleet.test_population_seed(study seed))"
-            )
+    _require_role(
+        robot_ids, fleet, REPORTABLE_ROLE,
+        "no robots to report on: pass test robots, e.g. settings.fleet.test_ids(16)",
+        f"refusing to report on {{robot}}: it is {{used}} (prefix {{prefix}}), and only {REPORTABLE_ROLE} robots, "
+        f"never used for tuning, validation or collection, may be reported; fix: evaluate on fleet.test_ids(n) "
+        f"({fleet.test_prefix}-NNNN) with a fresh population seed (fleet.test_population_seed(study seed))",
+    )
 
 
 def check_tuning_robots(robot_ids: list[str], fleet: FleetConfig) -> None:
     """Settings are chosen on tuning robots only: refuse any other robot, naming it and the fix."""
-    if not robot_ids:
-        raise ValueError("no robots to tune on: pass tuning robots, e.g. settings.fleet.tuning_ids(16)")
-    for robot in robot_ids:
-        role = robot_role(robot, fleet)
-        if role != TUNING_ROLE:
-            raise UsedRobotError(
-                f"refusing to tune on {robot!r}: it is {f'a {role} robot' if role else 'a robot of no role'}, and "
-                f"settings may be chosen on {TUNING_ROLE} robots only; fix: evaluate on fleet.tuning_ids(n) "
-                f"({fleet.tuning_prefix}-NNNN)"
-            )
+    _require_role(
+        robot_ids, fleet, TUNING_ROLE,
+        "no robots to tune on: pass tuning robots, e.g. settings.fleet.tuning_ids(16)",
+        f"refusing to tune on {{robot}}: it is {{used}}, and settings may be chosen on {TUNING_ROLE} robots only; "
+        f"fix: evaluate on fleet.tuning_ids(n) ({fleet.tuning_prefix}-NNNN)",
+    )
 
 
 def check_decision_robots(robot_ids: list[str], fleet: FleetConfig) -> None:
@@ -97,8 +100,8 @@ def evaluate_tuning(
     policy: Policy,
     robot_ids: list[str],
     sim_cfg: SimConfig,
-    eval_cfg: EvaluationConfig,
     fleet_cfg: FleetConfig,
+    eval_cfg: EvaluationConfig,
     trials_per_robot: int,
     seed: int,
     policy_version: str,
