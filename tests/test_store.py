@@ -26,6 +26,7 @@ from components.store import (
     window_starts,
 )
 from components.store.index_plan import IVF_MIN_ROWS, plan_index, plan_ivf_pq, search_params, sub_vectors_for
+from components.store.segment_store import EmbedCursor
 
 STATE_DIM = 4
 # resident_index off: these tests are about LanceDB's own search path (the resident index that
@@ -397,6 +398,41 @@ def test_handles_see_other_writers_and_checkout_time_travels(tmp_path: Path) -> 
 
 
 # ---------------------------------------------------------------------- index sizes & upkeep
+
+
+def test_a_step_handle_reads_its_version_and_writes_on_the_latest(tmp_path: Path) -> None:
+    """consistency="step" (an ingest's handle): reads stay at the version it opened at plus its
+    own writes, but each write moves to the latest first, so another process's rows are never
+    inserted twice or lost, and a cursor another writer recorded is seen before it is replaced."""
+    episodes = make_fleet()
+    encoder = fit_encoder(episodes)
+    uri = tmp_path / "segments"
+    SegmentStore.open(uri, CFG, encoder.dim).upsert(episodes[:5], encoder, snapshot="a")
+    step = SegmentStore.open(uri, CFG, encoder.dim, consistency="step")
+    opened_at, first = step.version, step.count()
+
+    child = multiprocessing.get_context("spawn").Process(target=_upsert_in_child, args=(str(uri), 7))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    strong = SegmentStore.open(uri, CFG, encoder.dim)
+    child_rows = strong.count() - first
+    assert child_rows > 0
+    assert (step.version, step.count()) == (opened_at, first), "a step handle reads the version it opened at"
+
+    again = step.upsert(make_fleet(seed=7, count=3), encoder, snapshot="child")  # the child's own episodes
+    assert again.inserted == 0 and again.unchanged == again.segments, "the write looked up the latest rows"
+    mine = step.upsert(episodes[5:8], encoder, snapshot="b")
+    assert mine.inserted > 0
+    assert step.count() == strong.count() == first + child_rows + mine.inserted
+    assert len(set(sorted_rows(strong).column("segment_id").to_pylist())) == strong.count()
+    assert {e.episode_id for e in make_fleet(seed=7, count=3)} <= set(sorted_rows(step).column("episode_id").to_pylist())
+
+    strong.set_embed_cursor(EmbedCursor(episodes=8, last_episode_id=episodes[7].episode_id, rows=strong.count()))
+    step.set_embed_cursor(EmbedCursor(episodes=8, last_episode_id=episodes[7].episode_id, rows=strong.count()))
+    assert step.version == strong.version, "an unchanged cursor (read on the latest version) commits nothing"
+    with pytest.raises(ValueError, match="consistency"):
+        SegmentStore.open(uri, CFG, encoder.dim, consistency="eventual")  # type: ignore[arg-type]
 
 
 def test_sub_vectors_divide_any_width() -> None:

@@ -62,6 +62,14 @@ class PhaseTimes(dict[str, float]):
             self[name] = self.get(name, 0.0) + time.perf_counter() - start
 
 
+def step_workspace(settings: Settings) -> Workspace:
+    """The handles of one ingest step: its store handle reads the version it opened at plus its
+    own writes, and writes on the latest (``SegmentStore.open``'s ``consistency="step"``), so the
+    step's many metadata reads skip LanceDB's latest-version lookup, whose cost grows with the
+    versions kept."""
+    return Workspace(settings, store_consistency="step")
+
+
 def incoming_files(settings: Settings) -> list[Path]:
     """Every episode file waiting under ``datasets/incoming`` (sorted, so runs are reproducible)."""
     root = settings.paths.incoming
@@ -98,7 +106,7 @@ def store_episodes(
 
     incoming = [i for i in items if isinstance(i, IncomingEpisode)]
     unreadable = tuple(i for i in items if not isinstance(i, IncomingEpisode))
-    report = (ws or Workspace(settings)).dataset.ingest_tables(incoming, settings.known_robots(), settings.paths.quarantine)
+    report = (ws or step_workspace(settings)).dataset.ingest_tables(incoming, settings.known_robots(), settings.paths.quarantine)
     return dataclasses.replace(report, quarantined=unreadable + report.quarantined)
 
 
@@ -115,7 +123,7 @@ def take_snapshot(settings: Settings, changed: bool, ws: Workspace | None = None
     """A DVC snapshot when the data changed (or none exists yet); otherwise the last one. With
     ``episodes.dvc_remote`` it is pushed and made the remote's head (every time: a push or publish
     that failed before is completed)."""
-    ws = ws or Workspace(settings)
+    ws = ws or step_workspace(settings)
     last = read_snapshot(settings.paths.episodes)
     if (changed or last is None) and ws.dataset.num_episodes:
         last = snapshot_dataset(settings.root, settings.paths.episodes)
@@ -132,7 +140,7 @@ def dvc_remote(settings: Settings) -> DvcRemote:
 
 def store_encoder(settings: Settings, ws: Workspace | None = None) -> WindowEncoder:
     """The encoder that made the store's vectors; fitted on the whole dataset the first time."""
-    ws = ws or Workspace(settings)
+    ws = ws or step_workspace(settings)
     encoder = ws.store.load_encoder()
     if encoder is not None:
         return encoder
@@ -164,7 +172,7 @@ def episodes_to_embed(settings: Settings, ws: Workspace | None = None) -> list[E
     store written before cursors, or a replaced dataset) it compares every stored episode with
     the store once; the next upsert records the cursor.
     """
-    ws = ws or Workspace(settings)
+    ws = ws or step_workspace(settings)
     start = _cursor_start(ws, ws.store.embed_cursor())
     if start is not None:
         return list(ws.dataset.episodes(start=start))
@@ -189,7 +197,7 @@ def advance_embed_cursor(
     (and, while no cursor matches, those the store already holds), up to the first gap.
 
     With the upsert's ``report`` it also records ``EmbedCursor.rows`` (see ``_covered_rows``)."""
-    ws = ws or Workspace(settings)
+    ws = ws or step_workspace(settings)
     before = ws.store.embed_cursor()
     start = _cursor_start(ws, before)
     known = upserted_ids if start is not None else upserted_ids | ws.store.episode_ids()
@@ -222,7 +230,7 @@ def recount_embed_cursor(settings: Settings) -> EmbedCursor | None:
     """Restore ``EmbedCursor.rows`` where the chain broke (a writer the cursor did not know, or a
     store from before cursors counted rows), so upserts skip their lookup again: one scan of the
     store's episode ids, run by upkeep (``upkeep_store``)."""
-    ws = Workspace(settings)
+    ws = step_workspace(settings)
 
     def covered(cursor: EmbedCursor) -> set[str]:
         if _cursor_start(ws, ws.store.embed_cursor()) != cursor.episodes:
@@ -250,7 +258,7 @@ def upkeep_store(settings: Settings) -> UpkeepReport:
 def embed(
     settings: Settings, episodes: list[Episode], encoder: WindowEncoder, snapshot: str, ws: Workspace | None = None
 ) -> pa.Table:
-    return (ws or Workspace(settings)).store.segment_rows(episodes, encoder, snapshot)
+    return (ws or step_workspace(settings)).store.segment_rows(episodes, encoder, snapshot)
 
 
 def upsert(
@@ -258,7 +266,7 @@ def upsert(
     times: PhaseTimes | None = None,
 ) -> UpsertReport | None:
     """Merge the rows, move the embed cursor over their episodes, keep the index up (build or fold)."""
-    ws, times = ws or Workspace(settings), PhaseTimes() if times is None else times
+    ws, times = ws or step_workspace(settings), PhaseTimes() if times is None else times
     if not rows:
         advance_embed_cursor(settings, set(), ws=ws)  # records a first cursor for a store that lacks one
         return None
@@ -288,7 +296,7 @@ def embed_pending(
     """The store's half of ingest: embed the stored episodes past the embed cursor and upsert
     them (index kept up); returns the segments written. ``ingest_files`` and the fleet's ingest
     service (``components/fleet/embedder.py``) both run it; crash-safe through the cursor."""
-    ws, times = ws or Workspace(settings), PhaseTimes() if times is None else times
+    ws, times = ws or step_workspace(settings), PhaseTimes() if times is None else times
     with times.phase("plan"):
         encoder = store_encoder(settings, ws)
         new = episodes_to_embed(settings, ws)
@@ -308,7 +316,7 @@ def ingest_files(
     if snapshot:
         with times.phase("sync"):
             sync_to_head(settings)
-    ws = Workspace(settings)
+    ws = step_workspace(settings)
     with times.phase("read"):
         items = [read_file(settings, f) for f in files]
     with times.phase("store"):

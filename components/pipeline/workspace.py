@@ -14,12 +14,15 @@ from components.episodes.dataset import EpisodeDataset
 from components.registry.model_registry import PolicyRegistry
 from components.sim.factory import action_dim, observation_dim
 from components.store.location import StoreLocation, store_location
-from components.store.segment_store import SegmentStore
+from components.store.segment_store import Consistency, SegmentStore
 
 
 @dataclass
 class Workspace:
     settings: Settings
+    # "step": the store handle of one step (an ingest), reading the version it opened at plus its
+    # own writes; "strong" (long-lived handles): every call sees other processes' writes
+    store_consistency: Consistency = "strong"
 
     @property
     def paths(self) -> Paths:
@@ -58,4 +61,4 @@ class Workspace:
     @cached_property
     def store(self) -> SegmentStore:
         """The segment store; it keeps the encoder that made its vectors (``store.load_encoder()``)."""
-        return SegmentStore.open(self.store_location, self.settings.store, self.embedding_dim)
+        return SegmentStore.open(self.store_location, self.settings.store, self.embedding_dim, self.store_consistency)
