@@ -625,6 +625,23 @@ def test_the_newest_small_episodes_table_files_are_merged_and_nothing_else_chang
         assert index in held.column("episode_index").to_pylist()
 
 
+def test_an_open_after_an_ingest_extends_the_last_union_and_reads_what_a_new_process_reads(tmp_path, rng):
+    """The episodes table a process keeps: reused while the files are unchanged, extended by an
+    ingest's new file, rebuilt after a merge, and always the table a new process would read."""
+    from components.episodes import meta_files
+
+    cfg = EpisodesConfig(meta_merge_files=3)
+    ds = EpisodeDataset(tmp_path / "episodes", cfg)
+    for i in range(7):  # merges at the 3rd, 5th and 7th ingest
+        ds.add_episodes([make_episode(rng, frames=5 + i)])
+        kept = meta_files.read_episodes_table(ds.root, "episode_index")
+        assert meta_files.read_episodes_table(ds.root, "episode_index") is kept, "unchanged files: no rework"
+        meta_files._cache.clear()  # what a new process sees
+        fresh = meta_files.read_episodes_table(ds.root, "episode_index")
+        assert kept.equals(fresh) and kept.column("episode_index").to_pylist() == list(range(i + 1))
+    assert ds.num_frames == sum(5 + i for i in range(7))
+
+
 def test_only_the_newest_run_of_small_files_is_merged():
     """A merge takes the trailing run of small files (so the merged file, numbered last, keeps the
     union in episode order) and only once the run is long enough; big files stay as they are."""

@@ -318,6 +318,7 @@ class EpisodeDataset:
         self.root = Path(root)
         self.cfg = cfg
         self._meta: pa.Table | None = None
+        self._facts: tuple[pa.Table, int, bool] | None = None  # (_meta, its frames, in episode order)
         self._tasks: list[str] = []
         self._info: dict[str, Any] | None = None
         self._load()
@@ -376,7 +377,17 @@ class EpisodeDataset:
     def num_frames(self) -> int:
         if self._meta is None or self._meta.num_rows == 0:
             return 0
-        return int(np.sum(self._meta.column(META_LENGTH).to_numpy()))
+        return self._meta_facts()[0]
+
+    def _meta_facts(self) -> tuple[int, bool]:
+        """(frames stored, whether the episodes table is in episode_index order), worked out once
+        per episodes table: each is a pass over every stored episode, and an ingest asks often."""
+        assert self._meta is not None
+        if self._facts is None or self._facts[0] is not self._meta:
+            index = self._meta.column(EPISODE_INDEX).to_numpy()
+            frames = int(np.sum(self._meta.column(META_LENGTH).to_numpy()))
+            self._facts = (self._meta, frames, bool((np.diff(index) > 0).all()))
+        return self._facts[1], self._facts[2]
 
     @property
     def tasks(self) -> list[str]:
@@ -417,10 +428,10 @@ class EpisodeDataset:
         with the episodes before ``start``."""
         if self._meta is None:
             return self.episode_index()
-        index = self._meta.column(EPISODE_INDEX).to_numpy()
-        picked = range(len(index))[start:stop]
-        if (np.diff(index) > 0).all():
+        picked = range(self._meta.num_rows)[start:stop]
+        if self._meta_facts()[1]:
             return self._meta.slice(picked.start, len(picked))
+        index = self._meta.column(EPISODE_INDEX).to_numpy()
         return self._meta.take(pa.array(np.argsort(index, kind="stable")[start:stop], pa.int64()))
 
     def robots(self) -> dict[str, int]:

@@ -12,7 +12,8 @@ removed. A reader that comes between the two sees some episodes twice and keeps 
 file's row (``dedupe_episodes``), so a merge that dies half-way loses nothing and changes nothing.
 
 A process keeps what it has read, file by file (``read_episodes_table``): a later open reads
-only files it has not seen (or that changed), so reopening costs a listing, not a reread.
+only files it has not seen (or that changed), so reopening costs a listing, not a reread; and
+it keeps the last union, which an open after an ingest extends by the new file.
 """
 
 from __future__ import annotations
@@ -81,28 +82,49 @@ def tail_to_merge(files: list[MetaFile], merge_files: int, small_bytes: int) -> 
     return run[::-1] if len(run) >= merge_files else []
 
 
-_cache: dict[Path, dict[Path, tuple[MetaFile, pa.Table]]] = {}
+@dataclass
+class _Seen:
+    """What this process has read of one root: each file's table, and the last union returned."""
+
+    tables: dict[Path, tuple[MetaFile, pa.Table]]
+    union_files: tuple[MetaFile, ...] = ()
+    union: pa.Table | None = None
+
+
+_cache: dict[Path, _Seen] = {}
 _lock = threading.Lock()
 
 
 def read_episodes_table(root: Path, episode_index: str) -> pa.Table | None:
     """The union of the episodes-table files (None when there are none), each episode once,
-    reading only files this process has not read before (or that changed since)."""
+    reading only files this process has not read before (or that changed since). When the files
+    are the ones of the last call, or those plus newer ones (an ingest's commit), the last union
+    is reused or extended, so the cost follows the new files, not the stored episodes."""
     key = Path(root).resolve()
     while True:
-        files = list_meta_files(key)
+        files = tuple(list_meta_files(key))
         if not files:
             return None
         with _lock:
-            known = dict(_cache.get(key, {}))
+            seen = _cache.get(key) or _Seen({})
+            known = dict(seen.tables)
+        if seen.union is not None and seen.union_files == files:
+            return seen.union
+        extends = seen.union is not None and files[: len(seen.union_files)] == seen.union_files
+        todo = files[len(seen.union_files):] if extends else files
         try:
-            parts = [_cached_read(meta, known) for meta in files]
+            parts = [_cached_read(meta, known) for meta in todo]
         except FileNotFoundError:  # a writer's merge removed a listed file before it was read: list again
             continue
+        table = _union([seen.union] + parts if extends else parts, episode_index)
         with _lock:
-            _cache[key] = {m.path: known[m.path] for m in files}
-        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
-        return dedupe_episodes(table, episode_index)
+            _cache[key] = _Seen({m.path: known[m.path] for m in files}, files, table)
+        return table
+
+
+def _union(parts: list[pa.Table], episode_index: str) -> pa.Table:
+    table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
+    return dedupe_episodes(table, episode_index)
 
 
 def _cached_read(meta: MetaFile, known: dict[Path, tuple[MetaFile, pa.Table]]) -> pa.Table:
