@@ -4,6 +4,7 @@
     python -m benchmarks.ingest --frames 2000000     # a shorter growth curve, same batches
     python -m benchmarks.ingest --quick              # 200k frames, kNN at 100k segments (minutes)
     python -m benchmarks.ingest --knn-only --knn-segments 1000000 --name ingest_knn   # kNN phase only
+    python -m benchmarks.ingest --refit --name ingest_10m_step   # a stored run's growth.fit, PNG redrawn
 
 1. **Growth**: one scratch root grown batch by batch through
    ``components.pipeline.ingest.ingest_files`` with params.yaml's settings, exactly what
@@ -66,6 +67,7 @@ SUCCESS_RATE = 0.75
 STEP_SCALE = 0.02  # per-frame random-walk step of the synthetic state
 K = 10
 WINDOW = 5  # batches in the start/end medians
+SPIKE = 3.0  # batches slower than this many times the run's median (an index build or fold) stay out of the fit
 
 
 @dataclass(frozen=True)
@@ -233,6 +235,7 @@ def grow(scale: Scale, settings: Settings, scratch: Path) -> dict:
             "curve": rows,
             "upkeep": upkeeps,
             "resumed_after_batch": resumed_after,  # > 0: wall_s and the load averages cover the resumed run only
+            "fit": growth_fit(rows),
         },
         "throughput": {
             "end_to_end_frames_per_s": frames / statistics.median(seconds),
@@ -241,6 +244,36 @@ def grow(scale: Scale, settings: Settings, scratch: Path) -> dict:
             "whole_run_frames_per_s": stored / sum(seconds),
         },
     }
+
+
+def growth_fit(rows: list[dict]) -> dict:
+    """A Theil-Sen line through every batch's seconds against the frames stored after it (batch 1,
+    which initialises DVC, and index builds/folds, > ``SPIKE`` x the median, left out): the time
+    a batch gains per million stored frames, with its 95% interval, and the line's last/first
+    ratio. Five-batch windows at each end move by +-30% with the host's load; the line uses
+    every batch."""
+    from scipy.stats import theilslopes
+
+    x = np.array([r["stored_frames"] for r in rows[1:]], dtype=float) / 1e6
+    y = np.array([r["seconds"] for r in rows[1:]])
+    keep = y <= SPIKE * np.median(y)
+    slope, intercept, low, high = theilslopes(y[keep], x[keep])
+    first, last = intercept + slope * x[0], intercept + slope * x[-1]
+    return {"slope_ms_per_million_frames": 1e3 * slope, "slope_95": [1e3 * low, 1e3 * high],
+            "intercept_s": intercept, "fitted_first_s": first, "fitted_last_s": last,
+            "fitted_last_over_first": last / first, "batches_fitted": int(keep.sum()),
+            "batches_left_out": int((~keep).sum())}
+
+
+def refit(path: Path) -> None:
+    """``--refit NAME``: add ``growth.fit`` to a stored run's JSON from its curve, redraw its PNG."""
+    result = json.loads(path.read_text())
+    result["growth"]["fit"] = growth_fit(result["growth"]["curve"])
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, path.with_suffix(".png"))
+    fit = result["growth"]["fit"]
+    print(f"{path.name}: +{fit['slope_ms_per_million_frames']:.1f} ms per million frames "
+          f"[{fit['slope_95'][0]:.1f}, {fit['slope_95'][1]:.1f}], fitted last/first {fit['fitted_last_over_first']:.3f}")
 
 
 def resume_growth(partial: Path, ws: Workspace) -> tuple[list[dict], list[dict]]:
@@ -450,9 +483,16 @@ def plot(result: dict, path: Path) -> None:
     time_ax.plot(stored, [r["seconds"] for r in curve], ".", ms=3)
     for up in result["growth"]["upkeep"]:
         time_ax.axvline(up["stored_frames"] / 1e6, color="#dddddd", lw=0.8, zorder=0)
+    fit = result["growth"].get("fit")
+    if fit:
+        ends = np.array([stored[1], stored[-1]])
+        time_ax.plot(ends, fit["intercept_s"] + fit["slope_ms_per_million_frames"] / 1e3 * ends, "-", color="#c44e52",
+                     label=f"Theil-Sen: +{fit['slope_ms_per_million_frames']:.1f} ms per M frames, "
+                           f"last/first {fit['fitted_last_over_first']:.2f}x")
+        time_ax.legend(fontsize=8, loc="upper right")
     time_ax.set(xlabel="stored frames (M)", ylabel="seconds per batch",
                 title=f"ingest_files, {result['growth']['batch_frames']:,}-frame batches (grey: upkeep)")
-    time_ax.set_ylim(bottom=0)
+    time_ax.set_ylim(bottom=0, top=min(time_ax.get_ylim()[1], 8 * result["growth"]["median_batch_s"]))
     rate_ax.plot(stored, [r["frames_per_s"] for r in curve], ".", ms=3, color="#55a868")
     rate_ax.set(xlabel="stored frames (M)", ylabel="frames / s", title="end-to-end throughput per batch")
     rate_ax.set_ylim(bottom=0)
@@ -513,7 +553,12 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None, help="scratch dir (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--name", default=NAME, help="results file name (NAME.json, NAME.png)")
+    parser.add_argument("--refit", action="store_true",
+                        help="no run: add growth.fit to OUT/NAME.json from its curve and redraw NAME.png")
     args = parser.parse_args()
+    if args.refit:
+        refit(args.out / f"{args.name}.json")
+        return
     base = QUICK if args.quick else FULL
     overrides = {"frames": args.frames, "batch_frames": args.batch_frames, "knn_segments": args.knn_segments,
                  "upkeep_every": args.upkeep_every, "retain_days": args.retain_days,

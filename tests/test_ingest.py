@@ -249,3 +249,20 @@ def test_a_dvc_lock_file_left_truncated_by_a_killed_writer_does_not_stop_snapsho
     snapshots = [r.snapshot.hash for r in (first, second, third)]
     assert len(set(snapshots)) == 3 and len(third.report.added) == 2
     assert Workspace(settings).dataset.num_episodes == 6
+
+
+def test_the_growth_fit_finds_a_known_slope_and_leaves_index_builds_out():
+    """benchmarks/ingest.py's growth line: batch times that gain 5 ms per million stored frames
+    under +-30% host noise, with fold spikes, give back about 5 ms, an interval holding it, and
+    the spikes and the first batch outside the fit."""
+    from benchmarks.ingest import growth_fit
+
+    rng = np.random.default_rng(0)
+    stored = np.arange(1, 1001) * 10_000
+    seconds = (0.3 + 0.005 * stored / 1e6) * rng.uniform(0.7, 1.3, stored.size)
+    seconds[0], seconds[20::21] = 2.5, 6.0  # DVC init; a fold every 21 batches
+    fit = growth_fit([{"stored_frames": int(f), "seconds": float(s)} for f, s in zip(stored, seconds)])
+    low, high = fit["slope_95"]
+    assert low < 5.0 < high and abs(fit["slope_ms_per_million_frames"] - 5.0) < 1.5
+    assert fit["batches_left_out"] == seconds[20::21].size and fit["batches_fitted"] == 999 - seconds[20::21].size
+    assert abs(fit["fitted_last_over_first"] - (0.3 + 0.05) / (0.3 + 0.00002)) < 0.06  # 1.5 ms/M of slope
