@@ -397,9 +397,6 @@ def test_handles_see_other_writers_and_checkout_time_travels(tmp_path: Path) -> 
         past.upsert(episodes, encoder, snapshot="snap-b")
 
 
-# ---------------------------------------------------------------------- index sizes & upkeep
-
-
 def test_a_step_handle_reads_its_version_and_writes_on_the_latest(tmp_path: Path) -> None:
     """consistency="step" (an ingest's handle): reads stay at the version it opened at plus its
     own writes, but each write moves to the latest first, so another process's rows are never
@@ -433,6 +430,9 @@ def test_a_step_handle_reads_its_version_and_writes_on_the_latest(tmp_path: Path
     assert step.version == strong.version, "an unchanged cursor (read on the latest version) commits nothing"
     with pytest.raises(ValueError, match="consistency"):
         SegmentStore.open(uri, CFG, encoder.dim, consistency="eventual")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- index sizes & upkeep
 
 
 def test_sub_vectors_divide_any_width() -> None:

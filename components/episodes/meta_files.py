@@ -107,9 +107,9 @@ def read_episodes_table(root: Path, episode_index: str) -> pa.Table | None:
             return None
         with _lock:
             seen = _cache.get(key) or _Seen({})
-            known = dict(seen.tables)
         if seen.union is not None and seen.union_files == files:
             return seen.union
+        known = dict(seen.tables)  # a _Seen is never changed in place, only replaced under the lock
         extends = seen.union is not None and files[: len(seen.union_files)] == seen.union_files
         todo = files[len(seen.union_files):] if extends else files
         try:
