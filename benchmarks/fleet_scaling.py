@@ -88,12 +88,9 @@ from components.evaluation.intervals import (
 )
 from components.evaluation.populations import evaluate_test, evaluate_tuning
 from components.fert.corpus import episode_infos
-from components.pipeline import steps
-from components.pipeline.collect import ROUND_DIR, collect_expert_demos, collect_fleet
+from components.pipeline import loop
 from components.pipeline.evaluate import evaluate_policy
-from components.pipeline.ingest import ingest_files
 from components.pipeline.explain import explain_version
-from components.pipeline.promote import gate_candidate, register_candidate
 from components.pipeline.workspace import Workspace
 from components.policy.actor import PolicyActor
 from components.policy.normalizer import NormalizedPolicy
@@ -234,8 +231,9 @@ def log(message: str) -> None:
 
 # ------------------------------------------------------------------------------- the loop pieces
 # Each (seed, method, fleet) cell is a product root of its own (dataset, segment store, registry),
-# driven through the functions the flows call: collect -> ingest -> train -> evaluate -> gate.
-# Only the grid, the seeds, the final test-robot scoring and the report live here.
+# run through the loop the flows run (components/pipeline/loop.py: bootstrap, then fleet rounds of
+# collect -> ingest -> train -> evaluate -> promote) with its plain steps. Only the grid, the seeds,
+# the round budget, the final test-robot scoring and the report live here.
 def evaluate(settings: Settings, plan: Plan, policy: NormalizedPolicy, seed: int) -> Score:
     """The reported figure: ``plan.heldout_robots`` *test* robots drawn fresh for this seed
     (population ``fleet.test_population_seed(seed)``), never collected on, never used for a decision;
@@ -288,62 +286,70 @@ def finetune_config(settings: Settings, frames: int, steps: int, max_epochs: int
     return settings.train.model_copy(update={"epochs": epochs})
 
 
-def product_round(cell: Settings, plan: Plan, label: str, files: list[Path], budget_steps: int | None,
-                  validated: dict[int, EvaluationReport]) -> dict:
-    """ingest -> train (fine-tunes @champion) -> evaluate on validation robots -> register -> gate.
+def study_steps(cell: Settings, plan: Plan, budget_steps: int | None,
+                validated: dict[int, EvaluationReport]) -> loop.FleetSteps[loop.Retrain]:
+    """The loop's plain steps (``components/pipeline/loop.py``), with what the study sets:
+    - no DVC snapshot per round (speed; the models are the same);
+    - ``budget_steps`` not None: a round trains ~that many gradient steps on the stored successes
+      (``finetune_config``), the same budget for every method;
+    - the gate's champion evaluation is the champion's own report from the round that registered
+      it (``validated``, by registry version): the cell's settings never change and
+      ``evaluate_policy`` is seeded by them alone, so re-running it would give the same episodes
+      (the flow re-evaluates because its champion may come from another run or code version)."""
 
-    ``validated`` holds this cell's validation reports by registry version. The gate's champion
-    evaluation is the champion's own report from the round that registered it: the cell's settings
-    never change and ``evaluate_policy`` is seeded by them alone, so re-running it would give the same
-    episodes (the flow re-evaluates because its champion may come from another run or code version)."""
-    ws = Workspace(cell)
-    started = time.perf_counter()
-    ingested = ingest_files(cell, files, snapshot=False) if files else None
-    if budget_steps is not None:
-        frames = sum(info.length for _, info in episode_infos(ws.dataset) if info.success)  # the episodes table alone
-        cell = cell.model_copy(update={"train": finetune_config(cell, frames, budget_steps, plan.max_epochs)})
-    ingest_seconds = time.perf_counter() - started
-    outcome = steps.train_policy(cell)
-    report = evaluate_policy(cell, outcome.result.policy, "candidate")
-    champion = ws.registry.champion()
-    champion_eval = None
-    if champion is not None:
-        champion_eval = validated.get(champion.version) or evaluate_policy(
-            cell, ws.registry.load(champion.version), f"v{champion.version}")
-    version = register_candidate(cell, outcome, report, label)
+    def budgeted(settings: Settings) -> Settings:
+        stored = episode_infos(Workspace(settings).dataset)  # the episodes table alone
+        frames = sum(info.length for _, info in stored if info.success)
+        return settings.model_copy(update={"train": finetune_config(settings, frames, budget_steps, plan.max_epochs)})
+
+    def evaluate(policy: NormalizedPolicy, version: str, settings: Settings) -> EvaluationReport:
+        known = validated.get(int(version[1:])) if version.startswith("v") else None
+        return known or evaluate_policy(settings, policy, version)
+
+    return loop.plain_fleet_steps(loop.plain_retrain_steps(
+        snapshot=False, evaluate=evaluate, configure=budgeted if budget_steps is not None else None))
+
+
+def round_info(cell: Settings, plan: Plan, label: str, done: loop.Retrain,
+               validated: dict[int, EvaluationReport]) -> dict:
+    """What the study keeps of one retrain of the loop; its validation report goes into ``validated``
+    (the gate's champion evaluation in later rounds) and, with ``plan.explain_dir``, a fert round's
+    failure explorer is written (the cell's root is deleted after its last round)."""
+    version, report, promotion = done.promotion.candidate, done.report, done.promotion
     validated[version.version] = report
-    if plan.explain_dir and outcome.retrieval is not None:  # the cell's root is deleted after its last round
+    if plan.explain_dir and done.outcome.retrieval is not None:
         explain_version(cell, version.version, Path(plan.explain_dir) / cell.root.name / label)
-    promotion = gate_candidate(cell, version, champion_eval)
-    info = {"seconds": time.perf_counter() - started, "ingest_seconds": ingest_seconds,
-            "train_steps": outcome.result.steps, "train_seconds": outcome.result.seconds,
+    kept = report.overall.rate if promotion.decision.promote or promotion.champion_eval is None \
+        else promotion.champion_eval["success_rate"]
+    info = {"seconds": sum(done.seconds.values()), "ingest_seconds": done.seconds["ingest"],  # with the budget
+            "train_steps": done.outcome.result.steps, "train_seconds": done.outcome.result.seconds,
             "validation": report.overall.rate, "accepted": promotion.decision.promote,
-            "validation_kept": report.overall.rate if promotion.decision.promote or champion_eval is None
-            else champion_eval.overall.rate, "version": version.version}
-    if ingested is not None:
-        info["episodes_added"] = len(ingested.report.added)
-    if outcome.summary is not None and outcome.summary.method.startswith("fert"):
-        fert = outcome.summary.fert
-        info.update({k: fert.get(k) for k in ("queries", "matches", "matched_robots", "retrieved_frames",
-                                                "retrieved_mass", "sigma", "fallback_rate")})
+            "validation_kept": kept, "version": version.version}
+    if done.ingested is not None:
+        info["episodes_added"] = len(done.ingested.report.added)
+    summary = done.outcome.summary
+    if summary is not None and summary.method.startswith("fert"):
+        info.update({k: summary.fert.get(k) for k in ("queries", "matches", "matched_robots", "retrieved_frames",
+                                                       "retrieved_mass", "sigma", "fallback_rate")})
     return info
 
 
-def bootstrap_cell(cell: Settings, plan: Plan, validated: dict[int, EvaluationReport]) -> tuple[Path, dict]:
+def bootstrap_cell(cell: Settings, plan: Plan, validated: dict[int, EvaluationReport]) -> None:
     """The product's bootstrap in the cell's root: scripted-expert demos -> the first champion
-    (BC on the demos with train: of params.yaml), then ``plan.init_rounds`` demos-only rounds
-    through the gate. The
-    same in every cell of a seed (deterministic), so every method starts from one policy."""
-    demos = collect_expert_demos(cell, cell.paths.incoming / "expert")
+    (BC on the demos with train: of params.yaml), then ``plan.init_rounds`` demos-only retrains
+    through the gate. The same in every cell of a seed (deterministic), so every method starts
+    from one policy."""
     boot = cell.model_copy(update={"train": cell.train.model_copy(update={"method": "bc"})})
-    first = product_round(boot, plan, "bootstrap", demos.files, None, validated)
+    _, first = loop.bootstrap(boot, study_steps(boot, plan, None, validated))
+    round_info(boot, plan, "bootstrap", first, validated)
+    later = study_steps(boot, plan, plan.finetune_steps, validated)
     for r in range(1, plan.init_rounds + 1):
-        product_round(boot, plan, f"init-{r}", [], plan.finetune_steps, validated)
-    return cell.paths.incoming, first
+        round_info(boot, plan, f"init-{r}", later.retrain([], f"init-{r}", boot), validated)
 
 
 def cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, scratch: Path) -> tuple[RunRow, Score]:
-    """``plan.rounds`` CEL rounds of ``method`` on ``fleet`` robots in a fresh product root."""
+    """``plan.rounds`` CEL rounds of ``method`` on ``fleet`` robots in a fresh product root: each a
+    fleet round of the loop (``bc``: a demos-only retrain, the same budget, no fleet data)."""
     start = time.perf_counter()
     root = scratch / f"cell-{seed}-{method}-{fleet}"
     shutil.rmtree(root, ignore_errors=True)  # a stopped run's half-done cell (--cells): start it afresh
@@ -352,18 +358,16 @@ def cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, 
     bootstrap_cell(cell, plan, validated)
     registry = Workspace(cell).registry
     initial = evaluate(settings, plan, registry.load("champion"), seed)
+    fleet_steps = study_steps(cell, plan, plan.finetune_steps, validated)
     rounds = []
     for r in range(1, plan.rounds + 1):
-        champion = registry.champion()
-        if method == "bc":  # demos only: the same budget, no fleet data
-            info = product_round(cell, plan, f"round-{r}", [], plan.finetune_steps, validated)
-            rounds.append({"round": r, **info})
+        label = f"round-{r}"
+        if method == "bc":
+            rounds.append({"round": r, **round_info(cell, plan, label, fleet_steps.retrain([], label, cell), validated)})
             continue
-        collected = collect_fleet(cell, registry.load(champion.version), f"v{champion.version}",
-                                  cell.paths.incoming / ROUND_DIR.format(r), round_index=r, num_robots=fleet)
-        info = product_round(cell, plan, f"round-{r}", collected.files, plan.finetune_steps, validated)
-        rounds.append({"round": r, "episodes": collected.episodes, "collected_success": collected.success_rate,
-                       "failed": collected.episodes - collected.successes, **info})
+        got, done = loop.fleet_round(cell, r, fleet, fleet_steps)
+        rounds.append({"round": r, "episodes": got.episodes, "collected_success": got.success_rate,
+                       "failed": got.episodes - got.successes, **round_info(cell, plan, label, done, validated)})
     final = registry.champion()
     policy = registry.load(final.version)
     score = evaluate(settings, plan, policy, seed)

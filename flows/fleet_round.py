@@ -6,15 +6,15 @@ from prefect import flow, get_run_logger, task
 
 from components.config import Settings
 from components.pipeline import collect as step
+from components.pipeline import loop
 from components.pipeline.promote import PromotionOutcome
-from components.pipeline.workspace import Workspace
 from flows.retrain import retrain
 from flows.runtime import flow_options, prepare_environment, settings_cache_key
 
 
 @task(name="collect-expert", cache_key_fn=settings_cache_key("seed", "sim", "fleet", "demo"), persist_result=True)
 def collect_expert_task(settings: Settings) -> step.CollectResult:
-    result = step.collect_expert_demos(settings, settings.paths.incoming / "expert")
+    result = step.collect_expert(settings)
     get_run_logger().info("expert demos: %d episodes, %.1f%% success", result.episodes, 100 * result.success_rate)
     return result
 
@@ -22,9 +22,7 @@ def collect_expert_task(settings: Settings) -> step.CollectResult:
 @task(name="collect-fleet", cache_key_fn=settings_cache_key("seed", "sim", "fleet"), persist_result=True)
 def collect_fleet_task(settings: Settings, round_index: int, champion_version: int, num_robots: int | None) -> step.CollectResult:
     """Deterministic in its inputs (seeded fleet, fixed champion), so a re-run reuses it."""
-    policy = Workspace(settings).registry.load(champion_version)
-    out = settings.paths.incoming / step.ROUND_DIR.format(round_index)
-    result = step.collect_fleet(settings, policy, f"v{champion_version}", out, round_index, num_robots)
+    result = step.collect_round(settings, round_index, champion_version, num_robots)
     get_run_logger().info(
         "round %d: %d robots ran v%d: %d episodes, %.1f%% success, %d env steps in %.1fs",
         round_index, num_robots or settings.fleet.num_robots, champion_version, result.episodes,
@@ -37,17 +35,16 @@ def collect_fleet_task(settings: Settings, round_index: int, champion_version: i
 def bootstrap(settings: Settings | None = None) -> tuple[step.CollectResult, PromotionOutcome]:
     """Scripted-expert demos → the first champion."""
     settings = prepare_environment(settings)
-    demos = collect_expert_task(settings)
-    return demos, retrain.with_options(**flow_options(settings))(demos.files, "bootstrap", settings)
+    return loop.bootstrap(settings, fleet_steps(settings))
 
 
 @flow(name="fleet_round")
 def fleet_round(round_index: int | None = None, num_robots: int | None = None, settings: Settings | None = None) -> tuple[step.CollectResult, PromotionOutcome]:
     """One round; ``round_index`` (which seeds the fleet) defaults to the next unused one."""
     settings = prepare_environment(settings)
-    round_index = round_index or step.next_round(settings)
-    champion = Workspace(settings).registry.champion()
-    if champion is None:
-        raise RuntimeError("no champion to run on the fleet: bootstrap first with `fleetloop retrain --bootstrap`")
-    collected = collect_fleet_task(settings, round_index, champion.version, num_robots)
-    return collected, retrain.with_options(**flow_options(settings))(collected.files, f"round-{round_index}", settings)
+    return loop.fleet_round(settings, round_index or step.next_round(settings), num_robots, fleet_steps(settings))
+
+
+def fleet_steps(settings: Settings) -> loop.FleetSteps[PromotionOutcome]:
+    """The loop's steps as this flow's tasks and the retrain subflow."""
+    return loop.FleetSteps(collect_expert_task, collect_fleet_task, retrain.with_options(**flow_options(settings)))

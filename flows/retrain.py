@@ -9,6 +9,7 @@ from pathlib import Path
 from prefect import flow
 
 from components.config import Settings
+from components.pipeline import loop
 from components.pipeline.promote import PromotionOutcome
 from components.pipeline.workspace import Workspace
 from flows import artifacts
@@ -24,10 +25,10 @@ from flows.train import train
 def retrain(files: list[Path] | None = None, run_name: str = "retrain", settings: Settings | None = None) -> PromotionOutcome:
     settings = prepare_environment(settings)
     options = {"task_runner": task_runner(settings), **flow_options(settings)}
-    ingested = ingest.with_options(**options)(files, settings)
-    outcome = train.with_options(**flow_options(settings))(settings)
-    report = evaluate.with_options(**options)(outcome.result.policy, "candidate", settings)
-    promotion = promote.with_options(**options)(outcome, report, run_name, settings)
+    done = loop.retrain(files, run_name, settings, loop.RetrainSteps(
+        ingest=ingest.with_options(**options), train=train.with_options(**flow_options(settings)),
+        evaluate=evaluate.with_options(**options), promote=promote.with_options(**options)))
+    ingested, outcome, report, promotion = done.ingested, done.outcome, done.report, done.promotion
     registry = Workspace(settings).registry
     run_url = f"http://127.0.0.1:{settings.ops.mlflow_port}/#/experiments/{registry.experiment_id}/runs/{promotion.candidate.run_id}"
     artifacts.retrain_summary(ingested, report, promotion, run_url, outcome.result.losses, outcome.summary)

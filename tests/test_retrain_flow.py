@@ -8,7 +8,7 @@ from tests.conftest import small_settings
 
 
 @pytest.mark.slow
-def test_bootstrap_then_fleet_round_registers_champion(tmp_path, prefect_harness):
+def test_bootstrap_then_fleet_round_registers_champion(tmp_path, tmp_path_factory, prefect_harness):
     settings = small_settings(tmp_path)
     demos, promotion = bootstrap(settings)
     assert demos.episodes == settings.demo.expert_robots * settings.demo.expert_episodes_per_robot
@@ -41,6 +41,30 @@ def test_bootstrap_then_fleet_round_registers_champion(tmp_path, prefect_harness
     # champion moves only through the gate; either way one version holds the alias
     assert Workspace(settings).registry.champion().version in (champion.version, second.candidate.version)
     assert Workspace(settings).dataset.num_episodes == demos.episodes + collected.episodes
+    _the_plain_loop_gives_the_same_models(settings, tmp_path_factory.mktemp("plain-loop"), [promotion, second])
+
+
+def _the_plain_loop_gives_the_same_models(flowed, root, promotions) -> None:
+    """What a study runs (components/pipeline/loop.py with the plain steps, in this process) is what
+    the flows run: the same demos and rounds, bit-identical registered weights, the same candidate
+    evaluations and gate decisions, in a root of its own."""
+    from components.pipeline import loop
+    from components.training.checkpoint import state_digest
+
+    settings = flowed.model_copy(update={"root": root})
+    steps = loop.plain_fleet_steps(loop.plain_retrain_steps())
+    _, first = loop.bootstrap(settings, steps)
+    _, second = loop.fleet_round(settings, 1, None, steps)
+    for plain, flow_outcome in zip((first, second), promotions, strict=True):
+        assert plain.promotion.candidate.version == flow_outcome.candidate.version
+        assert (plain.report.overall.successes, plain.report.overall.trials) == (
+            flow_outcome.candidate.successes, flow_outcome.candidate.trials)
+        assert plain.promotion.decision.promote == flow_outcome.decision.promote
+        assert plain.promotion.champion_eval == flow_outcome.champion_eval
+        version = flow_outcome.candidate.version
+        assert state_digest(Workspace(settings).registry.load(version).state_dict()) == state_digest(
+            Workspace(flowed).registry.load(version).state_dict())
+    assert Workspace(settings).dataset.num_episodes == Workspace(flowed).dataset.num_episodes
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from pathlib import Path
 from components.config import Settings
 from components.episodes.record import Episode
 from components.episodes.schema import write_episode_file
+from components.pipeline.workspace import Workspace
 from components.policy.actor import PolicyActor
 from components.policy.normalizer import NormalizedPolicy
 from components.sim.collect import Policy, collect, run_episodes
@@ -62,6 +63,11 @@ def collect_expert_demos(settings: Settings, out_dir: Path) -> CollectResult:
     return CollectResult(files, len(episodes), sum(ep.success for ep in episodes), steps, time.perf_counter() - start, EXPERT_VERSION)
 
 
+def collect_expert(settings: Settings) -> CollectResult:
+    """The bootstrap's demos, where the loop keeps them (``datasets/incoming/expert``)."""
+    return collect_expert_demos(settings, settings.paths.incoming / "expert")
+
+
 ROUND_DIR = "round-{:03d}"
 
 
@@ -86,3 +92,11 @@ def collect_fleet(
         files, len(result.episodes), sum(ep.success for ep in result.episodes), result.env_steps,
         time.perf_counter() - start, policy_version,
     )
+
+
+def collect_round(settings: Settings, round_index: int, champion_version: int, num_robots: int | None = None) -> CollectResult:
+    """Round ``round_index`` of the fleet on registry version ``champion_version``, into
+    ``datasets/incoming/round-NNN``; deterministic in its arguments (seeded fleet, fixed weights)."""
+    policy = Workspace(settings).registry.load(champion_version)
+    out = settings.paths.incoming / ROUND_DIR.format(round_index)
+    return collect_fleet(settings, policy, f"v{champion_version}", out, round_index, num_robots)

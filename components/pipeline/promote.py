@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from components.pipeline.recipe import (
 )
 from components.pipeline.steps import TrainingSummary, TrainOutcome
 from components.pipeline.workspace import Workspace
+from components.policy.normalizer import NormalizedPolicy
 from components.registry.gate import GateDecision
 from components.registry.model_registry import PolicyVersion
 
@@ -62,6 +64,17 @@ def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: Ev
         )
     keep_store_version(settings, version.version, outcome.lineage)
     return version
+
+
+def promote_candidate(outcome: TrainOutcome, evaluation: EvaluationReport, run_name: str, settings: Settings,
+                      evaluate: Callable[[NormalizedPolicy, str, Settings], EvaluationReport]) -> PromotionOutcome:
+    """The promote step in one process: the champion evaluated by ``evaluate`` on the candidate's
+    trials (paired), the candidate registered, then gated. The promote flow runs the same as tasks."""
+    registry = Workspace(settings).registry
+    champion = registry.champion()
+    champion_eval = evaluate(registry.load(champion.version), f"v{champion.version}", settings) if champion else None
+    candidate = register_candidate(settings, outcome, evaluation, run_name)
+    return gate_candidate(settings, candidate, champion_eval)
 
 
 def _run_dicts(outcome: TrainOutcome) -> dict[str, dict]:

@@ -1,0 +1,131 @@
+"""The loop's order, one home: what a retrain, a bootstrap and a fleet round run, in which order,
+on what, and what they return.
+
+- retrain: ingest the files -> train (fine-tunes @champion) -> evaluate the candidate -> promote;
+- bootstrap: the scripted expert's demos -> retrain;
+- fleet round: the fleet runs @champion for a fixed time per robot -> retrain on what it did.
+
+*Who* runs each step is the caller's: the Prefect flows pass their subflows and tasks (retries,
+caching, fan-out, the UI), a study or a test passes the plain step functions (``plain_retrain_steps``,
+``plain_fleet_steps``). So a benchmark that runs rounds runs the rounds the flows run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from components.config import Settings
+from components.evaluation.heldout import EvaluationReport
+from components.pipeline import collect, promote
+from components.pipeline.evaluate import evaluate_policy
+from components.pipeline.ingest import IngestResult, incoming_files, ingest_files
+from components.pipeline.promote import PromotionOutcome
+from components.pipeline.steps import TrainOutcome, train_policy
+from components.pipeline.workspace import Workspace
+from components.policy.normalizer import NormalizedPolicy
+
+Evaluate = Callable[[NormalizedPolicy, str, Settings], EvaluationReport]
+Retrained = TypeVar("Retrained")  # what a retrain returns to the fleet loop: the flow's outcome, or a Retrain
+
+
+@dataclass(frozen=True)
+class RetrainSteps:
+    """A retrain's four steps, with the flows' signatures (settings last)."""
+
+    ingest: Callable[[list[Path] | None, Settings], IngestResult | None]  # None: all of datasets/incoming
+    train: Callable[[Settings], TrainOutcome]
+    evaluate: Evaluate  # (policy, version label, settings): the candidate's held-out report
+    promote: Callable[[TrainOutcome, EvaluationReport, str, Settings], PromotionOutcome]
+    # the settings train, evaluate and promote run with, from the root as ingested (a study sets a
+    # round's epochs from the frames stored); the registered params are these
+    configure: Callable[[Settings], Settings] = lambda settings: settings
+
+
+@dataclass(frozen=True)
+class Retrain:
+    """Everything one retrain produced."""
+
+    ingested: IngestResult | None
+    outcome: TrainOutcome
+    report: EvaluationReport  # the candidate on the held-out (gate) robots
+    promotion: PromotionOutcome
+    seconds: dict[str, float]  # wall seconds per step: ingest, train, evaluate, promote
+
+
+def retrain(files: list[Path] | None, run_name: str, settings: Settings, steps: RetrainSteps) -> Retrain:
+    seconds: dict[str, float] = {}
+    with _timed(seconds, "ingest"):
+        ingested = steps.ingest(files, settings)
+        settings = steps.configure(settings)
+    with _timed(seconds, "train"):
+        outcome = steps.train(settings)
+    with _timed(seconds, "evaluate"):
+        report = steps.evaluate(outcome.result.policy, "candidate", settings)
+    with _timed(seconds, "promote"):
+        promotion = steps.promote(outcome, report, run_name, settings)
+    return Retrain(ingested, outcome, report, promotion, seconds)
+
+
+@contextmanager
+def _timed(seconds: dict[str, float], step: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    seconds[step] = time.perf_counter() - start
+
+
+@dataclass(frozen=True)
+class FleetSteps(Generic[Retrained]):
+    """The fleet loop's steps: demos, a round's collection, and a retrain on the collected files."""
+
+    collect_expert: Callable[[Settings], collect.CollectResult]
+    collect_round: Callable[[Settings, int, int, int | None], collect.CollectResult]  # round, champion version, robots
+    retrain: Callable[[list[Path], str, Settings], Retrained]  # (files, run name, settings)
+
+
+def bootstrap(settings: Settings, steps: FleetSteps[Retrained]) -> tuple[collect.CollectResult, Retrained]:
+    """Scripted-expert demos -> the first champion."""
+    demos = steps.collect_expert(settings)
+    return demos, steps.retrain(demos.files, "bootstrap", settings)
+
+
+def fleet_round(settings: Settings, round_index: int, num_robots: int | None,
+                steps: FleetSteps[Retrained]) -> tuple[collect.CollectResult, Retrained]:
+    """``round_index`` seeds the fleet; ``num_robots`` None = ``fleet.num_robots``."""
+    champion = Workspace(settings).registry.champion()
+    if champion is None:
+        raise RuntimeError("no champion to run on the fleet: bootstrap first with `fleetloop retrain --bootstrap`")
+    collected = steps.collect_round(settings, round_index, champion.version, num_robots)
+    return collected, steps.retrain(collected.files, f"round-{round_index}", settings)
+
+
+# ----------------------------------------------------------------------------- the plain steps
+def ingest_or_skip(files: list[Path] | None, settings: Settings, snapshot: bool = True) -> IngestResult | None:
+    """``ingest_files`` in this process (None: every file under ``datasets/incoming``, as the flow);
+    no files, nothing to do (a demos-only round)."""
+    files = incoming_files(settings) if files is None else files
+    return ingest_files(settings, files, snapshot=snapshot) if files else None
+
+
+def plain_retrain_steps(snapshot: bool = True, evaluate: Evaluate | None = None,
+                        configure: Callable[[Settings], Settings] | None = None) -> RetrainSteps:
+    """Every step in this process. ``snapshot=False`` skips the DVC snapshot (lineage without a
+    snapshot hash: nothing to reproduce from, the same models); ``evaluate`` replaces the held-out
+    evaluation of candidate and champion alike (a study reuses a champion's report)."""
+    evaluate = evaluate or (lambda policy, version, settings: evaluate_policy(settings, policy, version))
+    return RetrainSteps(
+        ingest=partial(ingest_or_skip, snapshot=snapshot),
+        train=train_policy,
+        evaluate=evaluate,
+        promote=partial(promote.promote_candidate, evaluate=evaluate),
+        **({"configure": configure} if configure else {}),
+    )
+
+
+def plain_fleet_steps(retrain_steps: RetrainSteps) -> FleetSteps[Retrain]:
+    return FleetSteps(collect.collect_expert, collect.collect_round, partial(retrain, steps=retrain_steps))
