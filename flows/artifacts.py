@@ -128,6 +128,10 @@ def failure_tables(report: EvaluationReport) -> None:
     )
 
 
+def _trials(trials: int | None) -> str:
+    return "-" if trials is None else f"{trials} evaluation trials"
+
+
 def explanation(explained: Explanation, mlflow_run_url: str) -> None:
     """The failure explorer's stage table, with where its pictures are (the run's explain/ folder)."""
     table = explained.stage_table
@@ -140,13 +144,17 @@ def explanation(explained: Explanation, mlflow_run_url: str) -> None:
         f"{explained.failures} failure contexts of this round, {explained.matches} retrieved success windows kept "
         f"(`{explained.method}`). Pictures: {len(explained.pages)} pages under `explain/` of the "
         f"[MLflow run]({mlflow_run_url}), and in `{explained.out_dir}` (`fleetloop explain VERSION` writes the same).", "",
-        f"| stage | failed before ({table.before_episodes} fleet episodes) | of which queried | "
-        f"failed after ({table.after_trials if table.after_trials is not None else '-'} evaluation trials) |",
-        "|---|---|---|---|",
+        (f"| stage | failed in the fleet's data ({table.before_episodes} episodes) | of which queried | "
+         f"champion before ({_trials(table.champion_trials)}) | candidate after ({_trials(table.after_trials)}) |"),
+        "|---|---|---|---|---|",
     ]
+
+    def cell(failures: int | None, rate: float | None) -> str:
+        return "-" if failures is None else f"{failures} ({pct(rate)})"
+
     for row in table.rows:
-        after = "-" if row.after_failures is None else f"{row.after_failures} ({pct(row.after_rate)})"
-        lines.append(f"| {row.stage} | {row.before_failures} ({pct(row.before_rate)}) | {row.queried_failures} | {after} |")
+        lines.append(f"| {row.stage} | {cell(row.before_failures, row.before_rate)} | {row.queried_failures} | "
+                     f"{cell(row.champion_failures, row.champion_rate)} | {cell(row.after_failures, row.after_rate)} |")
     if explained.robots_left_out:
         lines += ["", f"Robots without a page (explain.max_robot_pages): {', '.join(explained.robots_left_out)}"]
     create_markdown_artifact("\n".join(lines), key="failure-explorer",

@@ -15,8 +15,9 @@ from flows.runtime import io_options, prepare_environment
 
 
 @task(name="register-candidate", cache_policy=NO_CACHE)
-def register_task(settings: Settings, outcome: TrainOutcome, report: EvaluationReport, run_name: str):
-    return step.register_candidate(settings, outcome, report, run_name)
+def register_task(settings: Settings, outcome: TrainOutcome, report: EvaluationReport, run_name: str,
+                  champion_eval: EvaluationReport | None):
+    return step.register_candidate(settings, outcome, report, run_name, champion_evaluation=champion_eval)
 
 
 @task(name="load-champion", cache_policy=NO_CACHE)
@@ -37,7 +38,7 @@ def promote(outcome: TrainOutcome, report: EvaluationReport, run_name: str = "re
     io = io_options(settings)
     champion, champion_policy = load_champion_task.with_options(**io)(settings)
     champion_eval = evaluate(champion_policy, f"v{champion.version}", settings) if champion else None
-    candidate = register_task.with_options(**io)(settings, outcome, report, run_name)
+    candidate = register_task.with_options(**io)(settings, outcome, report, run_name, champion_eval)
     result = gate_task.with_options(**io)(settings, candidate, champion_eval)
     get_run_logger().info("version %d: %s", candidate.version, result.decision.reason)
     return result

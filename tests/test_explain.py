@@ -59,7 +59,8 @@ def test_a_fert_round_is_explained_by_the_flow_and_the_command(tmp_path, monkeyp
             "explain/by-stage"} <= logged
 
     markdown = Artifact.get("failure-explorer")
-    assert markdown is not None and "| stage | failed before" in markdown.data and "explain/" in markdown.data
+    assert markdown is not None and "| stage | failed in the fleet's data" in markdown.data and "explain/" in markdown.data
+    assert "| champion before (" in markdown.data
 
     # the command draws the same pictures from the version's run and training data
     out = tmp_path / "explained"
@@ -85,6 +86,11 @@ def test_a_fert_round_is_explained_by_the_flow_and_the_command(tmp_path, monkeyp
     again = evaluate_policy(settings, registry.load(version.version), "candidate")
     assert report["stage_table"]["after_trials"] == again.overall.trials
     assert {s: r["after_failures"] for s, r in rows.items() if r["after_failures"]} == again.failures_by_stage
+    # ... and like for like before it: the champion on those same trials (the gate's paired evaluation)
+    champion = evaluate_policy(settings, registry.load(first.version), f"v{first.version}")
+    assert report["stage_table"]["champion_trials"] == champion.overall.trials == again.overall.trials
+    assert {s: r["champion_failures"] for s, r in rows.items() if r["champion_failures"]} == champion.failures_by_stage
+    assert sum(r["champion_failures"] for r in rows.values()) == champion.overall.trials - champion.overall.successes
     csv_rows = (out / "stage_failures.csv").read_text().splitlines()
     assert csv_rows[0].startswith("stage,before_failures") and len(csv_rows) == 1 + len(rows)
 

@@ -6,8 +6,9 @@
                       trajectory top-down in the workspace (context from the divergence on in red, the
                       divergence point an X), then its nearest distinct retrieved success windows
                       (matched frames in green, the failure's query window dashed over them)
-                      stage_failures.{csv,json,png}: failures by stage before (the fleet's episodes in
-                      the training data) and after (the candidate's evaluation rollouts) the round
+                      stage_failures.{csv,json,png}: failures by stage in the fleet's episodes the
+                      round trained on, and like for like on the same evaluation trials: the champion
+                      before the round (the gate's paired evaluation) and the candidate after it
                       index.json: every file, what each page shows and what it left out
 
 Nothing is retrieved again here: the pictures show exactly the matches the trainer weighted.
@@ -64,6 +65,10 @@ class StageRow:
     queried_failures: int  # of those, the failures whose contexts queried the store this round
     after_failures: int | None  # the candidate's evaluation rollouts; None when not evaluated
     after_rate: float | None
+    # the champion the round started from, on the candidate's evaluation trials (the gate's paired
+    # evaluation); None when there was no champion or its evaluation was not kept with the version
+    champion_failures: int | None = None
+    champion_rate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -71,29 +76,37 @@ class StageTable:
     rows: tuple[StageRow, ...]
     before_episodes: int  # the fleet's episodes in the training data (expert demos left out)
     after_trials: int | None
+    champion_trials: int | None = None
 
     def to_dict(self) -> dict:
         return {"before_episodes": self.before_episodes, "after_trials": self.after_trials,
-                "rows": [asdict(r) for r in self.rows]}
+                "champion_trials": self.champion_trials, "rows": [asdict(r) for r in self.rows]}
 
 
 def stage_table(
     training_episodes: Sequence[Episode], record: RetrievalRecord, stages: tuple[str, ...], after: StageCounts | None,
+    champion: StageCounts | None = None,
 ) -> StageTable:
-    """Failures by stage before the round (the fleet's rollouts in the data it trained on: expert
-    demos are no policy's rollouts) and after it (the candidate's evaluation, when given)."""
+    """Failures by stage in the fleet's rollouts the round trained on (expert demos are no policy's
+    rollouts), and on the evaluation trials: the candidate after the round (``after``) and the
+    champion before it on the same trials (``champion``), when given."""
     fleet = [ep for ep in training_episodes if ep.policy_version != DEMO_VERSION]
     before = StageCounts.of(fleet, stages)
     by_id = {ep.episode_id: ep for ep in training_episodes}
     queried = Counter(stage_name(by_id[f.episode_id], stages) for f in record.failures)
-    seen = set(before.failures) | set(queried) | (set(after.failures) if after else set())
+    evaluated = [c for c in (after, champion) if c is not None]
+    seen = set(before.failures) | set(queried) | {s for c in evaluated for s in c.failures}
     names = list(stages) + sorted(seen - set(stages))  # every stage of the task, then e.g. unknown
+
+    def count(c: StageCounts | None, s: str) -> tuple[int | None, float | None]:
+        return (None, None) if c is None else (c.failures.get(s, 0), c.rate(s))
+
     rows = tuple(
-        StageRow(s, before.failures.get(s, 0), before.rate(s), queried.get(s, 0),
-                 None if after is None else after.failures.get(s, 0), None if after is None else after.rate(s))
+        StageRow(s, before.failures.get(s, 0), before.rate(s), queried.get(s, 0), *count(after, s), *count(champion, s))
         for s in names
     )
-    return StageTable(rows, before.episodes, None if after is None else after.episodes)
+    return StageTable(rows, before.episodes, None if after is None else after.episodes,
+                      None if champion is None else champion.episodes)
 
 
 def write_stage_table(table: StageTable, out_dir: Path, dpi: int) -> tuple[Path, Path, Path]:
@@ -109,8 +122,11 @@ def write_stage_table(table: StageTable, out_dir: Path, dpi: int) -> tuple[Path,
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(table.rows) + 1.5), 3.2), dpi=dpi, layout="constrained")
     x = np.arange(len(table.rows))
-    bars = [("before", [r.before_rate for r in table.rows], [r.before_failures for r in table.rows], "tab:gray",
-             f"before: {table.before_episodes} fleet episodes in the training data")]
+    bars = [("fleet", [r.before_rate for r in table.rows], [r.before_failures for r in table.rows], "tab:gray",
+             f"fleet: {table.before_episodes} episodes in the training data")]
+    if table.champion_trials is not None:
+        bars.append(("before", [r.champion_rate for r in table.rows], [r.champion_failures for r in table.rows],
+                     "tab:orange", f"before: champion, the same {table.champion_trials} evaluation trials"))
     if table.after_trials is not None:
         bars.append(("after", [r.after_rate for r in table.rows], [r.after_failures for r in table.rows], "tab:blue",
                      f"after: candidate, {table.after_trials} evaluation trials"))
@@ -280,6 +296,7 @@ def explain(
     cfg: ExplainConfig,
     out_dir: Path,
     after: StageCounts | None = None,
+    champion: StageCounts | None = None,
 ) -> Explanation:
     """Write the pages, the stage table and ``index.json`` under ``out_dir``; return what was written.
 
@@ -313,7 +330,7 @@ def explain(
         _page(out_dir / rel, f"{group} {key}", shown, len(members), episodes, record, stages, view, cfg)
         pages.append(Page(str(rel), group, key, [f.episode_id for f in shown], len(members)))
 
-    table = stage_table(training_episodes, record, stages, after)
+    table = stage_table(training_episodes, record, stages, after, champion)
     written = [out_dir / p.path for p in pages] + list(write_stage_table(table, out_dir, cfg.dpi))
     result = Explanation(str(out_dir), record.method, len(record.failures), len(record.matches), pages, table,
                          [str(p.relative_to(out_dir)) for p in written] + ["index.json"], left_out)

@@ -1,7 +1,8 @@
 """Explain step: the failure explorer (components/fert/explorer.py) for one registered model version.
 
     version (number or alias) --registry--> its MLflow run: fert/retrieval.json (what the train
-        step's FERT retrieval used) + evaluation.json (the candidate's evaluation, by stage)
+        step's FERT retrieval used) + evaluation.json (the candidate's evaluation, by stage) +
+        champion_evaluation.json (the champion before it, on the same trials, when there was one)
     --lineage--> the dataset it trained on: the first ``lineage.episodes`` stored episodes (the
         dataset only appends, in episode_index order)
     --explorer--> pages + stage table under <root>/artifacts/explain/v<N> (or ``out_dir``)
@@ -19,6 +20,7 @@ from components.episodes.record import Episode
 from components.fert.explorer import Explanation, StageCounts, explain
 from components.fert.retrieval_record import ARTIFACT as RETRIEVAL_ARTIFACT
 from components.fert.retrieval_record import RetrievalRecord
+from components.pipeline.promote import CHAMPION_EVALUATION_ARTIFACT
 from components.pipeline.workspace import Workspace
 from components.registry.lineage import Lineage
 from components.registry.model_registry import PolicyVersion
@@ -74,11 +76,16 @@ def explain_version(settings: Settings, version: str | int, out_dir: Path | None
     if tasks and tasks != {settings.sim.task}:
         raise NothingToExplain(f"version {mv.version} was trained on task(s) {sorted(tasks)}, not sim.task={settings.sim.task!r}",
                                "run with the sim settings it was trained with (sim.name / sim.task in params.yaml)")
-    evaluation = ws.registry.run_dict(mv.run_id, "evaluation.json")
-    after = StageCounts(dict(evaluation["failures_by_stage"]), int(evaluation["trials"])) if evaluation else None
+    after, champion = (_stage_counts(ws.registry.run_dict(mv.run_id, name))
+                       for name in ("evaluation.json", CHAMPION_EVALUATION_ARTIFACT))
     episodes = trained_episodes(ws, mv.lineage, mv.version)
     return explain(record, episodes, stages(settings.sim), workspace_view(settings.sim), settings.explain,
-                   out_dir or default_out_dir(settings, mv.version), after)
+                   out_dir or default_out_dir(settings, mv.version), after, champion)
+
+
+def _stage_counts(evaluation: dict | None) -> StageCounts | None:
+    """An evaluation kept on a run (``EvaluationReport.to_dict``) as failures by stage."""
+    return StageCounts(dict(evaluation["failures_by_stage"]), int(evaluation["trials"])) if evaluation else None
 
 
 def explain_candidate(settings: Settings, version: int) -> Explanation | None:

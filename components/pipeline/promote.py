@@ -22,6 +22,8 @@ from components.policy.normalizer import NormalizedPolicy
 from components.registry.gate import GateDecision
 from components.registry.model_registry import PolicyVersion
 
+CHAMPION_EVALUATION_ARTIFACT = "champion_evaluation.json"  # on the candidate's run, beside evaluation.json
+
 
 @dataclass(frozen=True)
 class PromotionOutcome:
@@ -35,10 +37,12 @@ class PromotionOutcome:
 
 
 def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: EvaluationReport, run_name: str,
-                       tags: dict[str, str] | None = None) -> PolicyVersion:
+                       tags: dict[str, str] | None = None,
+                       champion_evaluation: EvaluationReport | None = None) -> PolicyVersion:
     """One MLflow run (params, metrics, lineage, how it was trained, model) registered as a new version;
     ``tags`` (e.g. the fleet trainer's run and step) go on the run and the version with the lineage.
-    What ``fleetloop reproduce`` needs is kept with it (``recipe.py``)."""
+    What ``fleetloop reproduce`` needs is kept with it (``recipe.py``); ``champion_evaluation`` (the
+    champion on the same trials, what the gate compares) too, for the failure explorer's before/after."""
     summary = outcome.summary
     metrics = {"train_final_loss": outcome.result.final_loss, "train_seconds": outcome.result.seconds,
                "train_frames": outcome.frames, **(summary.metrics() if summary else {})}
@@ -60,7 +64,8 @@ def register_candidate(settings: Settings, outcome: TrainOutcome, evaluation: Ev
             run_name=run_name,
             tags={**(summary.tags() if summary else {}), **(tags or {})} or None,
             artifacts=images,
-            dicts={**_run_dicts(outcome), SETTINGS_ARTIFACT: public_settings(settings)},
+            dicts={**_run_dicts(outcome), SETTINGS_ARTIFACT: public_settings(settings),
+                   **({CHAMPION_EVALUATION_ARTIFACT: champion_evaluation.to_dict()} if champion_evaluation else {})},
         )
     keep_store_version(settings, version.version, outcome.lineage)
     return version
@@ -73,7 +78,7 @@ def promote_candidate(outcome: TrainOutcome, evaluation: EvaluationReport, run_n
     registry = Workspace(settings).registry
     champion = registry.champion()
     champion_eval = evaluate(registry.load(champion.version), f"v{champion.version}", settings) if champion else None
-    candidate = register_candidate(settings, outcome, evaluation, run_name)
+    candidate = register_candidate(settings, outcome, evaluation, run_name, champion_evaluation=champion_eval)
     return gate_candidate(settings, candidate, champion_eval)
 
 
