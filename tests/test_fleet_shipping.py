@@ -13,6 +13,7 @@ from components.episodes.dataset import EpisodeDataset
 from components.fleet.local import synthetic_episode
 from components.fleet.shipping import RUN_TAG, SOURCE, SOURCE_TAG, STEP_TAG
 from components.fleet.trainer import STATUS_NAME, FleetTrainer
+from components.pipeline.promote import CHAMPION_EVALUATION_ARTIFACT
 from components.registry.model_registry import PolicyRegistry
 from components.training.checkpoint import load_latest
 from tests.conftest import small_settings
@@ -76,6 +77,11 @@ def test_the_trainer_ships_a_candidate_with_lineage_every_n_steps_and_promotes_i
     assert second.version == candidate.version + 1 and second.tags[STEP_TAG] == str(2 * EVERY)
     assert "vs champion" in second.tags["fleetloop.gate"]
     assert registry.champion().version == (second.version if trainer.shipping.last.promoted else candidate.version)
+    # the champion's evaluation on those trials is kept on the run (the failure explorer's "before");
+    # the first candidate met no champion, so its run has none
+    kept = registry.run_dict(second.run_id, CHAMPION_EVALUATION_ARTIFACT)
+    assert kept == registry.run_dict(candidate.run_id, "evaluation.json")  # the champion was the first candidate
+    assert registry.run_dict(candidate.run_id, CHAMPION_EVALUATION_ARTIFACT) is None
     print(json.dumps({"checkpoint_to_registered_s": [round(h["seconds"], 2) for h in trainer.shipping.history],
                       "gate_s": [round(h["gate_seconds"], 2) for h in trainer.shipping.history]}))
 

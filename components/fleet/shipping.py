@@ -4,9 +4,10 @@
              last candidate (whichever first), and the step is one this trainer run never shipped
     -> the trainer checkpoints that step: the candidate *is* that checkpoint's weights
     -> evaluate_policy on held-out robots (the seeded trials every path uses)
-    -> register_candidate: MLflow run + registered version, lineage (current_lineage; ``episodes``
-       = the trainer's data cursor) + the trainer's run id and step as tags
     -> the champion on the same trials (kept per version: evaluation is deterministic)
+    -> register_candidate: MLflow run + registered version, lineage (current_lineage; ``episodes``
+       = the trainer's data cursor) + the trainer's run id and step as tags + the champion's
+       evaluation (the failure explorer's "before")
     -> gate_candidate: ``registry.rollout: direct`` moves @champion when the gate says better;
        ``canary`` starts a CanaryRollout, which the coordinator judges on live outcomes
     -> the inference service's AliasWatcher hot-swaps whatever alias moved
@@ -181,12 +182,12 @@ class CandidateShipper:
         result = TrainResult(policy=policy, losses=losses, steps=step, seconds=0.0, device="cpu")
         tags = {RUN_TAG: s.run_id, STEP_TAG: str(step), SOURCE_TAG: SOURCE,
                 "fleetloop.method": method}
+        champion_eval = self.champion_eval()  # kept on the run too: the failure explorer's "before"
         candidate = register_candidate(self.settings, TrainOutcome(result, lineage, frames, retrieval=retrieval), report,
-                                       f"fleet-trainer-step-{step}", tags=tags)
+                                       f"fleet-trainer-step-{step}", tags=tags, champion_evaluation=champion_eval)
         assert self._registered_steps is not None
         self._registered_steps.add(step)
         registered = time.time()
-        champion_eval = self.champion_eval()
         promotion = gate_candidate(self.settings, candidate, champion_eval)
         if promotion.decision.promote and promotion.champion_after == candidate.version:
             self._champion_evals = {candidate.version: report}  # the new champion: same trials, this report
