@@ -53,7 +53,7 @@ def learning_curve_png(losses: list[float]) -> bytes:
 
 def retrain_summary(
     ingest: IngestResult, report: EvaluationReport, promotion: PromotionOutcome, mlflow_run_url: str, losses: list[float],
-    training: TrainingSummary | None = None,
+    training: TrainingSummary | None = None, step_seconds: dict[str, float] | None = None,
 ) -> None:
     cand = promotion.candidate
     png = base64.b64encode(learning_curve_png(losses)).decode() if losses else ""
@@ -70,6 +70,8 @@ def retrain_summary(
         f"| LanceDB table version | {ingest.store_version} |",
         f"| ingest | {ingest.report.summary()} |",
     ]
+    if step_seconds:  # wall time per step of this retrain, subflow overheads included
+        lines.append("| seconds per step | " + ", ".join(f"{k} {v:.1f}" for k, v in step_seconds.items()) + " |")
     if promotion.champion_eval:
         lines.append(f"| champion on the same trials | {100 * promotion.champion_eval['success_rate']:.1f}% |")
     if training is not None:

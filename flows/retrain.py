@@ -31,7 +31,7 @@ def retrain(files: list[Path] | None = None, run_name: str = "retrain", settings
     ingested, outcome, report, promotion = done.ingested, done.outcome, done.report, done.promotion
     registry = Workspace(settings).registry
     run_url = f"http://127.0.0.1:{settings.ops.mlflow_port}/#/experiments/{registry.experiment_id}/runs/{promotion.candidate.run_id}"
-    artifacts.retrain_summary(ingested, report, promotion, run_url, outcome.result.losses, outcome.summary)
+    artifacts.retrain_summary(ingested, report, promotion, run_url, outcome.result.losses, outcome.summary, done.seconds)
     artifacts.failure_tables(report)
     explained = explain_task.with_options(**io_options(settings))(settings, promotion.candidate.version)
     if explained is not None:

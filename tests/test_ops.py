@@ -85,6 +85,7 @@ def _check_retrain_run_and_artifacts(client, started: datetime, version: int) ->
     assert {"retrain-summary", "heldout-by-robot", "failures-by-stage"} <= keys
     summary = next(a for a in artifacts if a.key == "retrain-summary")
     assert f"version {version}" in summary.data and "data:image/png;base64," in summary.data
+    assert re.search(r"\| seconds per step \| ingest [\d.]+, train [\d.]+, evaluate [\d.]+, promote [\d.]+ \|", summary.data)
     progress = client.read_artifacts(artifact_filter=ArtifactFilter(type={"any_": ["progress"]}))
     assert any(a.data == 100.0 for a in progress), "training reports progress up to 100%"
 
