@@ -212,6 +212,8 @@ def train_workflow_section(settings: Any, quick: bool, iterations: int) -> dict[
     coarse_proc = min(process_rows, key=lambda p: med[p.name])
     bound = work_bound(med[seq.name], statistics.fmean(meas[seq.name]["process_cores"]), rt.devices,
                        {p.name: med[p.name] for p in plans if p.name.startswith("sequential")})
+    span = span_bound(rt.workflow_at(1), {p.name: (meas[p.name]["last"], digests[p.name] == digests[seq.name])
+                                          for p in plans}, med[best_other.name], bound["floor_ms"] / 1e3)
     return {
         "end_to_end_task_s": {"iterations": trainer.spec.iterations, "per_plan": task_s,
                               "auto_choice_s (first task on a machine; later tasks read the cache)": auto_s,
@@ -224,6 +226,7 @@ def train_workflow_section(settings: Any, quick: bool, iterations: int) -> dict[
         "speedup_vs_coarse_processes": med[coarse_proc.name] / med[rose_plan.name],
         "coarse_processes": {"best_split": coarse_proc.name, "ms": med[coarse_proc.name] * 1e3},
         "work_bound": bound,
+        "span_bound": span,
         "workload": {"frames": len(built.data.states), "method": built.report.method, "retrieved_segments": built.report.matches,
                      "batch_size": trainer.spec.batch_size, "steps_per_iteration": trainer.spec.steps_per_iteration,
                      "validation_robots": len(trainer.spec.validation.robot_ids) if trainer.spec.validation else 0,
@@ -245,9 +248,15 @@ def plot_train_workflow(section: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = list(section["median_ms"])
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     left.barh(names, [section["median_ms"][n] for n in names], color="tab:blue")
     left.set_xlabel("median ms per iteration (interleaved rounds)")
+    span, best = section.get("span_bound"), section.get("best_baseline")
+    if span and best:  # the floors of any bit-identical plan, and where the 1.15x target would sit
+        left.axvline(section["work_bound"]["floor_ms"], color="0.5", ls=":", label="CPU-work floor")
+        left.axvline(span["span_ms"], color="k", ls="--", label="critical path (learner chain)")
+        left.axvline(best["ms"] / 1.15, color="tab:red", ls="-.", label="1.15x over the best baseline")
+        left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     task = section["end_to_end_task_s"]
     right.barh(names, [task["per_plan"][n] for n in names], color="tab:orange")
     right.set_xlabel(f"one train task, s ({task['iterations']} iterations, start-up + validation)")
@@ -606,6 +615,44 @@ def work_bound(reference_s: float, reference_cores: float, devices: int, rows: d
     floor = work / devices
     return {"cpu_work_ms": work * 1e3, "devices": devices, "floor_ms": floor * 1e3,
             "max_speedup": {name: t / floor for name, t in rows.items()}}
+
+
+def span_bound(workflow: Any, rows: dict[str, tuple[Any, bool]], best_baseline_s: float, work_floor_s: float,
+               target: float = 1.15, unroll: tuple[int, int] = (2, 8)) -> dict[str, Any]:
+    """The other floor of a bit-identical schedule: its critical path, from measured op times.
+
+    ``rows``: plan name -> (its last RunResult, whether its weights were bit-identical to the
+    reference's). Each op weighs its fastest median over the rows (warm-up iteration left out) that
+    a bit-identical plan could copy: every bit-identical row, and for an op whose results do not
+    depend on its thread count (``quota_invariant``) the other rows too. Placement changes op times
+    (an op in a process of its own can run faster than in the parent), so every row counts, not
+    just the sequential ones. The longest path through the workflow's semantic edges (version
+    dependencies and declared buffers, no schedule edges) grows by the span per iteration; no
+    bit-identical plan iterates faster than max(span, CPU-work floor), up to measurement noise."""
+    from components.scheduler.graph import build_graph, critical_path
+
+    invariant = {op.name for op, _ in workflow.ops_with_scope() if op.quota_invariant}
+    weight: dict[str, float] = {}
+    source: dict[str, str] = {}
+    for name, (result, identical) in rows.items():
+        by_op: dict[str, list[float]] = {}
+        for sp in result.timeline.spans:
+            if sp.iteration >= 1:
+                by_op.setdefault(sp.op, []).append(sp.duration)
+        for op, durations in by_op.items():
+            d = statistics.median(durations)
+            if (identical or op in invariant) and d < weight.get(op, float("inf")):
+                weight[op], source[op] = d, name
+    lengths = []
+    for k in unroll:
+        graph = build_graph(workflow, range(k))
+        lengths.append(critical_path(graph, [weight.get(i.op.name, 0.0) for i in graph.instances])[0])
+    span = (lengths[1] - lengths[0]) / (unroll[1] - unroll[0])
+    floor = max(span, work_floor_s)
+    return {"span_ms": span * 1e3, "op_ms": {k: v * 1e3 for k, v in sorted(weight.items())},
+            "op_fastest_in": dict(sorted(source.items())), "floor_ms": floor * 1e3,
+            "max_speedup_vs_best_baseline": best_baseline_s / floor,
+            f"{target}x_over_best_baseline_reachable": best_baseline_s / target >= floor}
 
 
 def _torch_default_threads() -> int:

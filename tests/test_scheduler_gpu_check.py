@@ -53,3 +53,47 @@ def test_work_bound_is_the_reference_cpu_work_spread_over_every_core():
     b = work_bound(0.5, 1.2, 2, {"sequential": 0.5, "sequential(t=2)": 0.39})
     assert b["cpu_work_ms"] == pytest.approx(600.0) and b["floor_ms"] == pytest.approx(300.0)
     assert b["max_speedup"] == pytest.approx({"sequential": 0.5 / 0.3, "sequential(t=2)": 0.39 / 0.3})
+
+
+def _timed(durations_ms: dict[str, float], iterations: int = 4):
+    """A run's timeline as the benchmark reads it: one span per op per iteration (iteration 0 is warm-up)."""
+    from types import SimpleNamespace
+
+    from components.scheduler.profiler import Span
+
+    spans, t = [], 0.0
+    for it in range(iterations):
+        for op, ms in durations_ms.items():
+            spans.append(Span(op, op, op, "w0", it, t, t + ms / 1e3, 1))
+            t += ms / 1e3
+    return SimpleNamespace(timeline=SimpleNamespace(spans=spans))
+
+
+def test_span_bound_is_the_learner_chain_at_the_fastest_a_bit_identical_plan_ran_it():
+    """sample -> learn (params@i -> params@i+1) with validation beside it: the critical path grows by
+    one learn per iteration, at the fastest learn of a bit-identical row (here a process split); the
+    learner's numerics depend on its threads, so the faster multi-thread learn of a row that is not
+    bit-identical does not lower the bound, while a thread-invariant learn's would."""
+    from benchmarks.scheduler import span_bound
+    from components.scheduler.workflow import Component, OpSpec, StateSpec, Workflow
+
+    def workflow(learn_invariant: bool) -> Workflow:
+        body = (OpSpec("sample", "sampler", None, writes=("batch@iteration",)),
+                OpSpec("learn", "learner", None, reads=("batch@iteration", "params@iteration"),
+                       writes=("params@iteration+1",), quota_invariant=learn_invariant),
+                OpSpec("validate", "validator", None, reads=("params@iteration",), writes=("valm@iteration",), side=True))
+        return Workflow("train", tuple(Component(c, None) for c in ("sampler", "learner", "validator")),
+                        tuple(StateSpec(n) for n in ("batch", "params", "valm")), {}, body)
+
+    rows = {"sequential": (_timed({"sample": 2.0, "learn": 11.0, "validate": 5.0}), True),
+            "process split": (_timed({"sample": 2.5, "learn": 10.0, "validate": 4.0}), True),
+            "library threads": (_timed({"sample": 1.0, "learn": 6.0, "validate": 5.0}), False)}
+    bound = span_bound(workflow(False), rows, best_baseline_s=0.0105, work_floor_s=0.0085)
+    assert bound["span_ms"] == pytest.approx(10.0) and bound["floor_ms"] == pytest.approx(10.0)
+    assert bound["op_ms"] == pytest.approx({"learn": 10.0, "sample": 1.0, "validate": 4.0})
+    assert bound["op_fastest_in"] == {"learn": "process split", "sample": "library threads", "validate": "process split"}
+    assert bound["max_speedup_vs_best_baseline"] == pytest.approx(1.05)
+    assert bound["1.15x_over_best_baseline_reachable"] is False
+    loose = span_bound(workflow(True), rows, best_baseline_s=0.0105, work_floor_s=0.0085)
+    assert loose["span_ms"] == pytest.approx(6.0) and loose["floor_ms"] == pytest.approx(8.5)  # the work floor binds
+    assert loose["1.15x_over_best_baseline_reachable"] is True
