@@ -426,6 +426,7 @@ def main() -> None:
     errors = {k: abs(v - med[k]) / med[k] for k, v in predicted.items()}
     bound = work_bound(med[seq.name], statistics.fmean(meas[seq.name]["process_cores"]), rt.devices,
                        {p.name: med[p.name] for p in plans if p.name.startswith("sequential")})
+    span = ppo_span_bound(rt, plans, meas, digests, seq, med[best_base.name], bound["floor_ms"] / 1e3)
 
     # ---- planner: regret against brute force over its candidate plans, measured side by side
     log("brute force over the planner's candidate plans ...")
@@ -534,6 +535,7 @@ def main() -> None:
                  "decisions": [asdict(d) for d in opt.rose.decisions] if opt else [],
                  "quota_steps": [asdict(q) for q in (opt.quotas.steps if opt and opt.quotas else [])]},
         "work_bound": bound,
+        "span_bound": span,
         "bit_identical_across_plans": identical,
         "digests": {k: [list(x) for x in v] for k, v in digests.items()},
         "train_workflow": fert,
@@ -627,8 +629,9 @@ def span_bound(workflow: Any, rows: dict[str, tuple[Any, bool]], best_baseline_s
     depend on its thread count (``quota_invariant``) the other rows too. Placement changes op times
     (an op in a process of its own can run faster than in the parent), so every row counts, not
     just the sequential ones. The longest path through the workflow's semantic edges (version
-    dependencies and declared buffers, no schedule edges) grows by the span per iteration; no
-    bit-identical plan iterates faster than max(span, CPU-work floor), up to measurement noise."""
+    dependencies, double-bufferable states double-buffered, no schedule edges) grows by the span per
+    iteration; no bit-identical plan iterates faster than max(span, CPU-work floor), up to
+    measurement noise."""
     from components.scheduler.graph import build_graph, critical_path
 
     invariant = {op.name for op, _ in workflow.ops_with_scope() if op.quota_invariant}
@@ -643,9 +646,11 @@ def span_bound(workflow: Any, rows: dict[str, tuple[Any, bool]], best_baseline_s
             d = statistics.median(durations)
             if (identical or op in invariant) and d < weight.get(op, float("inf")):
                 weight[op], source[op] = d, name
+    # every state a plan may double-buffer, double-buffered: the fewest write-after-read waits
+    buffers = {st.name: 2 for st in workflow.states if st.double_bufferable and st.buffers == 1}
     lengths = []
     for k in unroll:
-        graph = build_graph(workflow, range(k))
+        graph = build_graph(workflow, range(k), buffers)
         lengths.append(critical_path(graph, [weight.get(i.op.name, 0.0) for i in graph.instances])[0])
     span = (lengths[1] - lengths[0]) / (unroll[1] - unroll[0])
     floor = max(span, work_floor_s)
@@ -653,6 +658,19 @@ def span_bound(workflow: Any, rows: dict[str, tuple[Any, bool]], best_baseline_s
             "op_fastest_in": dict(sorted(source.items())), "floor_ms": floor * 1e3,
             "max_speedup_vs_best_baseline": best_baseline_s / floor,
             f"{target}x_over_best_baseline_reachable": best_baseline_s / target >= floor}
+
+
+def ppo_span_bound(rt: Any, plans: list[Plan], meas: dict[str, dict[str, Any]], digests: dict[str, list],
+                   reference: Plan, best_baseline_s: float, work_floor_s: float) -> dict[str, Any]:
+    """``span_bound`` per env-group count the measured plans ran at (op times differ with the
+    group size), each from the rows at that count; the lowest holds for every plan at those counts
+    (plans at counts nobody measured are not covered)."""
+    by_m: dict[int, dict[str, tuple[Any, bool]]] = {}
+    for p in plans:
+        by_m.setdefault(p.groups or 1, {})[p.name] = (meas[p.name]["last"], digests[p.name] == digests[reference.name])
+    spans = {m: span_bound(rt.workflow_at(m), rows, best_baseline_s, work_floor_s) for m, rows in sorted(by_m.items())}
+    lowest = min(spans.values(), key=lambda b: b["floor_ms"])
+    return {**lowest, "env_groups_covered": sorted(spans), "by_env_groups": {str(m): b for m, b in spans.items()}}
 
 
 def _torch_default_threads() -> int:
