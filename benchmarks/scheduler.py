@@ -214,6 +214,8 @@ def train_workflow_section(settings: Any, quick: bool, iterations: int) -> dict[
                        {p.name: med[p.name] for p in plans if p.name.startswith("sequential")})
     span = span_bound(rt.workflow_at(1), {p.name: (meas[p.name]["last"], digests[p.name] == digests[seq.name])
                                           for p in plans}, med[best_other.name], bound["floor_ms"] / 1e3)
+    # what the scheduler predicted for the plans it runs (the planner's and Rose's), against the measurement
+    predicted = {p.name: rt.predict(p) for p in (planner_plan, rose_plan)}
     return {
         "end_to_end_task_s": {"iterations": trainer.spec.iterations, "per_plan": task_s,
                               "auto_choice_s (first task on a machine; later tasks read the cache)": auto_s,
@@ -227,6 +229,8 @@ def train_workflow_section(settings: Any, quick: bool, iterations: int) -> dict[
         "coarse_processes": {"best_split": coarse_proc.name, "ms": med[coarse_proc.name] * 1e3},
         "work_bound": bound,
         "span_bound": span,
+        "prediction": {name: {"predicted_ms": v * 1e3, "measured_ms": med[name] * 1e3,
+                              "error": abs(v - med[name]) / med[name]} for name, v in predicted.items()},
         "workload": {"frames": len(built.data.states), "method": built.report.method, "retrieved_segments": built.report.matches,
                      "batch_size": trainer.spec.batch_size, "steps_per_iteration": trainer.spec.steps_per_iteration,
                      "validation_robots": len(trainer.spec.validation.robot_ids) if trainer.spec.validation else 0,
