@@ -200,7 +200,18 @@ def train_workflow_section(settings: Any, quick: bool, iterations: int) -> dict[
         planner_plan = rt.plan().best.plan
         rose_plan = rt.optimize(planner_plan).plan
         plans = [seq, seq_default, coarse, *process_rows, planner_plan, rose_plan]
-        meas = interleaved(rt, plans, iterations, 2 if quick else 3)
+        capacity: list[tuple[float, float]] = []  # cores this process could get, before and after each round
+
+        def probe_before(r: int) -> None:
+            capacity.append((effective_cores(rt.devices), 0.0))
+
+        def probe_after(r: int) -> None:
+            time.sleep(CAPACITY_SETTLE_S)  # the last run's worker processes finish exiting
+            capacity[r] = (capacity[r][0], effective_cores(rt.devices))
+            log(f"train workflow round {r + 1}: capacity {capacity[r][0]:.2f} -> {capacity[r][1]:.2f} cores")
+
+        meas = interleaved(rt, plans, iterations, 2 if quick else 3, before_round=probe_before, after_round=probe_after)
+        qualified = qualify(meas, capacity, rt.devices, settings.scheduler.capacity_qualify_fraction)
         task_s, digests = {}, {}
         for p in plans:  # one whole train task per plan: worker start-up, every iteration, validation
             t = time.perf_counter()
@@ -225,6 +236,10 @@ def train_workflow_section(settings: Any, quick: bool, iterations: int) -> dict[
                           "bit_identical": len({digests[best_other.name], digests[seq.name]}) == 1},
         "rose": {"ms": med[rose_plan.name] * 1e3},
         "speedup_vs_best_baseline": med[best_other.name] / med[rose_plan.name],
+        "rounds": {**qualified, "speedup_per_round": {"vs_best_baseline": ratio_per_round(
+            meas, best_other.name, rose_plan.name, qualified["qualified"] or list(range(len(capacity)))),
+            "vs_coarse_processes": ratio_per_round(
+                meas, coarse_proc.name, rose_plan.name, qualified["qualified"] or list(range(len(capacity))))}},
         "speedup_vs_coarse_processes": med[coarse_proc.name] / med[rose_plan.name],
         "coarse_processes": {"best_split": coarse_proc.name, "ms": med[coarse_proc.name] * 1e3},
         "work_bound": bound,
