@@ -89,6 +89,7 @@ from components.evaluation.intervals import (
 from components.evaluation.populations import evaluate_test, evaluate_tuning
 from components.fert.corpus import episode_infos
 from components.pipeline import loop
+from components.pipeline.collect import CollectResult
 from components.pipeline.evaluate import evaluate_policy
 from components.pipeline.explain import explain_version
 from components.pipeline.workspace import Workspace
@@ -334,40 +335,44 @@ def round_info(cell: Settings, plan: Plan, label: str, done: loop.Retrain,
     return info
 
 
-def bootstrap_cell(cell: Settings, plan: Plan, validated: dict[int, EvaluationReport]) -> None:
+def bootstrap_cell(cell: Settings, plan: Plan, validated: dict[int, EvaluationReport]) -> tuple[CollectResult, loop.Retrain]:
     """The product's bootstrap in the cell's root: scripted-expert demos -> the first champion
     (BC on the demos with train: of params.yaml), then ``plan.init_rounds`` demos-only retrains
     through the gate. The same in every cell of a seed (deterministic), so every method starts
     from one policy."""
     boot = cell.model_copy(update={"train": cell.train.model_copy(update={"method": "bc"})})
-    _, first = loop.bootstrap(boot, study_steps(boot, plan, None, validated))
+    demos, first = loop.bootstrap(boot, study_steps(boot, plan, None, validated))
     round_info(boot, plan, "bootstrap", first, validated)
     later = study_steps(boot, plan, plan.finetune_steps, validated)
     for r in range(1, plan.init_rounds + 1):
         round_info(boot, plan, f"init-{r}", later.retrain([], f"init-{r}", boot), validated)
+    return demos, first
 
 
 def cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, scratch: Path) -> tuple[RunRow, Score]:
-    """``plan.rounds`` CEL rounds of ``method`` on ``fleet`` robots in a fresh product root: each a
-    fleet round of the loop (``bc``: a demos-only retrain, the same budget, no fleet data)."""
+    """``plan.rounds`` CEL rounds of ``method`` on ``fleet`` robots in a fresh product root: the loop's
+    campaign, each round a fleet round (``bc``: a demos-only retrain, the same budget, no fleet data)."""
     start = time.perf_counter()
     root = scratch / f"cell-{seed}-{method}-{fleet}"
     shutil.rmtree(root, ignore_errors=True)  # a stopped run's half-done cell (--cells): start it afresh
     cell = cell_settings(settings, plan, method, root, seed)
     validated: dict[int, EvaluationReport] = {}
-    bootstrap_cell(cell, plan, validated)
-    registry = Workspace(cell).registry
-    initial = evaluate(settings, plan, registry.load("champion"), seed)
     fleet_steps = study_steps(cell, plan, plan.finetune_steps, validated)
-    rounds = []
-    for r in range(1, plan.rounds + 1):
-        label = f"round-{r}"
+
+    def one_round(s: Settings, r: int) -> tuple[CollectResult | None, loop.Retrain]:
         if method == "bc":
-            rounds.append({"round": r, **round_info(cell, plan, label, fleet_steps.retrain([], label, cell), validated)})
+            return None, fleet_steps.retrain([], f"round-{r}", s)
+        return loop.fleet_round(s, r, fleet, fleet_steps)
+
+    rounds, initial = [], None
+    for r, got, done in loop.campaign(cell, plan.rounds, lambda s: bootstrap_cell(s, plan, validated), one_round):
+        if r == 0:  # the bootstrap champion on the test robots, before any round
+            registry = Workspace(cell).registry
+            initial = evaluate(settings, plan, registry.load("champion"), seed)
             continue
-        got, done = loop.fleet_round(cell, r, fleet, fleet_steps)
-        rounds.append({"round": r, "episodes": got.episodes, "collected_success": got.success_rate,
-                       "failed": got.episodes - got.successes, **round_info(cell, plan, label, done, validated)})
+        collected = {} if got is None else {"episodes": got.episodes, "collected_success": got.success_rate,
+                                            "failed": got.episodes - got.successes}
+        rounds.append({"round": r, **collected, **round_info(cell, plan, f"round-{r}", done, validated)})
     final = registry.champion()
     policy = registry.load(final.version)
     score = evaluate(settings, plan, policy, seed)

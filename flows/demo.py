@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from components.config import Settings
 from components.evaluation.intervals import wilson_interval
+from components.pipeline import loop
 from components.pipeline.collect import CollectResult
 from components.pipeline.promote import PromotionOutcome
 from flows.fleet_round import bootstrap, fleet_round
@@ -55,8 +56,7 @@ def _row(label: str, robots: int, collected: CollectResult, promotion: Promotion
 def run_demo(settings: Settings) -> Iterator[RoundRow]:
     """Yields one row per round as it finishes."""
     confidence = settings.evaluation.confidence
-    demos, promotion = bootstrap(settings)
-    yield _row("bootstrap", settings.demo.expert_robots, demos, promotion, confidence)
-    for round_index in range(1, settings.demo.rounds + 1):
-        collected, promotion = fleet_round(round_index, None, settings)
-        yield _row(f"round {round_index}", settings.fleet.num_robots, collected, promotion, confidence)
+    rounds = loop.campaign(settings, settings.demo.rounds, bootstrap, lambda s, r: fleet_round(r, None, s))
+    for r, collected, promotion in rounds:
+        label, robots = ("bootstrap", settings.demo.expert_robots) if r == 0 else (f"round {r}", settings.fleet.num_robots)
+        yield _row(label, robots, collected, promotion, confidence)

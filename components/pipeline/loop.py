@@ -44,7 +44,7 @@ class RetrainSteps:
     promote: Callable[[TrainOutcome, EvaluationReport, str, Settings], PromotionOutcome]
     # the settings train, evaluate and promote run with, from the root as ingested (a study sets a
     # round's epochs from the frames stored); the registered params are these
-    configure: Callable[[Settings], Settings] = lambda settings: settings
+    configure: Callable[[Settings], Settings] = lambda settings: settings  # the flows: as given
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,17 @@ def fleet_round(settings: Settings, round_index: int, num_robots: int | None,
     return collected, steps.retrain(collected.files, f"round-{round_index}", settings)
 
 
+def campaign(settings: Settings, rounds: int, first: Callable[[Settings], tuple[collect.CollectResult, Retrained]],
+             round_: Callable[[Settings, int], tuple[collect.CollectResult | None, Retrained]],
+             ) -> Iterator[tuple[int, collect.CollectResult | None, Retrained]]:
+    """The loop over rounds: ``first`` (a bootstrap) as round 0, then rounds 1..``rounds``
+    (``round_(settings, r)``, r seeds the fleet), each yielded as it finishes. The demo passes the
+    flows (one flow run per round), a study the loop's functions over its plain steps."""
+    yield (0, *first(settings))
+    for r in range(1, rounds + 1):
+        yield (r, *round_(settings, r))
+
+
 # ----------------------------------------------------------------------------- the plain steps
 def ingest_or_skip(files: list[Path] | None, settings: Settings, snapshot: bool = True) -> IngestResult | None:
     """``ingest_files`` in this process (None: every file under ``datasets/incoming``, as the flow);
@@ -123,7 +134,7 @@ def plain_retrain_steps(snapshot: bool = True, evaluate: Evaluate | None = None,
         train=train_policy,
         evaluate=evaluate,
         promote=partial(promote.promote_candidate, evaluate=evaluate),
-        **({"configure": configure} if configure else {}),
+        configure=configure or RetrainSteps.configure,
     )
 
 
