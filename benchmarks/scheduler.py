@@ -43,6 +43,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,13 @@ def interleaved(rt: Any, plans: list[Plan], iterations: int, rounds: int,
     return out
 
 
+def probe_after_round(rt: Any, capacity: list[tuple[float, float]], r: int) -> None:
+    """Round ``r``'s second capacity reading (its first was taken before the round)."""
+    time.sleep(CAPACITY_SETTLE_S)  # the last run's worker processes finish exiting
+    capacity[r] = (capacity[r][0], effective_cores(rt.devices))
+    log(f"round {r + 1}: capacity probe {capacity[r][0]:.2f} -> {capacity[r][1]:.2f} cores")
+
+
 def qualify(meas: dict[str, dict[str, Any]], capacity: list[tuple[float, float]], devices: int,
             fraction: float) -> dict[str, Any]:
     """Which rounds ran with the cores the plans need (capacity probe >= ``fraction`` of ``devices``,
@@ -141,6 +149,7 @@ def qualify(meas: dict[str, dict[str, Any]], capacity: list[tuple[float, float]]
         kept = [x for r in used for x in o["round_samples"].get(r, [])]
         o["median_s"] = statistics.median(kept) if kept else o["median_s"]
     return {"cores_needed": need, "rounds": len(capacity), "qualified": good, "qualified_count": len(good),
+            "rounds_used": used,
             "figures_from": "qualified rounds" if used is good else "every round (too few qualified: not a quotable run)",
             "quotable": used is good, "capacity_per_round": [{"before": b, "after": a} for b, a in capacity]}
 
@@ -202,15 +211,9 @@ def train_workflow_section(settings: Any, quick: bool, iterations: int) -> dict[
         plans = [seq, seq_default, coarse, *process_rows, planner_plan, rose_plan]
         capacity: list[tuple[float, float]] = []  # cores this process could get, before and after each round
 
-        def probe_before(r: int) -> None:
-            capacity.append((effective_cores(rt.devices), 0.0))
-
-        def probe_after(r: int) -> None:
-            time.sleep(CAPACITY_SETTLE_S)  # the last run's worker processes finish exiting
-            capacity[r] = (capacity[r][0], effective_cores(rt.devices))
-            log(f"train workflow round {r + 1}: capacity {capacity[r][0]:.2f} -> {capacity[r][1]:.2f} cores")
-
-        meas = interleaved(rt, plans, iterations, 2 if quick else 3, before_round=probe_before, after_round=probe_after)
+        meas = interleaved(rt, plans, iterations, 2 if quick else 3,
+                           before_round=lambda r: capacity.append((effective_cores(rt.devices), 0.0)),
+                           after_round=partial(probe_after_round, rt, capacity))
         qualified = qualify(meas, capacity, rt.devices, settings.scheduler.capacity_qualify_fraction)
         task_s, digests = {}, {}
         for p in plans:  # one whole train task per plan: worker start-up, every iteration, validation
@@ -223,8 +226,7 @@ def train_workflow_section(settings: Any, quick: bool, iterations: int) -> dict[
     coarse_proc = min(process_rows, key=lambda p: med[p.name])
     bound = work_bound(med[seq.name], statistics.fmean(meas[seq.name]["process_cores"]), rt.devices,
                        {p.name: med[p.name] for p in plans if p.name.startswith("sequential")})
-    span = span_bound(rt.workflow_at(1), {p.name: (meas[p.name]["last"], digests[p.name] == digests[seq.name])
-                                          for p in plans}, med[best_other.name], bound["floor_ms"] / 1e3)
+    span = measured_span_bound(rt, plans, meas, digests, seq, med[best_other.name], bound["floor_ms"] / 1e3)
     # what the scheduler predicted for the plans it runs (the planner's and Rose's), against the measurement
     predicted = {p.name: rt.predict(p) for p in (planner_plan, rose_plan)}
     return {
@@ -236,10 +238,9 @@ def train_workflow_section(settings: Any, quick: bool, iterations: int) -> dict[
                           "bit_identical": len({digests[best_other.name], digests[seq.name]}) == 1},
         "rose": {"ms": med[rose_plan.name] * 1e3},
         "speedup_vs_best_baseline": med[best_other.name] / med[rose_plan.name],
-        "rounds": {**qualified, "speedup_per_round": {"vs_best_baseline": ratio_per_round(
-            meas, best_other.name, rose_plan.name, qualified["qualified"] or list(range(len(capacity)))),
-            "vs_coarse_processes": ratio_per_round(
-                meas, coarse_proc.name, rose_plan.name, qualified["qualified"] or list(range(len(capacity))))}},
+        "rounds": {**qualified, "speedup_per_round": {
+            "vs_best_baseline": ratio_per_round(meas, best_other.name, rose_plan.name, qualified["rounds_used"]),
+            "vs_coarse_processes": ratio_per_round(meas, coarse_proc.name, rose_plan.name, qualified["rounds_used"])}},
         "speedup_vs_coarse_processes": med[coarse_proc.name] / med[rose_plan.name],
         "coarse_processes": {"best_split": coarse_proc.name, "ms": med[coarse_proc.name] * 1e3},
         "work_bound": bound,
@@ -419,12 +420,8 @@ def main() -> None:
     load_measure_start = load()
     # 2 threads/op oversubscribe a loaded machine: these rows join the first half of the rounds only
     slow_rows = {p.name: max(1, rounds // 2) for p in slow if p is not None}
-    def probe_after(r: int) -> None:
-        time.sleep(CAPACITY_SETTLE_S)  # the last run's worker processes finish exiting
-        capacity[r] = (capacity[r][0], effective_cores(rt.devices))
-        log(f"round {r + 1}: capacity probe {capacity[r][0]:.2f} -> {capacity[r][1]:.2f} cores")
-
-    meas = interleaved(rt, plans, iterations, rounds, slow_rows, before_round=reprofile, after_round=probe_after)
+    meas = interleaved(rt, plans, iterations, rounds, slow_rows, before_round=reprofile,
+                       after_round=partial(probe_after_round, rt, capacity))
     qualified = qualify(meas, capacity, rt.devices, cfg.capacity_qualify_fraction)
     log(f"{qualified['qualified_count']}/{rounds} rounds had >= {qualified['cores_needed']:.1f} cores before and after; "
         f"figures from {qualified['figures_from']}")
@@ -441,11 +438,11 @@ def main() -> None:
     rose_rows = {rose_plan.name, *(p.name for p in steps_kept)}  # Rose's plan and its ablation steps
     best_base = min((p for p in plans if p.name not in rose_rows), key=lambda p: med[p.name])
     coarse_proc = min(process_rows, key=lambda p: med[p.name])  # the process-based baseline at its best split
-    rounds_used = qualified["qualified"] if qualified["quotable"] else list(range(rounds))
+    rounds_used = qualified["rounds_used"]
     errors = {k: abs(v - med[k]) / med[k] for k, v in predicted.items()}
     bound = work_bound(med[seq.name], statistics.fmean(meas[seq.name]["process_cores"]), rt.devices,
                        {p.name: med[p.name] for p in plans if p.name.startswith("sequential")})
-    span = ppo_span_bound(rt, plans, meas, digests, seq, med[best_base.name], bound["floor_ms"] / 1e3)
+    span = measured_span_bound(rt, plans, meas, digests, seq, med[best_base.name], bound["floor_ms"] / 1e3)
 
     # ---- planner: regret against brute force over its candidate plans, measured side by side
     log("brute force over the planner's candidate plans ...")
@@ -679,11 +676,12 @@ def span_bound(workflow: Any, rows: dict[str, tuple[Any, bool]], best_baseline_s
             f"{target}x_over_best_baseline_reachable": best_baseline_s / target >= floor}
 
 
-def ppo_span_bound(rt: Any, plans: list[Plan], meas: dict[str, dict[str, Any]], digests: dict[str, list],
-                   reference: Plan, best_baseline_s: float, work_floor_s: float) -> dict[str, Any]:
-    """``span_bound`` per env-group count the measured plans ran at (op times differ with the
-    group size), each from the rows at that count; the lowest holds for every plan at those counts
-    (plans at counts nobody measured are not covered)."""
+def measured_span_bound(rt: Any, plans: list[Plan], meas: dict[str, dict[str, Any]], digests: dict[str, Any],
+                        reference: Plan, best_baseline_s: float, work_floor_s: float) -> dict[str, Any]:
+    """``span_bound`` of measured plans (``meas``, ``digests`` by plan name), per env-group count
+    they ran at (op times differ with the group size; a workflow without groups has one count),
+    each from the rows at that count; the lowest holds for every plan at those counts (plans at
+    counts nobody measured are not covered)."""
     by_m: dict[int, dict[str, tuple[Any, bool]]] = {}
     for p in plans:
         by_m.setdefault(p.groups or 1, {})[p.name] = (meas[p.name]["last"], digests[p.name] == digests[reference.name])
