@@ -254,7 +254,8 @@ def train_workflow_section(settings: Any, quick: bool, iterations: int) -> dict[
         "median_ms": {k: v * 1e3 for k, v in med.items()},
         "speedup_rose_vs_sequential": med[seq.name] / med[rose_plan.name],
         "speedup_rose_vs_best_other": med[best_other.name] / med[rose_plan.name], "best_other": best_other.name,
-        "auto": {"chosen": auto.plan.name, "source": auto.source, "candidates_ms": {k: v * 1e3 for k, v in auto.candidates.items()}},
+        "auto": {"chosen": auto.plan.name, "source": auto.source, "candidates_ms": {k: v * 1e3 for k, v in auto.candidates.items()},
+                 "task_s (start-up + the task's iterations, what auto decides on)": auto.task_s},
         "bit_identical": len(set(digests.values())) == 1, "weights_digests": digests,
         "plans": {p.name: p.describe() for p in (planner_plan, rose_plan)},
     }

@@ -85,3 +85,17 @@ def test_moe_policy_trains_in_one_process_through_the_same_path(tmp_path):
     from flows.artifacts import training_markdown  # the retrain artifact's training table
 
     assert sum("expert token share" in line for line in training_markdown(outcome.summary)) == 1
+
+
+def test_auto_weighs_a_plans_start_up_against_what_it_saves_over_the_task():
+    """``auto`` picks by the whole train task: a side process that saves 10% per iteration but
+    costs seconds to start loses a 20-iteration task and wins a 1000-iteration one."""
+    from components.scheduler.runtime import RunCost
+    from components.training.trainer import fastest_task
+
+    sequential, side_process = RunCost(iteration_s=0.200, fixed_s=0.3), RunCost(iteration_s=0.180, fixed_s=3.5)
+    assert sequential.task_s(20) < side_process.task_s(20)
+    assert fastest_task([sequential, side_process], 20, 0.02) == 0
+    assert fastest_task([sequential, side_process], 1000, 0.02) == 1
+    # faster, but by less than the accept margin: sequential stays
+    assert fastest_task([sequential, RunCost(iteration_s=0.199, fixed_s=0.3)], 1000, 0.02) == 0

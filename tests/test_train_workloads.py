@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -106,6 +108,9 @@ def test_train_flow_runs_fert_through_the_scheduler_and_caches_the_plan(tmp_path
     assert tags["fleetloop.method"] == "fert" and tags["fleetloop.scheduler.plan"] == summary.plan_name
     cached = list((tmp_path / ".fleetloop" / "plans").glob("train-*.json"))
     assert len(cached) == 1
+    decision = json.loads(cached[0].read_text())  # decided on the whole task: start-up + its iterations
+    assert set(decision["task_s"]) == set(decision["candidates"]) and "sequential" in decision["task_s"]
+    assert decision["task_s"][summary.plan_name] <= decision["task_s"]["sequential"]
 
     sequential = steps.train_policy(settings)
     got, want = outcome.result.policy.state_dict(), sequential.result.policy.state_dict()

@@ -7,6 +7,7 @@
         .optimize(plan)                       Rose rewrites, then slack-aware quotas
         .run(plan, iterations) -> RunResult   one execution under any plan
         .measure([plans], ...)                interleaved medians (shared, noisy machines)
+        .measure_costs([plans], ...)          ... and each plan's fixed cost per run (start-up)
 
 ``workflow_at(m)`` builds the workload's workflow with ``m`` env groups; ``roles`` names the main
 chain the planner cuts (e.g. sim → policy → learner). Every plan computes the same results.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -70,6 +72,19 @@ class Roles:
         return tuple(pair)
 
 
+@dataclass(frozen=True)
+class RunCost:
+    """One plan's measured cost: its median steady iteration, and what every run of it pays once
+    (worker start-up and teardown, the warm-up iteration's excess). A plan that saves a little per
+    iteration but starts a process costs more for a short task; ``task_s`` says which wins."""
+
+    iteration_s: float
+    fixed_s: float
+
+    def task_s(self, iterations: int) -> float:
+        return self.fixed_s + iterations * self.iteration_s
+
+
 @dataclass
 class OptimizeResult:
     plan: Plan
@@ -114,13 +129,24 @@ class SchedulerRuntime:
 
     def measure(self, plans: list[Plan], iterations: int | None = None, rounds: int | None = None) -> list[float]:
         """Median iteration seconds per plan, runs interleaved (A B A B …), warm-up iteration dropped."""
+        return [c.iteration_s for c in self.measure_costs(plans, iterations, rounds)]
+
+    def measure_costs(self, plans: list[Plan], iterations: int | None = None,
+                      rounds: int | None = None) -> list[RunCost]:
+        """``measure``, plus each plan's fixed cost per run: the run's wall time less its steady
+        iterations (the median over the plan's runs)."""
         n = (iterations or self.cfg.validate_iterations) + 1
         rounds = rounds or self.cfg.validate_rounds
         samples: list[list[float]] = [[] for _ in plans]
+        fixed: list[list[float]] = [[] for _ in plans]
         for _ in range(rounds):
             for k, p in enumerate(plans):
-                samples[k] += self.run(p, n).iteration_s[1:]
-        return [statistics.median(s) for s in samples]
+                start = time.perf_counter()
+                steady = self.run(p, n).iteration_s[1:]
+                wall = time.perf_counter() - start
+                samples[k] += steady
+                fixed[k].append(wall - sum(steady) - statistics.median(steady))
+        return [RunCost(statistics.median(s), statistics.median(f)) for s, f in zip(samples, fixed, strict=True)]
 
     def timeline(self, plan: Plan) -> Timeline:
         if plan.name not in self._timelines:

@@ -2,7 +2,8 @@
 
     make_trainer(settings, data, init) ──TrainSpec──► Trainer
        .choose()  the plan: scheduler.plan, or ``auto``: cached per machine and workload shape, else
-                  profile → M2Flow plan → Rose → kept only if measured faster than sequential
+                  profile → M2Flow plan → Rose → kept only if its whole task (start-up + the task's
+                  iterations, measured) is faster than sequential's
        .run()     the iterations (``workflow.train_workflow``) under that plan ──► TrainRun
                   (policy, per-step losses, per-iteration time and validation, plan, time split)
 
@@ -35,14 +36,14 @@ from components.policy.moe import StepUsage
 from components.policy.normalizer import NormalizedPolicy
 from components.scheduler.plan import Plan, plan_from_dict, plan_to_dict
 from components.scheduler.profiler import Timeline
-from components.scheduler.runtime import Roles, SchedulerRuntime
+from components.scheduler.runtime import Roles, RunCost, SchedulerRuntime
 from components.training.bc import total_steps
 from components.training.imitation import TrainingSet
 from components.training.workflow import TrainSpec, ValidationSpec, train_workflow
 
 Log = Callable[[str], None]
 IterationFn = Callable[[int, dict[str, Any]], None]  # (iteration, recorded states), from a worker thread
-PLAN_CACHE_VERSION = 1
+PLAN_CACHE_VERSION = 2  # 2: auto decides on the train task's time (start-up + its iterations)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class PlanChoice:
     sequential_s: float | None = None  # median iteration seconds of the sequential plan
     chosen_s: float | None = None  # ... of the chosen plan, in the same measurement
     candidates: dict[str, float] = field(default_factory=dict)  # plan name -> median seconds
+    task_s: dict[str, float] = field(default_factory=dict)  # plan name -> this task's predicted seconds
 
     @property
     def predicted_s(self) -> float | None:
@@ -133,13 +135,14 @@ class Trainer:
         sequential = sequential.with_(predicted_s=rt.predict(sequential))  # logged beside the measured time
         optimized = rt.optimize(planned).plan
         plans = [sequential] + [p for p in (planned, optimized) if not _serial(p)]
-        medians = rt.measure(plans)
-        by_name = {p.name: s for p, s in zip(plans, medians, strict=True)}
-        best_i = int(np.argmin(medians))
-        keep = best_i != 0 and medians[best_i] <= medians[0] * (1 - self.cfg.accept_margin)
-        chosen = plans[best_i] if keep else sequential
-        self.log(f"plan auto: {chosen.name} ({', '.join(f'{n} {s * 1e3:.1f} ms' for n, s in by_name.items())})")
-        return PlanChoice(chosen, "auto", "measured", medians[0], by_name[chosen.name], by_name)
+        costs = dict(zip((p.name for p in plans), rt.measure_costs(plans), strict=True))
+        chosen = plans[fastest_task(list(costs.values()), self.spec.iterations, self.cfg.accept_margin)]
+        task = {n: c.task_s(self.spec.iterations) for n, c in costs.items()}
+        self.log(f"plan auto: {chosen.name} for {self.spec.iterations} iterations (" + ", ".join(
+            f"{n} {c.iteration_s * 1e3:.1f} ms/iteration + {c.fixed_s:.1f} s start-up = {task[n]:.1f} s"
+            for n, c in costs.items()) + ")")
+        by_name = {n: c.iteration_s for n, c in costs.items()}
+        return PlanChoice(chosen, "auto", "measured", by_name[sequential.name], by_name[chosen.name], by_name, task)
 
     def shape_key(self) -> str:
         """What the plan's speed depends on: workload shape, scheduler knobs and this machine."""
@@ -165,7 +168,7 @@ class Trainer:
         try:
             raw = json.loads(path.read_text())
             choice = PlanChoice(plan_from_dict(raw["plan"]), "auto", "cache", raw["sequential_s"], raw["chosen_s"],
-                                dict(raw["candidates"]))
+                                dict(raw["candidates"]), dict(raw["task_s"]))
         except (ValueError, KeyError, TypeError) as exc:
             self.log(f"plan cache {path} unreadable ({exc}); profiling again")
             return None
@@ -178,7 +181,7 @@ class Trainer:
             return
         atomic_write_text(path, json.dumps({
             "plan": plan_to_dict(choice.plan), "sequential_s": choice.sequential_s, "chosen_s": choice.chosen_s,
-            "candidates": choice.candidates, "measured_at": time.time(),
+            "candidates": choice.candidates, "task_s": choice.task_s, "measured_at": time.time(),
         }, indent=2))
 
     # ------------------------------------------------------------------ training
@@ -197,6 +200,15 @@ class Trainer:
         sent = int(per_iter[max(per_iter)].get("shuffle_bytes_sent", 0)) if per_iter else 0
         return TrainRun(policy, losses, list(result.iteration_s), [val[i] for i in sorted(val)], choice,
                         result.timeline, seconds, sent, usage)
+
+
+def fastest_task(costs: list[RunCost], iterations: int, margin: float) -> int:
+    """Index of the plan whose whole task (its fixed cost + ``iterations`` steady iterations) is
+    fastest; the first (sequential) unless another beats it by ``margin``. A plan that starts a
+    process saves per iteration but pays its start-up on every task: for a short task that loses."""
+    task = [c.task_s(iterations) for c in costs]
+    best = int(np.argmin(task))
+    return best if best != 0 and task[best] <= task[0] * (1 - margin) else 0
 
 
 def _serial(plan: Plan) -> bool:
