@@ -251,6 +251,26 @@ def test_a_dvc_lock_file_left_truncated_by_a_killed_writer_does_not_stop_snapsho
     assert Workspace(settings).dataset.num_episodes == 6
 
 
+def test_a_snapshot_record_torn_by_a_killed_dvc_add_is_written_again(settings, tmp_path):
+    """DVC writes ``episodes.dvc`` in place; a SIGKILL during ``dvc add`` left it empty and every
+    later ingest failed reading it (tests/test_ingest_kills.py found it). The next ingest writes it
+    again, with the hash DVC gives the intact data."""
+    from components.episodes.snapshot import read_snapshot, torn_record
+
+    dvc_file = settings.paths.episodes.with_name(settings.paths.episodes.name + ".dvc")
+    first = ingest_files(settings, episode_files(settings, tmp_path / "in", seed=1, count=2))
+    whole = dvc_file.read_text()
+    cut_in_hash = whole[: whole.index(".dir") - 3]
+    for torn in ("", whole[: len(whole) // 2], whole[: whole.rindex("episodes") + 4], cut_in_hash, "outs:\n- path: episodes\n"):
+        dvc_file.write_text(torn)
+        assert torn_record(settings.paths.episodes) and read_snapshot(settings.paths.episodes) is None
+        again = ingest_files(settings, episode_files(settings, tmp_path / "in", seed=1, count=2))
+        assert not again.report.added and again.snapshot.hash == first.snapshot.hash
+        assert read_snapshot(settings.paths.episodes).hash == first.snapshot.hash
+    second = ingest_files(settings, episode_files(settings, tmp_path / "in", seed=2, count=2))
+    assert second.snapshot.hash != first.snapshot.hash and Workspace(settings).dataset.num_episodes == 4
+
+
 def test_the_growth_fit_finds_a_known_slope_and_leaves_index_builds_out():
     """benchmarks/ingest.py's growth line: batch times that gain 5 ms per million stored frames
     under +-30% host noise, with fold spikes, give back about 5 ms, an interval holding it, and

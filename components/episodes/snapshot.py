@@ -11,6 +11,7 @@ server, or a shared path) ``push_snapshot`` sends what the remote lacks of a sna
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from components.fsio import atomic_path
 DVCIGNORE_LINES = (".fleetloop.lock", ".superseded/", "/datasets/segments.lance/", "/datasets/incoming/",
                    "/datasets/quarantine/", "/mlruns/")
 REMOTE_NAME = "fleetloop"  # the DVC remote fleetloop configures in a root (.dvc/config)
+DIR_HASH = re.compile(r"[0-9a-f]{32}\.dir")  # DVC's md5 of a directory
 
 
 class SnapshotPushError(RuntimeError):
@@ -51,12 +53,34 @@ def _dvc_file(folder: Path) -> Path:
 
 
 def read_snapshot(folder: Path) -> Snapshot | None:
-    """The last snapshot recorded for ``folder``, or None if it was never snapshotted."""
+    """The last snapshot recorded for ``folder``, or None if it was never snapshotted or its record
+    is torn (``torn_record``)."""
     dvc_file = _dvc_file(folder)
-    if not dvc_file.exists():
+    out = _recorded_out(dvc_file) if dvc_file.exists() else None
+    if out is None:
         return None
-    out = yaml.safe_load(dvc_file.read_text())["outs"][0]
     return Snapshot(hash=out["md5"], dvc_file=dvc_file, nfiles=int(out.get("nfiles", 0)), changed=False)
+
+
+def _recorded_out(dvc_file: Path) -> dict | None:
+    """The record's entry for the folder, if whole: DVC writes ``path`` last, so a record cut short
+    anywhere lacks it (or has it cut), and a cut hash does not look like one."""
+    try:
+        out = yaml.safe_load(dvc_file.read_text())["outs"][0]
+    except (yaml.YAMLError, UnicodeDecodeError, TypeError, KeyError, IndexError):
+        return None
+    whole = (isinstance(out, dict) and out.get("path") == dvc_file.name.removesuffix(".dvc")
+             and DIR_HASH.fullmatch(str(out.get("md5", ""))) is not None)
+    return out if whole else None
+
+
+def torn_record(folder: Path) -> bool:
+    """Whether ``<folder>.dvc`` exists but records no snapshot. DVC writes that file in place, so a
+    process killed during ``dvc add`` leaves it empty or cut short (found by
+    tests/test_ingest_kills.py): DVC then cannot load the repo and every later snapshot failed. It
+    is derived from the data (which is intact), so the next snapshot writes it again."""
+    dvc_file = _dvc_file(folder)
+    return dvc_file.exists() and _recorded_out(dvc_file) is None
 
 
 def snapshot_dataset(root: Path, folder: Path) -> Snapshot:
@@ -67,6 +91,8 @@ def snapshot_dataset(root: Path, folder: Path) -> Snapshot:
     if not folder.is_relative_to(root):
         raise ValueError(f"dataset folder {folder} must live inside the root {root} to be snapshotted by DVC")
     ensure_dvc_repo(root)
+    if torn_record(folder):
+        _dvc_file(folder).unlink()
     before = read_snapshot(folder)
     with Repo(str(root)) as repo:
         repo.add(str(folder))
