@@ -214,6 +214,25 @@ def test_process_worker_gets_its_quota_at_launch():
     assert MPS_ENV not in os.environ  # the parent's environment is untouched
 
 
+def _parent_probe(state, idx, inp):
+    return {"parent": os.getppid()}
+
+
+def test_process_workers_come_from_the_fork_server_unless_they_need_their_own_environment():
+    """A worker without an MPS quota is forked by the fork server (torch already imported there, so
+    it starts in a fraction of a second); one with a quota is spawned by this process, with the
+    quota in its environment at launch (the fork server's children inherit the server's)."""
+    wf = Workflow("probe", (Component("c", _probe_component),), (StateSpec("parent"),), {},
+                  (OpSpec("probe", "c", _parent_probe, writes=("parent@iteration",)),))
+    seen = {}
+    for name, quota in (("forked", {}), ("spawned", {"c": 30})):
+        plan = Plan(name, (WorkerSpec("w", ("c",), kind="process"),), gpu_percent=quota)
+        res = execute(wf, plan, SchedulerConfig(), None, range(1), record=("parent",))
+        seen[name] = next(iter(res.records.values()))
+    assert seen["spawned"] == os.getpid()
+    assert seen["forked"] != os.getpid()  # the fork server's child
+
+
 def test_thread_quota_is_per_worker_thread():
     seen: dict[str, int] = {}
 
