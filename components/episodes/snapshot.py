@@ -91,9 +91,9 @@ def snapshot_dataset(root: Path, folder: Path) -> Snapshot:
     if not folder.is_relative_to(root):
         raise ValueError(f"dataset folder {folder} must live inside the root {root} to be snapshotted by DVC")
     ensure_dvc_repo(root)
-    if torn_record(folder):
-        _dvc_file(folder).unlink()
     before = read_snapshot(folder)
+    if before is None and _dvc_file(folder).exists():  # torn (``torn_record``): DVC cannot load the repo with it
+        _dvc_file(folder).unlink()
     with Repo(str(root)) as repo:
         repo.add(str(folder))
     after = read_snapshot(folder)
