@@ -94,8 +94,11 @@ def test_auto_weighs_a_plans_start_up_against_what_it_saves_over_the_task():
     from components.training.trainer import fastest_task
 
     sequential, side_process = RunCost(iteration_s=0.200, fixed_s=0.3), RunCost(iteration_s=0.180, fixed_s=3.5)
+    def tasks(costs: list[RunCost], iterations: int) -> list[float]:
+        return [c.task_s(iterations) for c in costs]
+
     assert sequential.task_s(20) < side_process.task_s(20)
-    assert fastest_task([sequential, side_process], 20, 0.02) == 0
-    assert fastest_task([sequential, side_process], 1000, 0.02) == 1
+    assert fastest_task(tasks([sequential, side_process], 20), 0.02) == 0
+    assert fastest_task(tasks([sequential, side_process], 1000), 0.02) == 1
     # faster, but by less than the accept margin: sequential stays
-    assert fastest_task([sequential, RunCost(iteration_s=0.199, fixed_s=0.3)], 1000, 0.02) == 0
+    assert fastest_task(tasks([sequential, RunCost(iteration_s=0.199, fixed_s=0.3)], 1000), 0.02) == 0

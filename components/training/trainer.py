@@ -36,7 +36,7 @@ from components.policy.moe import StepUsage
 from components.policy.normalizer import NormalizedPolicy
 from components.scheduler.plan import Plan, plan_from_dict, plan_to_dict
 from components.scheduler.profiler import Timeline
-from components.scheduler.runtime import Roles, RunCost, SchedulerRuntime
+from components.scheduler.runtime import Roles, SchedulerRuntime
 from components.training.bc import total_steps
 from components.training.imitation import TrainingSet
 from components.training.workflow import TrainSpec, ValidationSpec, train_workflow
@@ -136,8 +136,8 @@ class Trainer:
         optimized = rt.optimize(planned).plan
         plans = [sequential] + [p for p in (planned, optimized) if not _serial(p)]
         costs = dict(zip((p.name for p in plans), rt.measure_costs(plans), strict=True))
-        chosen = plans[fastest_task(list(costs.values()), self.spec.iterations, self.cfg.accept_margin)]
         task = {n: c.task_s(self.spec.iterations) for n, c in costs.items()}
+        chosen = plans[fastest_task(list(task.values()), self.cfg.accept_margin)]
         self.log(f"plan auto: {chosen.name} for {self.spec.iterations} iterations (" + ", ".join(
             f"{n} {c.iteration_s * 1e3:.1f} ms/iteration + {c.fixed_s:.1f} s start-up = {task[n]:.1f} s"
             for n, c in costs.items()) + ")")
@@ -202,11 +202,11 @@ class Trainer:
                         result.timeline, seconds, sent, usage)
 
 
-def fastest_task(costs: list[RunCost], iterations: int, margin: float) -> int:
-    """Index of the plan whose whole task (its fixed cost + ``iterations`` steady iterations) is
-    fastest; the first (sequential) unless another beats it by ``margin``. A plan that starts a
-    process saves per iteration but pays its start-up on every task: for a short task that loses."""
-    task = [c.task_s(iterations) for c in costs]
+def fastest_task(task: list[float], margin: float) -> int:
+    """Index of the plan whose whole task (``RunCost.task_s``: its fixed cost + the task's steady
+    iterations) is fastest; the first (sequential) unless another beats it by ``margin``. A plan
+    that starts a process saves per iteration but pays its start-up on every task: for a short
+    task that loses."""
     best = int(np.argmin(task))
     return best if best != 0 and task[best] <= task[0] * (1 - margin) else 0
 
