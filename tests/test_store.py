@@ -359,6 +359,45 @@ def test_index_needs_enough_rows_and_keeps_filters(tmp_path: Path) -> None:
         cosine.ensure_index()
 
 
+def test_vector_index_waits_until_the_table_nears_the_resident_copys_limit(tmp_path: Path) -> None:
+    """With the resident index on, LanceDB's vector index answers single queries only above
+    resident_max_rows (below it: the resident copy; bulk queries: the scan), so ingest builds it
+    at half that, not at index_min_rows; the filter columns are indexed (and folded) from
+    index_min_rows as before."""
+    first, second = make_fleet(count=60), make_fleet(seed=1, count=60)
+    encoder = fit_encoder(first)
+    probe = SegmentStore.open(tmp_path / "probe", CFG, encoder.dim)
+    probe.upsert(first, encoder, snapshot="snap-a")
+    rows = probe.count()
+    cfg = CFG.model_copy(update={"resident_index": True, "resident_max_rows": 2 * (rows + 200), "index_fold_rows": 100})
+    assert cfg.vector_index_rows == rows + 200 and rows > cfg.index_min_rows
+    store = SegmentStore.open(tmp_path / "segments", cfg, encoder.dim)
+    store.upsert(first, encoder, snapshot="snap-a")
+    assert store.ensure_index() is False and not store.has_index()
+    indexed = {idx.columns[0]: idx.index_type for idx in store._table.list_indices()}
+    assert indexed == {"episode_id": "BTree", "success": "Bitmap", "task": "Bitmap", "robot_id": "Bitmap"}
+    queries = encoder.encode(cut_windows(first[0].states, 8, 4).windows)
+    resident, exact = store.search(queries[:2], k=5, success=True), store.search(queries[:2], k=5, success=True, exact=True)
+    np.testing.assert_array_equal(resident.segment_ids, exact.segment_ids)
+    # the filter columns' indexes take new rows in once index_fold_rows are unindexed
+    store.upsert(second[:20], encoder, snapshot="snap-b")
+    assert store.count() - rows >= cfg.index_fold_rows
+    assert store.count() < cfg.vector_index_rows and store.ensure_index() is False
+    stats = store._table.index_stats(next(i.name for i in store._table.list_indices() if i.columns == ["episode_id"]))
+    assert stats.num_unindexed_rows < cfg.index_fold_rows
+    store.upsert(second[20:], encoder, snapshot="snap-c")
+    assert store.count() >= cfg.vector_index_rows
+    assert store.ensure_index() is True and store.index_type() == "IVF_PQ"
+
+
+def test_a_vector_index_threshold_past_the_resident_limit_is_refused() -> None:
+    assert StoreConfig().vector_index_rows == 2_500_000  # half of resident_max_rows
+    assert StoreConfig(resident_index=False).vector_index_rows == StoreConfig().index_min_rows
+    with pytest.raises(ValueError, match=r"store.vector_index_min_rows=6,000,000 is above store.resident_max_rows"):
+        StoreConfig(vector_index_min_rows=6_000_000)
+    assert StoreConfig(vector_index_min_rows=6_000_000, resident_index=False).vector_index_rows == 6_000_000
+
+
 # ---------------------------------------------------------------------- handles & versions
 
 

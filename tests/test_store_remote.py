@@ -28,7 +28,8 @@ EPISODES = 20
 FRAMES = 64  # 15 segments each (window 8, stride 4): 300 rows, over IVF_PQ's 256-row minimum
 K = 5
 # k x refine_factor >= rows: the index's candidates are re-ranked exactly, so indexed hits equal exact ones
-STORE = {"index_min_rows": 256, "refine_factor": 64, "retain_versions_days": 0}
+# vector_index_min_rows: LanceDB's own index on the object store, built as soon as it can be
+STORE = {"index_min_rows": 256, "vector_index_min_rows": 256, "refine_factor": 64, "retain_versions_days": 0}
 
 
 def _env(monkeypatch, s3_server, endpoint: str | None = None) -> str:

@@ -31,7 +31,7 @@ def test_store_upkeep_flow_compacts_and_keeps_what_lineage_tagged(tmp_path, pref
     store = Workspace(settings).store
     assert store.count() == rows and store.episode_ids() == ids
     assert store.checkout("run-1").count() == rows  # the tagged version still reads back
-    # below store.index_min_rows: nothing to index yet, and upkeep says so
+    # below store.vector_index_min_rows: no vector index yet, and upkeep says so
     assert not report.index_built and not report.indexed and not store.has_index()
 
 
@@ -46,5 +46,5 @@ def test_cli_store_upkeep_reports_json(tmp_path, monkeypatch, capsys, prefect_ha
     ingest_files(settings, episode_files(settings, tmp_path / "in", seed=1, count=3), snapshot=False)
     assert main(["store-upkeep", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["fragments"] == "2 -> 1" and out["index"] == "none yet (below store.index_min_rows)" and out["tags_kept"] == {}
+    assert out["fragments"] == "2 -> 1" and out["index"] == "none yet (below store.vector_index_min_rows)" and out["tags_kept"] == {}
     assert out["lancedb_version"] == Workspace(settings).store.version

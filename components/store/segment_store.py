@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lancedb.index import Bitmap, BTree
 from lancedb.query import LanceQueryBuilder
+from lancedb.table import IndexStatistics
 
 from components.config import StoreConfig
 from components.episodes.record import Episode
@@ -159,7 +160,7 @@ class UpkeepReport:
     bytes_after: int
     fragments_before: int
     fragments_after: int
-    index_built: bool  # first build (the table crossed store.index_min_rows)
+    index_built: bool  # first vector-index build (the table crossed store.vector_index_min_rows)
     # retrained: the table grew store.index_rebuild_growth× since the last build, or its index
     # is not of store.index_type (a store indexed before the type changed)
     index_rebuilt: bool
@@ -171,7 +172,7 @@ class UpkeepReport:
     def index_action(self) -> str:
         if self.index_built or self.index_rebuilt:
             return "built" if self.index_built else "retrained"
-        return "new rows folded in" if self.indexed else "none yet (below store.index_min_rows)"
+        return "new rows folded in" if self.indexed else "none yet (below store.vector_index_min_rows)"
 
 
 @dataclass(frozen=True)
@@ -615,10 +616,11 @@ class SegmentStore:
         return VECTOR in self._indexed_columns()
 
     def ensure_index(self) -> bool:
-        """Index upkeep on the ingest path: build the vector index (``cfg.index_type``,
-        ``cfg.metric``) once the table has ``cfg.index_min_rows`` rows, plus scalar indexes on the
-        filter columns; afterwards fold new rows into it (``optimize``) once
-        ``cfg.index_fold_rows`` are unindexed.
+        """Index upkeep on the ingest path. From ``cfg.index_min_rows`` rows: scalar indexes on
+        the filter columns (upserts' episode lookups, filtered scans). From
+        ``cfg.vector_index_rows``: the vector index (``cfg.index_type``, ``cfg.metric``), which
+        answers single queries once the table outgrows the resident copy. Afterwards new rows
+        are folded into the indexes (``optimize``) once ``cfg.index_fold_rows`` are unindexed.
 
         Returns whether a vector index exists afterwards. Unfolded rows are still found (searched
         flat). An existing index built with another metric raises (queries would scan flat); one
@@ -634,15 +636,24 @@ class SegmentStore:
                     f"store.metric back, or call store.rebuild_index()"
                 )
             self._ensure_scalar_indexes(indexed)
-            if stats is not None and stats.num_unindexed_rows >= self.cfg.index_fold_rows:
-                self.optimize()
+            self._fold_if_due(stats)
             return True
         rows = self.count()
-        if rows < max(self.cfg.index_min_rows, IVF_MIN_ROWS):
-            return False
-        self._build_vector_index(rows)
-        self._ensure_scalar_indexes(self._indexed_columns())
-        return True
+        if rows >= max(self.cfg.vector_index_rows, IVF_MIN_ROWS):
+            self._build_vector_index(rows)
+            self._ensure_scalar_indexes(self._indexed_columns())
+            return True
+        if rows >= self.cfg.index_min_rows:
+            if all(column in indexed for column, _ in SCALAR_INDEXES):
+                self._fold_if_due(self._table.index_stats(indexed[SCALAR_INDEXES[0][0]]))
+            else:
+                self._ensure_scalar_indexes(indexed)
+        return False
+
+    def _fold_if_due(self, stats: IndexStatistics | None) -> None:
+        """``optimize`` once the index these ``stats`` describe has ``cfg.index_fold_rows`` unindexed rows."""
+        if stats is not None and stats.num_unindexed_rows >= self.cfg.index_fold_rows:
+            self.optimize()
 
     def index_plan(self, rows: int | None = None) -> IndexPlan:
         """The index (type and sizes) a build now (or at ``rows`` rows) gets; see index_plan.py."""
