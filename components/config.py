@@ -208,12 +208,11 @@ class StoreConfig(Section):
     resident_encoding: Literal["Flat", "SQ8"] = "Flat"  # float32 (4 B/dim) or 8-bit (1 B/dim) vectors
     # a larger table stays on LanceDB's index: Flat holds 4 x dim bytes per row (352 B at 88 dims)
     resident_max_rows: int = Field(default=5_000_000, ge=0)
-    # LanceDB's vector index is built (by ingest's index upkeep) once the table has this many rows.
-    # Unset: with the resident index on, half of resident_max_rows. Below resident_max_rows single
-    # queries go to the resident copy and bulk ones to the scan, so LanceDB's index answers nothing
-    # until the handoff, and half builds it well before that. Without the resident index:
-    # index_min_rows. (Built at 50k rows, the first build stalled one ingest 11-69 s in every
-    # 32- and 96-robot fleet-scaling cell for an index no query read; docs/results.md.)
+    # LanceDB's vector index is built (by ingest's index upkeep) once the table has this many rows;
+    # unset: index_min_rows. With the resident index on, LanceDB's index answers single queries
+    # only above resident_max_rows, so a larger value skips an early build (11-69 s of one ingest
+    # in a fleet-scaling cell) - but without the index's folds the table's compactions rewrote far
+    # more data: a 7-day-retention store grew ~2x faster on disk (docs/results.md), so not default.
     vector_index_min_rows: int | None = Field(default=None, ge=256)
     # other processes' writes reach single queries within this many seconds (this handle's own at once)
     resident_check_s: float = Field(default=1.0, ge=0)
@@ -256,17 +255,13 @@ class StoreConfig(Section):
             raise ValueError(
                 f"store.vector_index_min_rows={rows:,} is above store.resident_max_rows={self.resident_max_rows:,}: "
                 "between the two, single queries would find neither the resident copy nor LanceDB's index and "
-                "scan the table; lower store.vector_index_min_rows or leave it unset (half of resident_max_rows)")
+                "scan the table; lower store.vector_index_min_rows or leave it unset (index_min_rows)")
         return self
 
     @property
     def vector_index_rows(self) -> int:
         """Rows from which LanceDB's vector index is built (``vector_index_min_rows``, or its default)."""
-        if self.vector_index_min_rows is not None:
-            return self.vector_index_min_rows
-        if self.resident_index and self.resident_max_rows > 0:
-            return max(self.index_min_rows, self.resident_max_rows // 2)
-        return self.index_min_rows
+        return self.index_min_rows if self.vector_index_min_rows is None else self.vector_index_min_rows
 
 
 class PolicyConfig(Section):

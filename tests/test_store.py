@@ -359,17 +359,17 @@ def test_index_needs_enough_rows_and_keeps_filters(tmp_path: Path) -> None:
         cosine.ensure_index()
 
 
-def test_vector_index_waits_until_the_table_nears_the_resident_copys_limit(tmp_path: Path) -> None:
-    """With the resident index on, LanceDB's vector index answers single queries only above
-    resident_max_rows (below it: the resident copy; bulk queries: the scan), so ingest builds it
-    at half that, not at index_min_rows; the filter columns are indexed (and folded) from
-    index_min_rows as before."""
+def test_vector_index_can_wait_past_index_min_rows(tmp_path: Path) -> None:
+    """store.vector_index_min_rows above index_min_rows: ingest builds LanceDB's vector index only
+    from there (with the resident index on, it answers single queries only above
+    resident_max_rows); the filter columns are indexed (and folded) from index_min_rows as before."""
     first, second = make_fleet(count=60), make_fleet(seed=1, count=60)
     encoder = fit_encoder(first)
     probe = SegmentStore.open(tmp_path / "probe", CFG, encoder.dim)
     probe.upsert(first, encoder, snapshot="snap-a")
     rows = probe.count()
-    cfg = CFG.model_copy(update={"resident_index": True, "resident_max_rows": 2 * (rows + 200), "index_fold_rows": 100})
+    cfg = CFG.model_copy(update={"resident_index": True, "resident_max_rows": 2 * (rows + 200), "index_fold_rows": 100,
+                                 "vector_index_min_rows": rows + 200})
     assert cfg.vector_index_rows == rows + 200 and rows > cfg.index_min_rows
     store = SegmentStore.open(tmp_path / "segments", cfg, encoder.dim)
     store.upsert(first, encoder, snapshot="snap-a")
@@ -391,8 +391,7 @@ def test_vector_index_waits_until_the_table_nears_the_resident_copys_limit(tmp_p
 
 
 def test_a_vector_index_threshold_past_the_resident_limit_is_refused() -> None:
-    assert StoreConfig().vector_index_rows == 2_500_000  # half of resident_max_rows
-    assert StoreConfig(resident_index=False).vector_index_rows == StoreConfig().index_min_rows
+    assert StoreConfig().vector_index_rows == StoreConfig().index_min_rows  # unset: built with the scalar indexes
     with pytest.raises(ValueError, match=r"store.vector_index_min_rows=6,000,000 is above store.resident_max_rows"):
         StoreConfig(vector_index_min_rows=6_000_000)
     assert StoreConfig(vector_index_min_rows=6_000_000, resident_index=False).vector_index_rows == 6_000_000
