@@ -67,23 +67,39 @@ def check_exact(rank: int, world: int, device: torch.device) -> list[str]:
     return failures
 
 
-def time_pairs(rank: int, world: int, device: torch.device, k: int) -> float:
-    """Median over ABAB pairs of megatron time / fused time (dispatch + identity experts + combine)."""
-    placement = Placement(CHECK_EXPERTS_PER_RANK * world, world, world)
+def timing_placement(world: int, k: int) -> Placement:
+    """At least CHECK_EXPERTS_PER_RANK experts per rank, and enough in all for top-k (one GPU: 8 for top-8)."""
+    per_rank = max(CHECK_EXPERTS_PER_RANK, -(-k // world))
+    return Placement(per_rank * world, world, world)
+
+
+def timing_setup(rank: int, world: int, device: torch.device, k: int, tokens: int, plan: str = "auto"):
+    """(dispatchers megatron + fused, tokens x, routing) for the timing and the profile: uniform top-k routing."""
+    placement = timing_placement(world, k)
     g = torch.Generator().manual_seed(100 + rank)
-    ids = synthetic_routing("uniform", TIME_TOKENS, k, placement, g).to(device)
-    routing = Routing(ids, torch.softmax(torch.randn(TIME_TOKENS, k, generator=g), 1).to(device))
-    x = torch.randn(TIME_TOKENS, TIME_HIDDEN, generator=g).to(device)
+    ids = synthetic_routing("uniform", tokens, k, placement, g).to(device)
+    routing = Routing(ids, torch.softmax(torch.randn(tokens, k, generator=g), 1).to(device))
+    x = torch.randn(tokens, TIME_HIDDEN, generator=g).to(device)
     disp = {n: make_dispatcher(placement, dist.group.WORLD, cfg)
-            for n, cfg in (("megatron", ShuffleConfig(dispatcher="megatron")), ("fused", ShuffleConfig()))}
+            for n, cfg in (("megatron", ShuffleConfig(dispatcher="megatron")), ("fused", ShuffleConfig(plan=plan)))}
+    return disp, x, routing
+
+
+def _round_trip(dispatcher, x: torch.Tensor, routing: Routing) -> None:
+    with torch.no_grad():
+        d = dispatcher.dispatch(x, routing)
+        dispatcher.combine(d.x, d.handle)
+
+
+def time_pairs(rank: int, world: int, device: torch.device, k: int, tokens: int, pairs: int, plan: str) -> float:
+    """Median over ABAB pairs of megatron time / fused time (dispatch + identity experts + combine)."""
+    disp, x, routing = timing_setup(rank, world, device, k, tokens, plan)
 
     def timed(name: str) -> float:
         _sync(device)
         dist.barrier()
         start = time.perf_counter()
-        with torch.no_grad():
-            d = disp[name].dispatch(x, routing)
-            disp[name].combine(d.x, d.handle)
+        _round_trip(disp[name], x, routing)
         _sync(device)
         el = torch.tensor([time.perf_counter() - start], device=device)
         dist.all_reduce(el, op=dist.ReduceOp.MAX)
@@ -92,16 +108,40 @@ def time_pairs(rank: int, world: int, device: torch.device, k: int) -> float:
     for name in disp:  # warm-up
         timed(name)
     ratios = []
-    for i in range(TIME_PAIRS):
+    for i in range(pairs):
         order = ("megatron", "fused") if i % 2 == 0 else ("fused", "megatron")
         t = {n: timed(n) for n in order}
         ratios.append(t["megatron"] / t["fused"])
     return statistics.median(ratios)
 
 
+def profile_table(rank: int, world: int, device: torch.device, k: int, tokens: int, rows: int = 14) -> str:
+    """torch.profiler's top ops by self time (device time on CUDA) for one warm round trip per dispatcher."""
+    from torch.profiler import ProfilerActivity, profile
+
+    disp, x, routing = timing_setup(rank, world, device, k, tokens)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    tables = []
+    for name, dispatcher in disp.items():
+        _round_trip(dispatcher, x, routing)  # warm: staging buffers, caches
+        _sync(device)
+        with profile(activities=activities) as prof:
+            _round_trip(dispatcher, x, routing)
+            _sync(device)
+        key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        tables.append(f"--- {name}, top-{k}, {tokens} tokens, sorted by {key}\n"
+                      + prof.key_averages().table(sort_by=key, row_limit=rows))
+    return "\n".join(tables)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", default="auto", choices=("auto", "nccl", "gloo"))
+    parser.add_argument("--time-tokens", type=int, default=TIME_TOKENS, help="tokens per rank in the timing")
+    parser.add_argument("--time-pairs", type=int, default=TIME_PAIRS, help="ABAB pairs timed per top-k")
+    parser.add_argument("--plans", nargs="+", default=["auto"], help="fused plans timed against megatron "
+                        "(shuffle.plan values; a plan that does not fit the routing fails)")
+    parser.add_argument("--profile", action="store_true", help="then print torch.profiler's top ops at top-8 (rank 0)")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     backend = ("nccl" if cuda else "gloo") if args.backend == "auto" else args.backend
@@ -116,12 +156,19 @@ def main(argv: list[str] | None = None) -> int:
         dist.all_reduce(flags)
         for f in failures:
             print(f, flush=True)
-        ratios = {k: time_pairs(rank, world, device, k) for k in (1, 8)}
-        if rank == 0:
+        if rank == 0:  # before the timing, so a failure there cannot hide the exactness verdict
             print(f"device_check: backend={backend} world={world} device={device.type}: exactness "
-                  f"{'OK' if int(flags) == 0 else f'FAILED ({int(flags)} mismatches)'}; megatron/fused median "
-                  f"pair ratio at {TIME_TOKENS} tokens x {TIME_HIDDEN} hidden: "
-                  + ", ".join(f"top-{k} x{r:.2f}" for k, r in ratios.items()), flush=True)
+                  f"{'OK' if int(flags) == 0 else f'FAILED ({int(flags)} mismatches)'}", flush=True)
+        ratios = {(k, plan): time_pairs(rank, world, device, k, args.time_tokens, args.time_pairs, plan)
+                  for k in (1, 8) for plan in args.plans}
+        if rank == 0:
+            print(f"device_check: megatron/fused median pair ratio at {args.time_tokens} tokens x {TIME_HIDDEN} "
+                  "hidden per rank: " + ", ".join(f"top-{k} {plan} x{r:.2f}" for (k, plan), r in ratios.items()),
+                  flush=True)
+        if args.profile:
+            table = profile_table(rank, world, device, 8, args.time_tokens)
+            if rank == 0:
+                print(table, flush=True)
         return 0 if int(flags) == 0 else 1
     finally:
         dist.destroy_process_group()
