@@ -341,11 +341,14 @@ def bootstrap_cell(cell: Settings, plan: Plan, validated: dict[int, EvaluationRe
     through the gate. The same in every cell of a seed (deterministic), so every method starts
     from one policy."""
     boot = cell.model_copy(update={"train": cell.train.model_copy(update={"method": "bc"})})
-    demos, first = loop.bootstrap(boot, study_steps(boot, plan, None, validated))
-    round_info(boot, plan, "bootstrap", first, validated)
+    first_steps = study_steps(boot, plan, None, validated)
     later = study_steps(boot, plan, plan.finetune_steps, validated)
-    for r in range(1, plan.init_rounds + 1):
-        round_info(boot, plan, f"init-{r}", later.retrain([], f"init-{r}", boot), validated)
+    rounds = loop.campaign(boot, plan.init_rounds, lambda s: loop.bootstrap(s, first_steps),
+                           lambda s, r: loop.stored_data_round(s, r, later, "init"))
+    demos, first = next(rounds)[1:]
+    round_info(boot, plan, "bootstrap", first, validated)
+    for r, _, done in rounds:
+        round_info(boot, plan, f"init-{r}", done, validated)
     return demos, first
 
 
@@ -361,7 +364,7 @@ def cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, 
 
     def one_round(s: Settings, r: int) -> tuple[CollectResult | None, loop.Retrain]:
         if method == "bc":
-            return None, fleet_steps.retrain([], f"round-{r}", s)
+            return loop.stored_data_round(s, r, fleet_steps)
         return loop.fleet_round(s, r, fleet, fleet_steps)
 
     rounds, initial = [], None

@@ -104,6 +104,13 @@ def fleet_round(settings: Settings, round_index: int, num_robots: int | None,
     return collected, steps.retrain(collected.files, f"round-{round_index}", settings)
 
 
+def stored_data_round(settings: Settings, round_index: int, steps: FleetSteps[Retrained],
+                      label: str = "round") -> tuple[None, Retrained]:
+    """A round without the fleet: a retrain on what the store already holds (no new files), through
+    the gate. A study's demos-only baseline, or more training of the bootstrap's policy on its demos."""
+    return None, steps.retrain([], f"{label}-{round_index}", settings)
+
+
 def campaign(settings: Settings, rounds: int, first: Callable[[Settings], tuple[collect.CollectResult, Retrained]],
              round_: Callable[[Settings, int], tuple[collect.CollectResult | None, Retrained]],
              ) -> Iterator[tuple[int, collect.CollectResult | None, Retrained]]:
