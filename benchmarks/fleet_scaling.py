@@ -692,6 +692,33 @@ def write_outputs(result: dict, out_name: str) -> None:
     log(f"wrote {RESULTS / (out_name + '.json')} and .png")
 
 
+def plot_seed_gap(ax, result: dict) -> None:
+    """FERT − filtered BC per seed (thresholded), paired over seeds: the unit the targets are judged on."""
+    fleets = [n for n in result["plan"]["fleet_sizes"]
+              if "fert_minus_filtered_bc" in result.get("by_fleet", {}).get(str(n), {}).get("seed_level", {})]
+    for i, n in enumerate(fleets):
+        gap = result["by_fleet"][str(n)]["seed_level"]["fert_minus_filtered_bc"]
+        ax.scatter([i] * len(gap["per_seed"]), gap["per_seed"], s=10, color="tab:red", alpha=0.4)
+        lo, hi = gap["ci95"]
+        ax.errorbar([i - 0.12], [gap["mean"]], yerr=[[gap["mean"] - lo], [hi - gap["mean"]]], marker="o", capsize=4,
+                    color="black", label="mean, paired t 95% CI" if i == 0 else None)
+        blo, bhi = gap["bootstrap_ci95"]
+        ax.errorbar([i + 0.12], [gap["mean"]], yerr=[[gap["mean"] - blo], [bhi - gap["mean"]]], marker="s",
+                    capsize=4, color="tab:gray", label="mean, hierarchical bootstrap 95%" if i == 0 else None)
+    ax.axhline(0, color="black", lw=1)
+    target = (result.get("targets") or {}).get("criteria", {}).get("gap_points") or 0
+    if target:
+        ax.axhline(target, color="tab:red", ls="--", lw=1, label=f"target ≥ +{target:.0f} pts")
+    ax.set_xticks(range(len(fleets)), [str(n) for n in fleets])
+    ax.set_xlim(-0.5, len(fleets) - 0.5)
+    ax.set_xlabel("robots collecting")
+    ax.set_ylabel("FERT − filtered BC, points (dots = seeds)")
+    ax.set_title("the gap by seed, thresholded jaw")
+    ax.grid(alpha=0.3)
+    if fleets:
+        ax.legend(fontsize=8, loc="upper left")
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -701,7 +728,9 @@ def plot(result: dict, path: Path) -> None:
     fleets = result["plan"]["fleet_sizes"]
     tuning = result.get("scored_on") == "tuning"
     who = "tuning robots (population 0)" if tuning else "test robots (fresh per seed)"
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    fig = plt.figure(figsize=(17, 4.5))
+    axes = [fig.add_subplot(1, 3, 1)]
+    axes.append(fig.add_subplot(1, 3, 2, sharey=axes[0]))
     colors = {"bc": "tab:gray", "filtered_bc": "tab:blue", "fert": "tab:red", "fert_uniform": "tab:orange", "fert_learned": "tab:purple"}
     for ax, mode in zip(axes, ("thresholded", "sampled"), strict=True):
         init = result["initial"][mode]
@@ -729,6 +758,7 @@ def plot(result: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("success % (Wilson 95% CI; dots = seeds)")
     axes[0].legend(fontsize=8, loc="lower left")
+    plot_seed_gap(fig.add_subplot(1, 3, 3), result)
     plan = result["plan"]
     fig.suptitle(f"{plan['sim']}: {plan['rounds']} CEL rounds, {len(result.get('seeds_reported', range(plan['seeds'])))} seeds, "
                  f"{plan['heldout_robots']} {who} x {plan['trials_per_robot']} trials per seed"
