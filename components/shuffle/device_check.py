@@ -115,11 +115,15 @@ def time_pairs(rank: int, world: int, device: torch.device, k: int, tokens: int,
     return statistics.median(ratios)
 
 
-def profile_table(rank: int, world: int, device: torch.device, k: int, tokens: int, rows: int = 14) -> str:
-    """torch.profiler's top ops by self time (device time on CUDA) for one warm round trip per dispatcher."""
+def profile_table(rank: int, world: int, device: torch.device, k: int, tokens: int, plans: list[str],
+                  rows: int = 14) -> str:
+    """torch.profiler's top ops by self time (device time on CUDA) for one warm round trip of Megatron
+    and of the fused dispatcher with each of ``plans``."""
     from torch.profiler import ProfilerActivity, profile
 
-    disp, x, routing = timing_setup(rank, world, device, k, tokens)
+    disp, x, routing = timing_setup(rank, world, device, k, tokens, plans[0])
+    for plan in plans[1:]:
+        disp[f"fused({plan})"] = timing_setup(rank, world, device, k, tokens, plan)[0]["fused"]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     tables = []
     for name, dispatcher in disp.items():
@@ -129,6 +133,7 @@ def profile_table(rank: int, world: int, device: torch.device, k: int, tokens: i
             _round_trip(dispatcher, x, routing)
             _sync(device)
         key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        name = f"fused({plans[0]})" if name == "fused" else name
         tables.append(f"--- {name}, top-{k}, {tokens} tokens, sorted by {key}\n"
                       + prof.key_averages().table(sort_by=key, row_limit=rows))
     return "\n".join(tables)
@@ -166,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                   "hidden per rank: " + ", ".join(f"top-{k} {plan} x{r:.2f}" for (k, plan), r in ratios.items()),
                   flush=True)
         if args.profile:
-            table = profile_table(rank, world, device, 8, args.time_tokens)
+            table = profile_table(rank, world, device, 8, args.time_tokens, args.plans)
             if rank == 0:
                 print(table, flush=True)
         return 0 if int(flags) == 0 else 1
