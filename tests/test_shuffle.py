@@ -73,6 +73,7 @@ CASES = (
     Case("topk_equals_local_experts", 64, 16, 16, 4, "rank_confined"),
     Case("single_node_top2", 64, 16, 8, 2, "uniform", ranks_per_node=4),
     Case("float_uniform_top2", 64, 32, 8, 2, "uniform", dyadic=False),
+    Case("float_uniform_top4", 64, 32, 16, 4, "uniform", dyadic=False),  # a sum of 4 floats: order shows
     Case("capacity_drops_top1", 64, 16, 8, 1, "uniform", drop=0.4),
     Case("capacity_drops_top2", 64, 16, 8, 2, "uniform", drop=0.4),
 )

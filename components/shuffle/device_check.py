@@ -4,7 +4,8 @@
 
 Every rank builds the same global batch (dyadic values: every fp32 sum is exact in any order),
 takes its shard, runs dispatch -> per-expert matmul -> combine -> backward with the fused path
-(``ShuffleConfig()``: plan auto) and the Megatron baseline on ``cuda:LOCAL_RANK`` (CPU with
+(``ShuffleConfig()``: plan auto), the fused permute plan (auto's choice when the MoE layer passes
+its counts) and the Megatron baseline on ``cuda:LOCAL_RANK`` (CPU with
 gloo when no GPU), and compares outputs and input gradients with ``dense_reference`` bit for bit.
 Then it times ABAB pairs of (megatron, fused) dispatch + combine on a small shape (synchronized,
 slowest rank) and prints the median pair ratio. Exit status 1 on any mismatch.
@@ -53,7 +54,8 @@ def check_exact(rank: int, world: int, device: torch.device) -> list[str]:
         (ref * grad).sum().backward()
         shard = slice(rank * CHECK_TOKENS, (rank + 1) * CHECK_TOKENS)
         local = slice(rank * placement.local_experts, (rank + 1) * placement.local_experts)
-        for name, cfg in (("fused", ShuffleConfig()), ("megatron", ShuffleConfig(dispatcher="megatron"))):
+        for name, cfg in (("fused", ShuffleConfig()), ("fused permute", ShuffleConfig(plan="permute")),
+                          ("megatron", ShuffleConfig(dispatcher="megatron"))):
             disp = make_dispatcher(placement, dist.group.WORLD, cfg)
             xs = x[shard].to(device).requires_grad_(True)
             d = disp.dispatch(xs, Routing(ids[shard].to(device), probs[shard].to(device)))
