@@ -29,6 +29,32 @@ def test_gpu_check_without_a_gpu_exits_zero_and_says_so(tmp_path):
     assert "no NVIDIA GPU here" in r.stdout and "GPU path NOT tested" in r.stdout
 
 
+def _bare_python(bin_dir: Path) -> Path:
+    """An interpreter without site-packages: like a GPU image's python3 that lacks the project's deps."""
+    bare = bin_dir / "bare-python"
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")
+    bare.chmod(0o755)
+    return bare
+
+
+@pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_shuffle_check.sh"])
+def test_gpu_checks_name_a_python_that_cannot_import_the_project_and_the_fix(tmp_path, script):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: a GPU (UUID: fake)'\n")  # a GPU is "there"
+    (fake / "nvidia-smi").chmod(0o755)
+    bare = _bare_python(fake)
+    if script == "gpu_shuffle_check.sh":  # it asks torch for the GPU count first: say one, then import
+        (fake / "count").write_text(f"#!/bin/sh\ncase \"$2\" in import\\ torch*) echo 1;; *) exec {bare} \"$@\";; esac\n")
+        (fake / "count").chmod(0o755)
+        bare = fake / "count"
+    r = subprocess.run(["bash", str(ROOT / "benchmarks" / script)], capture_output=True, text=True, timeout=60,
+                       env={**_env(PATH=f"{fake}:{os.environ['PATH']}"), "PYTHON": str(bare)})
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert f"{bare} cannot import" in r.stderr and "ModuleNotFoundError" in r.stderr
+    assert "make setup" in r.stderr and "pip install -e ." in r.stderr
+
+
 @pytest.mark.slow
 def test_gpu_check_cpu_smoke_runs_its_python_steps(tmp_path):
     r = subprocess.run(["bash", str(SCRIPT), "--cpu-smoke"], capture_output=True, text=True, timeout=280,
