@@ -12,6 +12,8 @@
 # 3. the scheduler benchmark's table (sequential rows, coarse pipelining on threads and in processes,
 #    planner, Rose's steps, Rose) with the PPO models on CUDA, one CUDA stream per worker, NVML
 #    sampling in the activity trace, and the evaluator as an MPS client with a 30% SM quota.
+# Exit 2 when the interpreter ($PYTHON, else .venv, else python3) cannot import the project: the
+# message names the missing module and the fix.
 # Results: benchmarks/results/scheduler_gpu.json (+ .png); --cpu-smoke writes to $GPU_CHECK_OUT
 # (default: a temporary folder) so it never overwrites measured results.
 set -euo pipefail

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # NCCL check of the FUSCO shuffle (<= 5 min): exactness vs the dense reference + a small ABAB
 # timing (components/shuffle/device_check.py), one rank per visible GPU (at most 4).
-# Exits 0 with a message when no GPU is visible; 1 when a result is not bit-exact.
+# Exits 0 with a message when no GPU is visible; 1 when a result is not bit-exact; 2 when the
+# interpreter ($PYTHON, else .venv, else python) cannot import the project (the message names the fix).
 #   bash benchmarks/gpu_shuffle_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
