@@ -699,12 +699,11 @@ def plot_seed_gap(ax, result: dict) -> None:
     for i, n in enumerate(fleets):
         gap = result["by_fleet"][str(n)]["seed_level"]["fert_minus_filtered_bc"]
         ax.scatter([i] * len(gap["per_seed"]), gap["per_seed"], s=10, color="tab:red", alpha=0.4)
-        lo, hi = gap["ci95"]
-        ax.errorbar([i - 0.12], [gap["mean"]], yerr=[[gap["mean"] - lo], [hi - gap["mean"]]], marker="o", capsize=4,
-                    color="black", label="mean, paired t 95% CI" if i == 0 else None)
-        blo, bhi = gap["bootstrap_ci95"]
-        ax.errorbar([i + 0.12], [gap["mean"]], yerr=[[gap["mean"] - blo], [bhi - gap["mean"]]], marker="s",
-                    capsize=4, color="tab:gray", label="mean, hierarchical bootstrap 95%" if i == 0 else None)
+        for dx, key, marker, color, what in ((-0.12, "ci95", "o", "black", "paired t"),
+                                             (0.12, "bootstrap_ci95", "s", "tab:gray", "hierarchical bootstrap")):
+            lo, hi = gap.get(key) or (gap["mean"], gap["mean"])  # one seed: no interval
+            ax.errorbar([i + dx], [gap["mean"]], yerr=[[gap["mean"] - lo], [hi - gap["mean"]]], marker=marker,
+                        capsize=4, color=color, label=f"mean, {what} 95% CI" if i == 0 else None)
     ax.axhline(0, color="black", lw=1)
     target = (result.get("targets") or {}).get("criteria", {}).get("gap_points") or 0
     if target:
