@@ -37,14 +37,8 @@ if [ "$MODE" = gpu ]; then
   nvidia-smi -L
 fi
 
-# The interpreter must import the project: a GPU image's own python3 (used when .venv is absent)
-# has torch but usually not the project's other dependencies (pydantic-settings, gymnasium, ...).
-if ! missing=$("$PY" -c "import benchmarks.scheduler" 2>&1); then
-  echo "gpu_check: $PY cannot import the benchmark: $(printf '%s\n' "$missing" | tail -n 1)" >&2
-  echo "gpu_check: fix: 'make setup' (creates .venv), or install the project into that interpreter" \
-       "('$PY -m pip install -e .'), or point PYTHON at one that has it" >&2
-  exit 2
-fi
+. benchmarks/require_project.sh
+require_project gpu_check benchmarks.scheduler
 
 # 1. telemetry probe (on the CPU: NVML must fail cleanly, with its reason)
 "$PY" - "$MODE" <<'PYEOF'

@@ -13,12 +13,8 @@ if [ "$gpus" = "0" ]; then
   echo "gpu_shuffle_check: no CUDA GPU visible, nothing to check here (the NCCL path stays untested)"
   exit 0
 fi
-if ! missing=$("$PY" -c "import components.shuffle.device_check" 2>&1); then
-  echo "gpu_shuffle_check: $PY cannot import the check: $(printf '%s\n' "$missing" | tail -n 1)" >&2
-  echo "gpu_shuffle_check: fix: 'make setup' (creates .venv), or install the project into that interpreter" \
-       "('$PY -m pip install -e .'), or point PYTHON at one that has it" >&2
-  exit 2
-fi
+. benchmarks/require_project.sh
+require_project gpu_shuffle_check components.shuffle.device_check
 nproc=$(( gpus < 4 ? gpus : 4 ))
 echo "gpu_shuffle_check: $gpus GPU(s) visible, running $nproc NCCL rank(s)"
 timeout 300 "$PY" -m torch.distributed.run --standalone --nproc-per-node="$nproc" \
