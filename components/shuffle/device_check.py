@@ -75,15 +75,16 @@ def timing_placement(world: int, k: int) -> Placement:
     return Placement(per_rank * world, world, world)
 
 
-def timing_setup(rank: int, world: int, device: torch.device, k: int, tokens: int, plan: str = "auto"):
-    """(dispatchers megatron + fused, tokens x, routing) for the timing and the profile: uniform top-k routing."""
+def timing_setup(rank: int, world: int, device: torch.device, k: int, tokens: int, plans: list[str]):
+    """(dispatchers "megatron" and "fused(PLAN)" per plan, tokens x, routing) for the timing and the
+    profile: uniform top-k routing."""
     placement = timing_placement(world, k)
     g = torch.Generator().manual_seed(100 + rank)
     ids = synthetic_routing("uniform", tokens, k, placement, g).to(device)
     routing = Routing(ids, torch.softmax(torch.randn(tokens, k, generator=g), 1).to(device))
     x = torch.randn(tokens, TIME_HIDDEN, generator=g).to(device)
-    disp = {n: make_dispatcher(placement, dist.group.WORLD, cfg)
-            for n, cfg in (("megatron", ShuffleConfig(dispatcher="megatron")), ("fused", ShuffleConfig(plan=plan)))}
+    configs = {"megatron": ShuffleConfig(dispatcher="megatron"), **{f"fused({p})": ShuffleConfig(plan=p) for p in plans}}
+    disp = {name: make_dispatcher(placement, dist.group.WORLD, cfg) for name, cfg in configs.items()}
     return disp, x, routing
 
 
@@ -95,7 +96,8 @@ def _round_trip(dispatcher, x: torch.Tensor, routing: Routing) -> None:
 
 def time_pairs(rank: int, world: int, device: torch.device, k: int, tokens: int, pairs: int, plan: str) -> float:
     """Median over ABAB pairs of megatron time / fused time (dispatch + identity experts + combine)."""
-    disp, x, routing = timing_setup(rank, world, device, k, tokens, plan)
+    disp, x, routing = timing_setup(rank, world, device, k, tokens, [plan])
+    fused = f"fused({plan})"
 
     def timed(name: str) -> float:
         _sync(device)
@@ -111,9 +113,9 @@ def time_pairs(rank: int, world: int, device: torch.device, k: int, tokens: int,
         timed(name)
     ratios = []
     for i in range(pairs):
-        order = ("megatron", "fused") if i % 2 == 0 else ("fused", "megatron")
+        order = ("megatron", fused) if i % 2 == 0 else (fused, "megatron")
         t = {n: timed(n) for n in order}
-        ratios.append(t["megatron"] / t["fused"])
+        ratios.append(t["megatron"] / t[fused])
     return statistics.median(ratios)
 
 
@@ -123,9 +125,7 @@ def profile_table(rank: int, world: int, device: torch.device, k: int, tokens: i
     and of the fused dispatcher with each of ``plans``."""
     from torch.profiler import ProfilerActivity, profile
 
-    disp, x, routing = timing_setup(rank, world, device, k, tokens, plans[0])
-    for plan in plans[1:]:
-        disp[f"fused({plan})"] = timing_setup(rank, world, device, k, tokens, plan)[0]["fused"]
+    disp, x, routing = timing_setup(rank, world, device, k, tokens, plans)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     tables = []
     for name, dispatcher in disp.items():
@@ -135,7 +135,6 @@ def profile_table(rank: int, world: int, device: torch.device, k: int, tokens: i
             _round_trip(dispatcher, x, routing)
             _sync(device)
         key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        name = f"fused({plans[0]})" if name == "fused" else name
         tables.append(f"--- {name}, top-{k}, {tokens} tokens, sorted by {key}\n"
                       + prof.key_averages().table(sort_by=key, row_limit=rows))
     return "\n".join(tables)
