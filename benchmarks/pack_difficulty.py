@@ -93,17 +93,27 @@ def expert_rate(settings: Settings, robots: int, trials: int, test: bool = False
     return rate_of(run_episodes(make_expert(scored.sim), ids, scored.sim, trials, EXPERT_SEED, "expert"), scored)
 
 
-def bootstrap_bc_rate(settings: Settings, robots: int, trials: int, test: bool = False) -> tuple[Rate, dict]:
-    """The product's bootstrap (demos -> ingest -> BC), then held-out trials, thresholded jaw."""
+def bootstrap_policy(settings: Settings, train_steps: int | None = None) -> tuple[PolicyActor, dict]:
+    """The product's bootstrap (scripted demos -> ingest -> BC with ``train:``) in the settings' root;
+    ``train_steps``: about that many gradient steps instead (smoke runs)."""
     demos = collect_expert_demos(settings, settings.paths.incoming / "expert")
     ingest_files(settings, demos.files, snapshot=False)
+    if train_steps is not None:
+        epochs = max(1, round(train_steps / max(1, demos.env_steps // settings.train.batch_size)))
+        settings = settings.model_copy(update={"train": settings.train.model_copy(update={"epochs": epochs})})
     outcome = steps.train_policy(settings)
-    ids, scored = scored_robots(settings, robots, test)
-    actor = make_thresholded(scored.sim, PolicyActor(outcome.result.policy))
-    seed = settings.seed * SEED_STRIDE + EVAL_STREAM
-    episodes = run_episodes(actor, ids, scored.sim, trials, seed, "bc")
     info = {"demo_episodes": demos.episodes, "demo_success": demos.success_rate, "train_frames": outcome.frames,
             "train_steps": outcome.result.steps, "final_loss": float(outcome.result.losses[-1])}
+    return PolicyActor(outcome.result.policy), info
+
+
+def bootstrap_bc_rate(settings: Settings, robots: int, trials: int, test: bool = False) -> tuple[Rate, dict]:
+    """The product's bootstrap, then held-out trials, thresholded jaw."""
+    policy, info = bootstrap_policy(settings)
+    ids, scored = scored_robots(settings, robots, test)
+    actor = make_thresholded(scored.sim, policy)
+    seed = settings.seed * SEED_STRIDE + EVAL_STREAM
+    episodes = run_episodes(actor, ids, scored.sim, trials, seed, "bc")
     return rate_of(episodes, settings), info
 
 

@@ -1,0 +1,230 @@
+"""Where the pack initial policy's spread comes from: the bootstrap's seed, or the robots it is scored on?
+
+    python -m benchmarks.pack_initial_variance           # 6 seeds x 6 fresh populations (+ tuning, heldout), ~6 min, 2 workers
+    python -m benchmarks.pack_initial_variance --quick   # smoke run (2 seeds x 2 populations, tiny budgets)
+
+Issue 16's pack line "initial policy in 55-75 %" is judged per study on 16 test robots of a population
+drawn fresh for each seed, so a study's seed changes two things at once: the bootstrap (demos,
+initialisation, batches) and the robots. The studies report 36-72 % per seed. This crosses the two
+instead: every bootstrap seed (the product's bootstrap, ``pack_difficulty.bootstrap_policy``) is
+scored on every one of ``--populations`` fresh test populations (``evaluate_test``: ``test-*`` robots
+of populations ``DIAGNOSTIC_POPULATION_BASE + p``, used by no study), with the same trial stream,
+and beside them on the two fixed robot sets decisions were made on: the 16 ``tuning-*`` robots
+(FERT's pack grid) and the 16 ``heldout-*`` robots of population 0 (the task's own tuning).
+
+A two-way random-effects decomposition (no replication: one cell per seed x population) splits the
+cell rates' variance into a seed part, a population part and a residual (interaction + trial noise;
+the binomial part of it is printed beside it). The grand mean over the fresh populations is the
+task's difficulty for this recipe; each fixed set's mean is placed against the spread of population
+means. Nothing here chooses a setting. Writes benchmarks/results/pack_initial_variance.json + .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.pack_difficulty import (
+    EVAL_STREAM,
+    SEED_STRIDE,
+    bootstrap_policy,
+    commit,
+    pack_settings,
+)
+from components.evaluation.populations import evaluate_test, evaluate_tuning
+from components.sim.collect import run_episodes
+from components.sim.factory import make_thresholded
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DIAGNOSTIC_POPULATION_BASE = 2000  # studies use 1000 + seed (seeds < 1000): these populations are nobody's test set
+FIXED_SETS = ("tuning", "heldout")
+
+
+@dataclass(frozen=True)
+class Grid:
+    seeds: int
+    populations: int
+    robots: int
+    trials: int
+    train_steps: int | None = None  # None: the bootstrap's own budget (params.yaml); --quick shortens it
+
+
+FULL = Grid(seeds=6, populations=6, robots=16, trials=12)
+QUICK = Grid(seeds=2, populations=2, robots=4, trials=2, train_steps=20)
+
+
+def score_seed(seed: int, grid: Grid, scratch: str) -> dict:
+    """One bootstrap, scored on every fresh population and on both fixed sets: rate and per-robot successes."""
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    settings = pack_settings(Path(scratch) / f"seed-{seed}", seed)
+    policy, info = bootstrap_policy(settings, grid.train_steps)
+    actor = make_thresholded(settings.sim, policy)
+    stream = seed * SEED_STRIDE + EVAL_STREAM  # the trial stream pack_difficulty and the studies use
+    columns: dict[str, dict] = {}
+    for p in range(grid.populations):
+        population = DIAGNOSTIC_POPULATION_BASE + p
+        report = evaluate_test(actor, settings.fleet.test_ids(grid.robots), population, settings.sim, settings.fleet,
+                               settings.evaluation, grid.trials, stream, "initial")
+        columns[f"population-{population}"] = _column(report.overall.successes, report.overall.trials,
+                                                      {r: v.successes for r, v in report.by_robot.items()})
+    tuning = evaluate_tuning(actor, settings.fleet.tuning_ids(grid.robots), settings.sim, settings.fleet,
+                             settings.evaluation, grid.trials, stream, "initial")
+    columns["tuning"] = _column(tuning.overall.successes, tuning.overall.trials,
+                                {r: v.successes for r, v in tuning.by_robot.items()})
+    heldout = run_episodes(actor, settings.fleet.heldout_ids(grid.robots), settings.sim, grid.trials, stream, "initial")
+    columns["heldout"] = _column(sum(e.success for e in heldout), len(heldout), _by_robot(heldout))
+    return {"seed": seed, **info, "columns": columns, "seconds": time.perf_counter() - started}
+
+
+def _column(successes: int, trials: int, by_robot: dict[str, int]) -> dict:
+    return {"rate": successes / trials, "successes": successes, "trials": trials, "successes_by_robot": by_robot}
+
+
+def _by_robot(episodes) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for e in episodes:
+        out[e.robot_id] = out.get(e.robot_id, 0) + int(e.success)
+    return out
+
+
+def variance_components(rates: np.ndarray) -> dict:
+    """Two-way random effects without replication (rows: seeds, columns: populations), the method of
+    moments (ANOVA) estimates, each clipped at 0: var(cell) = seed + population + residual."""
+    s, p = rates.shape
+    grand = rates.mean()
+    row, col = rates.mean(axis=1), rates.mean(axis=0)
+    ms_seed = p * ((row - grand) ** 2).sum() / (s - 1)
+    ms_pop = s * ((col - grand) ** 2).sum() / (p - 1)
+    resid = rates - row[:, None] - col[None, :] + grand
+    ms_res = (resid ** 2).sum() / ((s - 1) * (p - 1))
+    return {"seed_var": max(0.0, (ms_seed - ms_res) / p), "population_var": max(0.0, (ms_pop - ms_res) / s),
+            "residual_var": float(ms_res), "grand_mean": float(grand),
+            "seed_means": row.tolist(), "population_means": col.tolist()}
+
+
+def robot_spread(cells: list[dict], trials: int) -> dict:
+    """Between-robot variance of success within the fresh populations (per-robot rates pooled over seeds,
+    less their binomial part): what one 16-robot population mean should vary by, if robots are iid."""
+    per_robot: dict[tuple[str, str], list[int]] = {}
+    for cell in cells:
+        for name, column in cell["columns"].items():
+            if name.startswith("population-"):
+                for robot, wins in column["successes_by_robot"].items():
+                    per_robot.setdefault((name, robot), []).append(wins)
+    n = trials * len(cells)
+    rates = np.array([sum(w) / n for w in per_robot.values()])
+    binomial = float(np.mean(rates * (1 - rates) / n))
+    return {"robots": len(rates), "robot_var": max(0.0, float(rates.var(ddof=1)) - binomial),
+            "robot_rate_min": float(rates.min()), "robot_rate_max": float(rates.max())}
+
+
+def analyse(cells: list[dict], grid: Grid) -> dict:
+    cells = sorted(cells, key=lambda c: c["seed"])
+    names = [f"population-{DIAGNOSTIC_POPULATION_BASE + p}" for p in range(grid.populations)]
+    rates = np.array([[c["columns"][n]["rate"] for n in names] for c in cells])
+    parts = variance_components(rates)
+    pop_sd = float(np.sqrt(parts["population_var"]))
+    fixed = {}
+    for name in FIXED_SETS:
+        mean = float(np.mean([c["columns"][name]["rate"] for c in cells]))
+        fixed[name] = {"mean": mean, "per_seed": [c["columns"][name]["rate"] for c in cells],
+                       "z_vs_populations": (mean - parts["grand_mean"]) / pop_sd if pop_sd > 0 else None}
+    p = parts["grand_mean"]
+    robots = robot_spread(cells, grid.trials)
+    return {"populations": names, "rates": rates.tolist(), **parts,
+            "seed_sd_points": 100 * float(np.sqrt(parts["seed_var"])), "population_sd_points": 100 * pop_sd,
+            "residual_sd_points": 100 * float(np.sqrt(parts["residual_var"])),
+            "binomial_sd_points": 100 * float(np.sqrt(p * (1 - p) / (grid.robots * grid.trials))),
+            "robots": robots,
+            "population_sd_from_robots_points": 100 * float(np.sqrt(robots["robot_var"] / grid.robots)),
+            "fixed_sets": fixed}
+
+
+def run_grid(grid: Grid, scratch: Path, workers: int) -> list[dict]:
+    context = multiprocessing.get_context("spawn")  # LanceDB and torch state do not survive a fork
+    with ProcessPoolExecutor(max(1, workers), mp_context=context) as pool:
+        futures = [pool.submit(score_seed, seed, grid, str(scratch)) for seed in range(grid.seeds)]
+        cells = []
+        for future in futures:
+            cells.append(future.result())
+            c = cells[-1]
+            print(f"seed {c['seed']}: " + ", ".join(f"{n} {v['rate']:.1%}" for n, v in c["columns"].items())
+                  + f" ({c['seconds']:.0f}s)", flush=True)
+    return cells
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    a = result["analysis"]
+    rates = 100 * np.array(a["rates"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1.2, 1]})
+    image = left.imshow(rates, cmap="viridis", aspect="auto", vmin=30, vmax=90)
+    left.set_xticks(range(len(a["populations"])), [n.split("-")[1] for n in a["populations"]], fontsize=8)
+    left.set_yticks(range(rates.shape[0]), [str(s) for s in range(rates.shape[0])], fontsize=8)
+    left.set_xlabel("fresh test population")
+    left.set_ylabel("bootstrap seed")
+    for (i, j), value in np.ndenumerate(rates):
+        left.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=7, color="white")
+    fig.colorbar(image, ax=left, label="initial policy success, %")
+    means = 100 * np.array(a["population_means"])
+    right.scatter(range(len(means)), means, color="tab:blue", label="fresh population (mean over seeds)")
+    for k, name in enumerate(FIXED_SETS):
+        right.scatter([len(means) + k], [100 * a["fixed_sets"][name]["mean"]], color="tab:red", marker="D",
+                      label="fixed sets decisions were made on" if k == 0 else None)
+    right.axhspan(55, 75, color="grey", alpha=0.15, label="issue 16: 55-75 %")
+    right.axhline(100 * a["grand_mean"], color="tab:blue", ls="--", lw=0.8, label="grand mean")
+    right.set_xticks(range(len(means) + len(FIXED_SETS)),
+                     [n.split("-")[1] for n in a["populations"]] + list(FIXED_SETS), fontsize=8, rotation=30)
+    right.set_ylabel("mean over bootstrap seeds, %")
+    right.set_title(f"sd: seeds {a['seed_sd_points']:.1f}, populations {a['population_sd_points']:.1f}, "
+                    f"residual {a['residual_sd_points']:.1f} pts", fontsize=9)
+    right.legend(fontsize=7)
+    g = result["grid"]
+    fig.suptitle(f"pack initial policy: {g['seeds']} bootstrap seeds x {g['populations']} populations, "
+                 f"{g['robots']} robots x {g['trials']} trials a cell (thresholded)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="2 seeds x 2 populations, tiny budgets")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    grid, name = (QUICK, "pack_initial_variance_quick") if args.quick else (FULL, "pack_initial_variance")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="pack-initial-variance-") as scratch:
+        cells = run_grid(grid, Path(scratch), args.workers)
+    result = {"benchmark": "pack_initial_variance", "commit": commit(), "grid": asdict(grid),
+              "population_base": DIAGNOSTIC_POPULATION_BASE, "analysis": analyse(cells, grid), "cells": cells,
+              "seconds": time.perf_counter() - started}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, args.out / f"{name}.png")
+    a = result["analysis"]
+    print(f"grand mean {a['grand_mean']:.1%}; sd in points: seeds {a['seed_sd_points']:.1f}, populations "
+          f"{a['population_sd_points']:.1f} (from robots {a['population_sd_from_robots_points']:.1f}), residual "
+          f"{a['residual_sd_points']:.1f} (binomial {a['binomial_sd_points']:.1f}); "
+          + ", ".join(f"{n} {v['mean']:.1%}" for n, v in a["fixed_sets"].items()))
+    print(f"wrote {args.out / name}.json and .png in {result['seconds']:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
