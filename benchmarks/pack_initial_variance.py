@@ -1,6 +1,6 @@
 """Where the pack initial policy's spread comes from: the bootstrap's seed, or the robots it is scored on?
 
-    python -m benchmarks.pack_initial_variance           # 6 seeds x 6 fresh populations (+ tuning, heldout), ~6 min, 2 workers
+    python -m benchmarks.pack_initial_variance           # 8 seeds x 24 fresh populations (+ tuning, heldout), ~3 min, 2 workers
     python -m benchmarks.pack_initial_variance --quick   # smoke run (2 seeds x 2 populations, tiny budgets)
 
 Issue 16's pack line "initial policy in 55-75 %" is judged per study on 16 test robots of a population
@@ -41,6 +41,7 @@ from benchmarks.pack_difficulty import (
     commit,
     pack_settings,
 )
+from components.config import EvaluationConfig, load_settings
 from components.evaluation.populations import evaluate_test, evaluate_tuning
 from components.sim.collect import run_episodes
 from components.sim.factory import make_thresholded
@@ -59,7 +60,7 @@ class Grid:
     train_steps: int | None = None  # None: the bootstrap's own budget (params.yaml); --quick shortens it
 
 
-FULL = Grid(seeds=6, populations=6, robots=16, trials=12)
+FULL = Grid(seeds=8, populations=24, robots=16, trials=12)
 QUICK = Grid(seeds=2, populations=2, robots=4, trials=2, train_steps=20)
 
 
@@ -113,6 +114,16 @@ def variance_components(rates: np.ndarray) -> dict:
             "seed_means": row.tolist(), "population_means": col.tolist()}
 
 
+def grand_mean_ci(rates: np.ndarray, resamples: int, seed: int, confidence: float) -> list[float]:
+    """Percentile interval of the grand mean, seeds and populations resampled independently
+    (both are random draws the figure should generalise over)."""
+    rng = np.random.default_rng(seed)
+    s, p = rates.shape
+    means = [rates[rng.integers(0, s, s)][:, rng.integers(0, p, p)].mean() for _ in range(resamples)]
+    tail = 100 * (1 - confidence) / 2
+    return [float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))]
+
+
 def robot_spread(cells: list[dict], trials: int) -> dict:
     """Between-robot variance of success within the fresh populations (per-robot rates pooled over seeds,
     less their binomial part): what one 16-robot population mean should vary by, if robots are iid."""
@@ -129,7 +140,7 @@ def robot_spread(cells: list[dict], trials: int) -> dict:
             "robot_rate_min": float(rates.min()), "robot_rate_max": float(rates.max())}
 
 
-def analyse(cells: list[dict], grid: Grid) -> dict:
+def analyse(cells: list[dict], grid: Grid, evaluation: EvaluationConfig, seed: int) -> dict:
     cells = sorted(cells, key=lambda c: c["seed"])
     names = [f"population-{DIAGNOSTIC_POPULATION_BASE + p}" for p in range(grid.populations)]
     rates = np.array([[c["columns"][n]["rate"] for n in names] for c in cells])
@@ -142,7 +153,8 @@ def analyse(cells: list[dict], grid: Grid) -> dict:
                        "z_vs_populations": (mean - parts["grand_mean"]) / pop_sd if pop_sd > 0 else None}
     p = parts["grand_mean"]
     robots = robot_spread(cells, grid.trials)
-    return {"populations": names, "rates": rates.tolist(), **parts,
+    ci = grand_mean_ci(rates, evaluation.bootstrap_resamples, seed, evaluation.confidence)
+    return {"populations": names, "rates": rates.tolist(), **parts, "grand_mean_ci95": ci,
             "seed_sd_points": 100 * float(np.sqrt(parts["seed_var"])), "population_sd_points": 100 * pop_sd,
             "residual_sd_points": 100 * float(np.sqrt(parts["residual_var"])),
             "binomial_sd_points": 100 * float(np.sqrt(p * (1 - p) / (grid.robots * grid.trials))),
@@ -172,14 +184,14 @@ def plot(result: dict, path: Path) -> None:
 
     a = result["analysis"]
     rates = 100 * np.array(a["rates"])
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1.2, 1]})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 4.6), gridspec_kw={"width_ratios": [1.6, 1]})
     image = left.imshow(rates, cmap="viridis", aspect="auto", vmin=30, vmax=90)
-    left.set_xticks(range(len(a["populations"])), [n.split("-")[1] for n in a["populations"]], fontsize=8)
+    left.set_xticks(range(len(a["populations"])), [n.split("-")[1] for n in a["populations"]], fontsize=7, rotation=90)
     left.set_yticks(range(rates.shape[0]), [str(s) for s in range(rates.shape[0])], fontsize=8)
     left.set_xlabel("fresh test population")
     left.set_ylabel("bootstrap seed")
     for (i, j), value in np.ndenumerate(rates):
-        left.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=7, color="white")
+        left.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=6, color="white")
     fig.colorbar(image, ax=left, label="initial policy success, %")
     means = 100 * np.array(a["population_means"])
     right.scatter(range(len(means)), means, color="tab:blue", label="fresh population (mean over seeds)")
@@ -188,12 +200,13 @@ def plot(result: dict, path: Path) -> None:
                       label="fixed sets decisions were made on" if k == 0 else None)
     right.axhspan(55, 75, color="grey", alpha=0.15, label="issue 16: 55-75 %")
     right.axhline(100 * a["grand_mean"], color="tab:blue", ls="--", lw=0.8, label="grand mean")
+    right.axhspan(*(100 * np.array(a["grand_mean_ci95"])), color="tab:blue", alpha=0.1, label="its 95% interval")
     right.set_xticks(range(len(means) + len(FIXED_SETS)),
-                     [n.split("-")[1] for n in a["populations"]] + list(FIXED_SETS), fontsize=8, rotation=30)
+                     [n.split("-")[1] for n in a["populations"]] + list(FIXED_SETS), fontsize=7, rotation=90)
     right.set_ylabel("mean over bootstrap seeds, %")
     right.set_title(f"sd: seeds {a['seed_sd_points']:.1f}, populations {a['population_sd_points']:.1f}, "
                     f"residual {a['residual_sd_points']:.1f} pts", fontsize=9)
-    right.legend(fontsize=7)
+    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     g = result["grid"]
     fig.suptitle(f"pack initial policy: {g['seeds']} bootstrap seeds x {g['populations']} populations, "
                  f"{g['robots']} robots x {g['trials']} trials a cell (thresholded)", fontsize=10)
@@ -213,13 +226,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pack-initial-variance-") as scratch:
         cells = run_grid(grid, Path(scratch), args.workers)
     result = {"benchmark": "pack_initial_variance", "commit": commit(), "grid": asdict(grid),
-              "population_base": DIAGNOSTIC_POPULATION_BASE, "analysis": analyse(cells, grid), "cells": cells,
+              "population_base": DIAGNOSTIC_POPULATION_BASE, "cells": cells,
               "seconds": time.perf_counter() - started}
+    settings = load_settings()
+    result["analysis"] = analyse(cells, grid, settings.evaluation, settings.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(result, args.out / f"{name}.png")
     a = result["analysis"]
-    print(f"grand mean {a['grand_mean']:.1%}; sd in points: seeds {a['seed_sd_points']:.1f}, populations "
+    print(f"grand mean {a['grand_mean']:.1%} [{a['grand_mean_ci95'][0]:.1%}, {a['grand_mean_ci95'][1]:.1%}]; sd in points: seeds {a['seed_sd_points']:.1f}, populations "
           f"{a['population_sd_points']:.1f} (from robots {a['population_sd_from_robots_points']:.1f}), residual "
           f"{a['residual_sd_points']:.1f} (binomial {a['binomial_sd_points']:.1f}); "
           + ", ".join(f"{n} {v['mean']:.1%}" for n, v in a["fixed_sets"].items()))
