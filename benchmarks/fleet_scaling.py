@@ -352,11 +352,17 @@ def bootstrap_cell(cell: Settings, plan: Plan, validated: dict[int, EvaluationRe
     return demos, first
 
 
-def cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, scratch: Path) -> tuple[RunRow, Score]:
+def cell_root(scratch: Path, seed: int, method: str, fleet: int) -> Path:
+    return scratch / f"cell-{seed}-{method}-{fleet}"
+
+
+def cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, scratch: Path,
+            keep_root: bool = False) -> tuple[RunRow, Score]:
     """``plan.rounds`` CEL rounds of ``method`` on ``fleet`` robots in a fresh product root: the loop's
-    campaign, each round a fleet round (``bc``: a demos-only retrain, the same budget, no fleet data)."""
+    campaign, each round a fleet round (``bc``: a demos-only retrain, the same budget, no fleet data).
+    ``keep_root``: leave the root (``cell_root``) for a diagnostic to retrain from its data."""
     start = time.perf_counter()
-    root = scratch / f"cell-{seed}-{method}-{fleet}"
+    root = cell_root(scratch, seed, method, fleet)
     shutil.rmtree(root, ignore_errors=True)  # a stopped run's half-done cell (--cells): start it afresh
     cell = cell_settings(settings, plan, method, root, seed)
     validated: dict[int, EvaluationReport] = {}
@@ -382,7 +388,8 @@ def cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, 
     saved = scratch / "policies" / f"{seed}-{method}-{fleet}.pt"
     saved.parent.mkdir(parents=True, exist_ok=True)
     torch.save(policy, saved)
-    shutil.rmtree(root, ignore_errors=True)
+    if not keep_root:
+        shutil.rmtree(root, ignore_errors=True)
     return RunRow(seed, method, fleet, score, rounds, time.perf_counter() - start, str(saved), final.lineage), initial
 
 

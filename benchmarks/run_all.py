@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-BENCHMARKS = ("ingest", "ingest_shapes", "index_build", "training_set", "shuffle", "scheduler", "fleet_load", "fleet_scaling", "pack_difficulty", "pack_ceiling", "pack_initial_variance",
+BENCHMARKS = ("ingest", "ingest_shapes", "index_build", "training_set", "shuffle", "scheduler", "fleet_load", "fleet_scaling", "pack_difficulty", "pack_ceiling", "pack_initial_variance", "pack_fert_cap",
               "fleet_scaling_pack", "fleet_chaos", "remote_stores")
 COMMANDS = {"fleet_scaling_pack": ("fleet_scaling", "--sim", "pack")}  # a name that is another module's run
 REMOTE = ("remote_stores",)  # what --remote runs: the flows' timings with every store on a server
