@@ -17,9 +17,11 @@ training-set builder (``steps.training_set``) and trainer (``make_trainer``):
 | ``fert_scratch`` | a fresh policy | FERT's | ``--steps`` |
 | ``filtered_bc_scratch`` | a fresh policy | every stored success (demos + fleet) | ``--steps`` |
 | ``demos_scratch`` | a fresh policy | the expert demos alone | ``--steps`` |
+| ``expert_ceiling`` | a fresh policy | ~30 scripted demos on each of 32 robots (``pack_ceiling``'s cell) | ``--steps`` |
 
 If the variants with more training land where the champion is, the data caps FERT; if they rise
-toward the clean-data ceiling, the rounds' training budget does. Each policy is scored thresholded
+toward the clean-data ceiling (``expert_ceiling``, scored on the same robots and trials), the rounds'
+training budget does. Each policy is scored thresholded
 on ``--robots`` tuning robots (more than the study's 16: the first 16 are easier than a typical
 population, ``pack_initial_variance``), the same trials for every variant of a seed. Nothing here
 chooses a setting. Writes benchmarks/results/pack_fert_cap.json + .png.
@@ -41,6 +43,7 @@ import numpy as np
 import torch
 
 from benchmarks import fleet_scaling as fs
+from benchmarks.pack_ceiling import run_cell
 from benchmarks.pack_difficulty import commit
 from components.config import Settings
 from components.evaluation.populations import evaluate_tuning
@@ -51,7 +54,8 @@ from components.sim.factory import make_thresholded
 from components.training.trainer import make_trainer
 
 RESULTS = Path(__file__).resolve().parent / "results"
-VARIANTS = ("champion", "fert_more", "fert_scratch", "filtered_bc_scratch", "demos_scratch")
+VARIANTS = ("champion", "fert_more", "fert_scratch", "filtered_bc_scratch", "demos_scratch", "expert_ceiling")
+CEILING_DEMO_ROBOTS = 32  # pack_ceiling's plentiful-data cell (~34k frames of scripted demos)
 RETRAIN = {"fert_more": ("fert", True), "fert_scratch": ("fert", False),
            "filtered_bc_scratch": ("filtered_bc", False), "demos_scratch": ("bc", False)}
 
@@ -107,6 +111,10 @@ def run_seed(seed: int, grid: Grid, scratch: str) -> dict:
         variants[name] = {**score(cell, policy, grid, seed), **info}
         print(f"  seed {seed} {name}: {variants[name]['rate']:.1%} ({info['frames']} frames, {info['steps']} steps)",
               flush=True)
+    ceiling = run_cell(seed, CEILING_DEMO_ROBOTS, grid.steps, grid.robots, grid.trials, scratch)
+    variants["expert_ceiling"] = {k: ceiling[k] for k in ("rate", "successes", "trials", "failures_by_stage")} | {
+        "frames": ceiling["demo_frames"], "steps": ceiling["train_steps"], "final_loss": ceiling["final_loss"]}
+    print(f"  seed {seed} expert_ceiling: {ceiling['rate']:.1%}", flush=True)
     return {"seed": seed, "fleet": fleet, "variants": variants, "seconds": time.perf_counter() - started}
 
 
@@ -131,10 +139,10 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     table = result["table"]
-    fig, ax = plt.subplots(figsize=(7.5, 4))
+    fig, ax = plt.subplots(figsize=(8.5, 4))
     for k, name in enumerate(VARIANTS):
         per_seed = [100 * r for r in table[name]["per_seed"]]
-        ax.bar(k, 100 * table[name]["rate"], color="tab:blue" if name == "champion" else "tab:gray", alpha=0.7)
+        ax.bar(k, 100 * table[name]["rate"], color={"champion": "tab:blue", "expert_ceiling": "tab:green"}.get(name, "tab:gray"), alpha=0.7)
         ax.scatter([k] * len(per_seed), per_seed, color="black", s=12, zorder=3)
     ax.axhline(95, color="tab:red", ls=":", lw=1, label="issue 16: FERT at 96 robots >= 95 %")
     ax.set_xticks(range(len(VARIANTS)), [v.replace("_", "\n") for v in VARIANTS], fontsize=8)
