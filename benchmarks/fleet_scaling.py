@@ -790,7 +790,9 @@ def main() -> None:
     parser.add_argument("--steps-per-robot", type=int)
     parser.add_argument("--finetune-steps", type=int)
     parser.add_argument("--max-epochs", type=int, help="cap on passes over a round's training set (0 = none)")
-    parser.add_argument("--heldout-robots", type=int, help="test robots per seed (drawn fresh per seed)")
+    parser.add_argument("--heldout-robots", type=int,
+                        help="test robots per seed (drawn fresh per seed); with --tuning, the tuning robots scored "
+                             "(tuning-0000..0015 are easier than a typical population: pack_initial_variance)")
     parser.add_argument("--validation-robots", type=int, help="robots for per-round selection (0 = keep every round)")
     parser.add_argument("--validation-trials", type=int, help="trials per validation robot")
     parser.add_argument("--init-rounds", type=int, help="demos-only rounds (with validation selection) after the bootstrap")
