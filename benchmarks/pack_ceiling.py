@@ -27,13 +27,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.fleet_scaling import finetune_config
-from benchmarks.pack_difficulty import EVAL_STREAM, SEED_STRIDE, commit, pack_settings
+from benchmarks.pack_difficulty import (
+    EVAL_STREAM,
+    SEED_STRIDE,
+    bootstrap_policy,
+    commit,
+    pack_settings,
+)
 from components.evaluation.populations import evaluate_tuning
-from components.pipeline import steps
-from components.pipeline.collect import collect_expert_demos
-from components.pipeline.ingest import ingest_files
-from components.policy.actor import PolicyActor
 from components.sim.factory import make_thresholded
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -59,16 +60,13 @@ def run_cell(seed: int, demo_robots: int, train_steps: int, tuning_robots: int, 
     started = time.perf_counter()
     settings = pack_settings(Path(scratch) / f"{seed}-{demo_robots}-{train_steps}", seed)
     settings = settings.model_copy(update={"demo": settings.demo.model_copy(update={"expert_robots": demo_robots})})
-    demos = collect_expert_demos(settings, settings.paths.incoming / "expert")
-    ingest_files(settings, demos.files, snapshot=False)
-    settings = settings.model_copy(update={"train": finetune_config(settings, demos.env_steps, train_steps)})
-    outcome = steps.train_policy(settings)
-    actor = make_thresholded(settings.sim, PolicyActor(outcome.result.policy))
+    policy, info = bootstrap_policy(settings, train_steps)
+    actor = make_thresholded(settings.sim, policy)
     report = evaluate_tuning(actor, settings.fleet.tuning_ids(tuning_robots), settings.sim, settings.fleet,
                              settings.evaluation, trials, seed * SEED_STRIDE + EVAL_STREAM, "bc")
-    return {"seed": seed, "demo_robots": demo_robots, "demo_episodes": demos.episodes, "demo_frames": demos.env_steps,
-            "train_steps_planned": train_steps, "train_steps": outcome.result.steps,
-            "final_loss": float(outcome.result.losses[-1]), "rate": report.overall.rate,
+    return {"seed": seed, "demo_robots": demo_robots, "demo_episodes": info["demo_episodes"],
+            "demo_frames": info["demo_frames"], "train_steps_planned": train_steps, "train_steps": info["train_steps"],
+            "final_loss": info["final_loss"], "rate": report.overall.rate,
             "successes": report.overall.successes, "trials": report.overall.trials,
             "ci95": [report.overall.low, report.overall.high], "failures_by_stage": dict(report.failures_by_stage),
             "seconds": time.perf_counter() - started}

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.fleet_scaling import finetune_config
 from components.config import Settings, load_settings
 from components.evaluation.intervals import wilson_interval
 from components.evaluation.populations import check_reportable
@@ -99,11 +100,11 @@ def bootstrap_policy(settings: Settings, train_steps: int | None = None) -> tupl
     demos = collect_expert_demos(settings, settings.paths.incoming / "expert")
     ingest_files(settings, demos.files, snapshot=False)
     if train_steps is not None:
-        epochs = max(1, round(train_steps / max(1, demos.env_steps // settings.train.batch_size)))
-        settings = settings.model_copy(update={"train": settings.train.model_copy(update={"epochs": epochs})})
+        settings = settings.model_copy(update={"train": finetune_config(settings, demos.env_steps, train_steps)})
     outcome = steps.train_policy(settings)
-    info = {"demo_episodes": demos.episodes, "demo_success": demos.success_rate, "train_frames": outcome.frames,
-            "train_steps": outcome.result.steps, "final_loss": float(outcome.result.losses[-1])}
+    info = {"demo_episodes": demos.episodes, "demo_success": demos.success_rate, "demo_frames": demos.env_steps,
+            "train_frames": outcome.frames, "train_steps": outcome.result.steps,
+            "final_loss": float(outcome.result.losses[-1])}
     return PolicyActor(outcome.result.policy), info
 
 

@@ -42,6 +42,7 @@ from benchmarks.pack_difficulty import (
     pack_settings,
 )
 from components.config import EvaluationConfig, load_settings
+from components.evaluation.heldout import EvaluationReport, summarize
 from components.evaluation.populations import evaluate_test, evaluate_tuning
 from components.sim.collect import run_episodes
 from components.sim.factory import make_thresholded
@@ -77,26 +78,17 @@ def score_seed(seed: int, grid: Grid, scratch: str) -> dict:
         population = DIAGNOSTIC_POPULATION_BASE + p
         report = evaluate_test(actor, settings.fleet.test_ids(grid.robots), population, settings.sim, settings.fleet,
                                settings.evaluation, grid.trials, stream, "initial")
-        columns[f"population-{population}"] = _column(report.overall.successes, report.overall.trials,
-                                                      {r: v.successes for r, v in report.by_robot.items()})
-    tuning = evaluate_tuning(actor, settings.fleet.tuning_ids(grid.robots), settings.sim, settings.fleet,
-                             settings.evaluation, grid.trials, stream, "initial")
-    columns["tuning"] = _column(tuning.overall.successes, tuning.overall.trials,
-                                {r: v.successes for r, v in tuning.by_robot.items()})
+        columns[f"population-{population}"] = _column(report)
+    columns["tuning"] = _column(evaluate_tuning(actor, settings.fleet.tuning_ids(grid.robots), settings.sim,
+                                                settings.fleet, settings.evaluation, grid.trials, stream, "initial"))
     heldout = run_episodes(actor, settings.fleet.heldout_ids(grid.robots), settings.sim, grid.trials, stream, "initial")
-    columns["heldout"] = _column(sum(e.success for e in heldout), len(heldout), _by_robot(heldout))
+    columns["heldout"] = _column(summarize(heldout, settings.sim, settings.evaluation.confidence, "initial"))
     return {"seed": seed, **info, "columns": columns, "seconds": time.perf_counter() - started}
 
 
-def _column(successes: int, trials: int, by_robot: dict[str, int]) -> dict:
-    return {"rate": successes / trials, "successes": successes, "trials": trials, "successes_by_robot": by_robot}
-
-
-def _by_robot(episodes) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for e in episodes:
-        out[e.robot_id] = out.get(e.robot_id, 0) + int(e.success)
-    return out
+def _column(report: EvaluationReport) -> dict:
+    return {"rate": report.overall.rate, "successes": report.overall.successes, "trials": report.overall.trials,
+            "successes_by_robot": {r: p.successes for r, p in report.by_robot.items()}}
 
 
 def variance_components(rates: np.ndarray) -> dict:
