@@ -285,7 +285,7 @@ def revoke(robot: Annotated[str, typer.Argument(help="Robot id whose token to re
 def canary(version: Annotated[int, typer.Argument(help="Registered model version to roll out.")], as_json: JsonOpt = False) -> None:
     """Start a canary rollout; the coordinator promotes or rolls it back on live outcomes."""
     from components.episodes.dataset import EpisodeDataset
-    from components.fleet.canary import CanaryRollout
+    from components.registry.canary import CanaryRollout
     from components.registry.model_registry import PolicyRegistry
 
     settings = _settings()

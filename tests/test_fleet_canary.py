@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from components.episodes.dataset import EpisodeDataset
-from components.fleet.canary import CanaryRollout, assigned_alias, rollout_fraction
+from components.registry.canary import CanaryRollout, assigned_alias, rollout_fraction
 from components.fleet.local import register_policy, synthetic_episode
 from components.policy.factory import make_policy
 from components.registry.model_registry import PolicyRegistry

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from components.fleet.auth import issue_tokens
-from components.fleet.canary import rollout_fraction
+from components.registry.canary import rollout_fraction
 from components.fleet.clients import InferenceClient
 from components.fleet.layout import RuntimeLayout
 from components.fleet.local import register_policy, running_service, service_url, with_free_ports

@@ -310,7 +310,7 @@ class Coordinator:
     def _registry_handle(self):
         if self._registry is None:
             from components.episodes.dataset import EpisodeDataset
-            from components.fleet.canary import CanaryRollout
+            from components.registry.canary import CanaryRollout
             from components.registry.model_registry import PolicyRegistry
 
             self._registry = PolicyRegistry(self.settings.paths.mlruns, self.settings.registry)

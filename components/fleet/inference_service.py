@@ -38,7 +38,7 @@ from torch import nn
 
 from components.config import Settings
 from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook
-from components.fleet.canary import assigned_alias
+from components.registry.canary import assigned_alias
 from components.fleet.clients import ACT_PATH, POLICY_PATH, STATS_PATH
 from components.fleet.health import HealthProblem
 from components.fleet.http_server import (

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from components.config import Settings
-from components.pipeline.steps import (
+from components.pipeline.outcome import (
     TrainingSummary,
     TrainOutcome,
     current_lineage,

@@ -19,6 +19,7 @@ from components.pipeline.recipe import (
 from components.pipeline.steps import TrainingSummary, TrainOutcome
 from components.pipeline.workspace import Workspace
 from components.policy.normalizer import NormalizedPolicy
+from components.registry.canary import CanaryRollout  # the live half of the gate
 from components.registry.gate import GateDecision
 from components.registry.model_registry import PolicyVersion
 
@@ -106,8 +107,6 @@ def gate_candidate(settings: Settings, candidate: PolicyVersion, champion_eval: 
     )
     canary = None
     if decision.promote and canary_rollout:
-        from components.fleet.canary import CanaryRollout  # the live half of the gate
-
         CanaryRollout(registry, ws.dataset, settings.runtime).start(candidate.version)
         canary = registry.aliases().get(settings.runtime.canary_alias)
     after = registry.champion()
