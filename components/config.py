@@ -54,6 +54,25 @@ class PackConfig(Section):
         return v
 
 
+class CameraConfig(Section):
+    """The sims' RGB cameras (components/sim/camera.py): image size, what the gripper view spans, and
+    how widely the robots' camera quirks spread (each robot draws its own within these, from its
+    profile: components/sim/profile.py). Which views render is ``sim.cameras``."""
+
+    width: int = Field(default=64, ge=8)
+    height: int = Field(default=64, ge=8)
+    gripper_view_half_width: float = Field(default=0.2, gt=0)  # the gripper view spans +- this around the jaw
+    mount_offset_spread: float = Field(default=0.03, ge=0)  # camera shift in +- spread (workspace units)
+    mount_rotation_spread: float = Field(default=0.06, ge=0)  # camera roll in +- spread (radians)
+    exposure_spread: float = Field(default=0.25, ge=0, lt=1)  # brightness gain in 1 +- spread
+    white_balance_spread: float = Field(default=0.1, ge=0, lt=1)  # per-channel gain in 1 +- spread
+    pixel_noise_max: float = Field(default=8.0, ge=0)  # pixel noise std in [0, max] (of 255)
+    drop_rate_max: float = Field(default=0.05, ge=0, lt=1)  # chance a frame is dropped (the last one repeats)
+    mujoco_gl: Literal["osmesa", "egl", "glfw"] = "osmesa"  # Meta-World's offscreen GL (MUJOCO_GL)
+    metaworld_scene_camera: str = "corner"  # Meta-World cameras for the scene / gripper views
+    metaworld_gripper_camera: str = "gripperPOV"
+
+
 class SimConfig(Section):
     """The built-in tasks (pick-place, pack) and their per-robot heterogeneity."""
 
@@ -76,6 +95,9 @@ class SimConfig(Section):
     gripper_sample_gain: float = Field(default=4.0, gt=0)  # p(close) = sigmoid(gain * command)
     motion_noise_std: float = Field(default=0.35, ge=0)  # Gaussian noise on executed motion commands
     pack: PackConfig = PackConfig()  # sim.name: pack only
+    # RGB camera views every robot renders ("scene", "gripper"); () = none, state only (the default)
+    cameras: tuple[Literal["scene", "gripper"], ...] = ()
+    camera: CameraConfig = CameraConfig()
 
 
 class FleetConfig(Section):
@@ -129,6 +151,20 @@ class FleetConfig(Section):
         return self.test_population_base + study_seed
 
 
+class VideoConfig(Section):
+    """How camera streams are encoded on store (components/episodes/video.py): LeRobot's defaults
+    (``VideoEncoderConfig``: AV1 by SVT-AV1, yuv420p, a keyframe every 2 frames, crf 30, preset 12)."""
+
+    codec: Literal["libsvtav1", "h264"] = "libsvtav1"
+    pix_fmt: Literal["yuv420p"] = "yuv420p"
+    gop: int = Field(default=2, ge=1)  # keyframe interval (LeRobot's g): short = fast random access
+    crf: int = Field(default=30, ge=0, le=63)
+    preset: int = Field(default=12, ge=0, le=13)  # SVT-AV1 speed preset (13 fastest)
+    # where an ingest encodes: "background" = a thread encodes while the data file, tasks and
+    # stats are written, joined before the commit; "inline" = before them (benchmarks/vision.py)
+    encode: Literal["inline", "background"] = "background"
+
+
 class EpisodesConfig(Section):
     """Episode dataset on disk (LeRobot v3 layout)."""
 
@@ -152,6 +188,7 @@ class EpisodesConfig(Section):
     # s3://bucket/prefix (keys from env: AWS_ACCESS_KEY_ID, ...) or a shared path
     dvc_remote: str = ""
     dvc_remote_endpoint: str = ""  # an S3-compatible server (MinIO, Ceph, ...); "" = AWS S3
+    video: VideoConfig = VideoConfig()  # camera streams (components/episodes/video.py)
 
 
 STORE_URI_SCHEMES = ("s3", "gs", "az")  # object stores LanceDB reaches (s3 is the one tested)

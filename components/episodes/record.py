@@ -1,7 +1,8 @@
 """The in-memory form of one episode: what simulators produce and the Arrow table holds.
 
 One row per frame on disk; here the frame columns are numpy arrays and the episode-level
-fields (``success``, ``interrupted``, ...) are scalars.
+fields (``success``, ``interrupted``, ...) are scalars. Camera frames (``cameras``) are never
+frame-table columns: the dataset stores them as LeRobot video features (video.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,13 @@ import numpy as np
 # The simulator's per-frame stage (the stage each frame's action led to), an extra column. The
 # stage an episode reached is its running maximum, so ``stage_reached`` = this column's max.
 STAGE_COLUMN = "stage"
+# LeRobot's name for a camera feature: ``observation.images.<camera>`` (e.g. the sims' scene view)
+CAMERA_KEY_PREFIX = "observation.images."
+
+
+def camera_key(camera: str) -> str:
+    """The feature key of a camera stream, as LeRobot names image and video features."""
+    return CAMERA_KEY_PREFIX + camera
 
 
 def reached_stage(stages: np.ndarray | None) -> int:
@@ -42,6 +50,8 @@ class Episode:
     # (-1: unknown). Stored as the per-frame ``STAGE_COLUMN`` extra; read back, it is that column's max.
     stage_reached: int = -1
     extras: dict[str, np.ndarray] = field(default_factory=dict)
+    # camera streams: feature key (``camera_key``) -> (T, height, width, 3) uint8 frames, one per row
+    cameras: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def length(self) -> int:

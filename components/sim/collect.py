@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from components.config import SimConfig
-from components.episodes.record import STAGE_COLUMN, Episode, new_episode_id
+from components.episodes.record import STAGE_COLUMN, Episode, camera_key, new_episode_id
+from components.sim.camera import STATE_KEY, camera_keys
 from components.sim.exploration import end_episodes
 from components.sim.factory import action_dim, make_env, observation_dim
 
@@ -55,12 +56,16 @@ class _EpisodeRecorder:
         self.states = np.zeros((b, t, observation_dim(cfg)), dtype=np.float32)
         self.actions = np.zeros((b, t, action_dim(cfg)), dtype=np.float32)
         self.stages = np.zeros((b, t), dtype=np.int8)
+        shape = (b, t, cfg.camera.height, cfg.camera.width, 3)
+        self.frames = {view: np.zeros(shape, dtype=np.uint8) for view in camera_keys(cfg)}  # sim.cameras
         self.length = np.zeros(b, dtype=np.int64)
         self.id_rng = np.random.default_rng([seed, EPISODE_ID_STREAM])
 
-    def record(self, obs: np.ndarray, actions: np.ndarray) -> None:
+    def record(self, obs: np.ndarray | dict[str, np.ndarray], actions: np.ndarray) -> None:
         rows = np.arange(len(self.robot_ids))
-        self.states[rows, self.length] = obs
+        for view, frames in self.frames.items():
+            frames[rows, self.length] = obs[view]
+        self.states[rows, self.length] = state_of(obs)
         self.actions[rows, self.length] = actions
         self.length += 1
 
@@ -82,11 +87,20 @@ class _EpisodeRecorder:
             policy_version=self.policy_version,
             stage_reached=int(stage_reached),
             extras={STAGE_COLUMN: self.stages[env_index, :n].copy()},
+            cameras={camera_key(view): frames[env_index, :n].copy() for view, frames in self.frames.items()},
         )
 
 
-def _act(policy: Policy, obs: np.ndarray, num_envs: int, act_dim: int) -> np.ndarray:
-    actions = np.asarray(policy(obs), dtype=np.float32)
+def state_of(obs: np.ndarray | dict[str, np.ndarray]) -> np.ndarray:
+    """The state part of an observation: the array itself, or the Dict's state entry (sim.cameras)."""
+    return obs[STATE_KEY] if isinstance(obs, dict) else obs
+
+
+def _act(policy: Policy, obs: np.ndarray | dict[str, np.ndarray], num_envs: int, act_dim: int) -> np.ndarray:
+    """The policy's actions; a policy sees the camera Dict only if it says so (``sees_cameras``),
+    so every state policy runs unchanged on a sim with cameras (which records the frames)."""
+    seen = obs if getattr(policy, "sees_cameras", False) else state_of(obs)
+    actions = np.asarray(policy(seen), dtype=np.float32)
     if actions.shape != (num_envs, act_dim):
         raise ValueError(f"policy returned actions of shape {actions.shape}, expected {(num_envs, act_dim)}")
     return actions

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from components.config import SimConfig
+from components.sim.camera import CONTAINER, CONTAINER_WALL, GOAL, OBJECT, OBJECT_RADIUS, Disc, gripper_disc
 from components.sim.pickplace import (
     GRASP_REACH,
     OBJECT_WIDTH,
@@ -149,6 +150,13 @@ class PackVecEnv(PickPlaceVecEnv):
         spilled = rides & (spill_luck < self._slip * p.spill_scale * speed**2)
         rim = self.container + sideways * np.where(side >= 0, 1.0, -1.0)[:, None] * (p.container_radius + SPILL_GAP)
         self.object = np.where(spilled[:, None], np.clip(rim, WORKSPACE_LOW, WORKSPACE_HIGH), self.object)
+
+    def camera_bodies(self) -> list[Disc]:
+        """The container's goal, the container (a ring: an object in it shows), the object, the gripper."""
+        p = self.pack
+        return [Disc(GOAL, self.goal, p.goal_radius),
+                Disc(CONTAINER, self.container, p.container_radius, p.container_radius * (1.0 - CONTAINER_WALL)),
+                Disc(OBJECT, self.object, OBJECT_RADIUS), gripper_disc(self.gripper, self.opening)]
 
     # ----------------------------------------------------------------------------- state views
     def in_container(self) -> np.ndarray:

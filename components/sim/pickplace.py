@@ -35,6 +35,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from components.config import SimConfig
+from components.sim.camera import GOAL, OBJECT, OBJECT_RADIUS, STATE_KEY, Disc, FleetCameras, camera_keys, gripper_disc
+from components.sim.camera import observation_space as camera_observation_space
 from components.sim.profile import check_robot_ids, RobotProfile, stable_robot_hash
 
 STAGES: tuple[str, ...] = ("reach", "grasp", "carry", "place")
@@ -98,7 +100,10 @@ class PickPlaceVecEnv(VectorEnv):
         self.num_envs = len(robot_ids)
         self.profiles = [RobotProfile.from_id(r, cfg) for r in robot_ids]
         self._hashes = [stable_robot_hash(r) for r in robot_ids]
-        self.single_observation_space = gym.spaces.Box(-OBS_LIMIT, OBS_LIMIT, (self.obs_dim,), np.float32)
+        state_space = gym.spaces.Box(-OBS_LIMIT, OBS_LIMIT, (self.obs_dim,), np.float32)
+        self.single_observation_space = camera_observation_space(cfg, state_space)
+        # sim.cameras: the views render into a Dict observation (camera.py); none: the state array
+        self.cameras = FleetCameras(cfg, self.profiles, self._hashes, seed) if camera_keys(cfg) else None
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (ACT_DIM,), np.float32)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
@@ -130,6 +135,8 @@ class PickPlaceVecEnv(VectorEnv):
         self._reset_rngs = [np.random.default_rng([seed, h, _RESET_STREAM]) for h in self._hashes]
         self._step_rngs = [np.random.default_rng([seed, h, _STEP_STREAM]) for h in self._hashes]
         self._block_pos = _STEP_BLOCK  # forces a refill on the first step
+        if self.cameras is not None:
+            self.cameras.seed(seed)
 
     def _step_draws(self) -> tuple[np.ndarray, np.ndarray]:
         if self._block_pos == _STEP_BLOCK:
@@ -164,7 +171,10 @@ class PickPlaceVecEnv(VectorEnv):
         self._needs_reset = False
         self._reset_envs(np.ones(self.num_envs, dtype=bool))
         noise = np.stack([g.standard_normal(self.sensed_coords) for g in self._reset_rngs])
-        return self._observe(noise), self._info(self.stage(), np.zeros(self.num_envs, dtype=bool))
+        everyone = np.ones(self.num_envs, dtype=bool)
+        if self.cameras is not None:
+            self.cameras.draw()
+        return self._with_images(self._observe(noise), everyone), self._info(self.stage(), ~everyone)
 
     def step(
         self, actions: np.ndarray
@@ -239,10 +249,47 @@ class PickPlaceVecEnv(VectorEnv):
         obs = self._observe(sensor_noise)
         info["final_obs"] = obs
         info["_final_obs"] = done
+        if self.cameras is not None:
+            self.cameras.draw()  # one draw a step, whoever finishes: a robot's frames never depend on the batch
+        last_frames = self._last_frames(done)
         if done.any():
             self._reset_envs(done)
             obs = self._observe(sensor_noise)
+        if self.cameras is not None:
+            obs = self._with_images(obs, done)
+            info["final_obs"] = self._final_with_images(info["final_obs"], obs, done, last_frames)
         return obs, success.astype(np.float32), terminated, truncated, info
+
+    # ----------------------------------------------------------------------------- cameras
+    def camera_bodies(self) -> list[Disc]:
+        """What the cameras draw, bottom to top (a subclass with more bodies adds them)."""
+        return [Disc(GOAL, self.goal, GOAL_RADIUS), Disc(OBJECT, self.object, OBJECT_RADIUS),
+                gripper_disc(self.gripper, self.opening)]
+
+    def _with_images(self, state: np.ndarray, fresh: np.ndarray) -> np.ndarray | dict[str, np.ndarray]:
+        """Every robot's frames beside the state (the step's draws of noise and drops): a Dict
+        observation; the state array alone without cameras. ``fresh``: envs starting an episode."""
+        if self.cameras is None:
+            return state
+        rows = np.arange(self.num_envs)
+        return {STATE_KEY: state, **self.cameras.capture(self.camera_bodies(), self.gripper, rows, fresh)}
+
+    def _last_frames(self, done: np.ndarray) -> dict[str, np.ndarray]:
+        """The frames an ending episode ends on, before its env resets (for ``info["final_obs"]``)."""
+        if self.cameras is None or not done.any():
+            return {}
+        rows = np.flatnonzero(done)
+        return self.cameras.capture(self.camera_bodies(), self.gripper, rows, np.zeros(len(rows), dtype=bool))
+
+    def _final_with_images(self, state: np.ndarray, obs: dict[str, np.ndarray], done: np.ndarray,
+                           last_frames: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        final: dict[str, np.ndarray] = {STATE_KEY: state}
+        for key in self.cameras.keys if self.cameras is not None else ():
+            frames = obs[key].copy()
+            if key in last_frames:
+                frames[done] = last_frames[key]
+            final[key] = frames
+        return final
 
     # ----------------------------------------------------------------------------- state views
     def stage(self) -> np.ndarray:

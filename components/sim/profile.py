@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from components.config import SimConfig
+from components.config import CameraConfig, SimConfig
 
 # Salt for the profile stream, so a robot's profile never coincides with any episode stream.
 PROFILE_STREAM = 0x5EED_0F11
+# Salt for the camera quirks: their own stream, so adding cameras leaves every other quirk as it was.
+CAMERA_PROFILE_STREAM = 0xCA3E_0F11
 # Nominal object and goal region centres in the unit workspace; each robot shifts both.
 OBJECT_CENTER = (0.30, 0.50)
 GOAL_CENTER = (0.70, 0.50)
@@ -41,6 +43,33 @@ def profile_seed(robot_id: str, population_seed: int = 0) -> list[int]:
 
 
 @dataclass(frozen=True)
+class CameraQuirks:
+    """One robot's cameras: where they are mounted and how they expose, per view (scene, gripper)."""
+
+    mount_offset: np.ndarray  # (2 views, 2) shift of the view's centre, workspace units
+    mount_rotation: np.ndarray  # (2 views,) roll of the view, radians
+    exposure: float  # brightness gain
+    white_balance: np.ndarray  # (3,) per-channel gain (r, g, b)
+    pixel_noise: float  # std of Gaussian pixel noise (of 255)
+    drop_rate: float  # chance per frame that the camera delivers nothing new (the last frame repeats)
+
+    @classmethod
+    def from_id(cls, robot_id: str, cfg: CameraConfig, population_seed: int = 0) -> CameraQuirks:
+        words = profile_seed(robot_id, population_seed)
+        rng = np.random.default_rng([CAMERA_PROFILE_STREAM, *words[1:]])
+        unit = rng.uniform(-1.0, 1.0, size=10)
+        frac = rng.uniform(0.0, 1.0, size=2)
+        return cls(
+            mount_offset=cfg.mount_offset_spread * unit[0:4].reshape(2, 2),
+            mount_rotation=cfg.mount_rotation_spread * unit[4:6],
+            exposure=float(1.0 + cfg.exposure_spread * unit[6]),
+            white_balance=1.0 + cfg.white_balance_spread * np.array([unit[7], unit[8], unit[9]]),
+            pixel_noise=float(cfg.pixel_noise_max * frac[0]),
+            drop_rate=float(cfg.drop_rate_max * frac[1]),
+        )
+
+
+@dataclass(frozen=True)
 class RobotProfile:
     """One robot's quirks: how it executes commands, how it senses, where its objects lie."""
 
@@ -52,6 +81,7 @@ class RobotProfile:
     goal_center: np.ndarray  # (2,) centre of this robot's goal region
     grasp_miss: float  # chance that a well-aimed grasp still misses
     slip_rate: float  # per-step chance of dropping the object when carrying at full speed
+    camera: CameraQuirks  # how its cameras see (used only when sim.cameras names views)
 
     @classmethod
     def from_id(cls, robot_id: str, cfg: SimConfig) -> RobotProfile:
@@ -67,6 +97,7 @@ class RobotProfile:
             goal_center=np.asarray(GOAL_CENTER) + cfg.placement_spread * unit[6:8],
             grasp_miss=float(cfg.grasp_miss_max * frac[1]),
             slip_rate=float(cfg.slip_rate_max * frac[2]),
+            camera=CameraQuirks.from_id(robot_id, cfg.camera, cfg.population_seed),
         )
 
 

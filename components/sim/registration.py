@@ -31,6 +31,7 @@ PACK_ID = f"{NAMESPACE}/Pack-v0"
 METAWORLD_ID = f"{NAMESPACE}/MetaWorldPickPlace-v0"
 METAWORLD_SIM = {"name": "metaworld", "task": "pick-place-v3"}
 PACK_SIM = {"name": "pack", "task": "pack"}
+Observation = np.ndarray | dict[str, np.ndarray]  # the state, or a Dict of it and camera frames (sim.cameras)
 DEFAULT_ROBOT_PREFIX = "robot"  # as FleetConfig.robot_ids names a fleet's robots
 # per-env info entries of the vector env that describe the autoreset, not the episode
 _AUTORESET_INFO = ("final_obs", "_final_obs")
@@ -66,27 +67,34 @@ class OneRobotEnv(gym.Env):
         self.fleet = make_env(cfg, [robot_id], seed)
         self.observation_space = self.fleet.single_observation_space
         self.action_space = self.fleet.single_action_space
-        self._next_obs: np.ndarray | None = None  # the fleet env's autoreset observation, kept for reset()
+        self._next_obs: Observation | None = None  # the fleet env's autoreset observation, kept for reset()
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
         super().reset(seed=seed)
         if seed is None and self._next_obs is not None:  # the fleet env already started the next episode
             obs, self._next_obs = self._next_obs, None
             return obs, {}  # reset's info is empty either way; step's carries stage, success, ...
         self._next_obs = None
         obs, _ = self.fleet.reset(seed=seed, options=options)
-        return obs[0].copy(), {}
+        return _first(obs), {}
 
-    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+    def step(self, action: np.ndarray) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.fleet.step(np.asarray(action, np.float32)[None])
         done = bool(terminated[0] or truncated[0])
         if done:
-            self._next_obs = obs[0].copy()
+            self._next_obs = _first(obs)
             obs = info["final_obs"]
-        return obs[0].copy(), float(reward[0]), bool(terminated[0]), bool(truncated[0]), _one(info)
+        return _first(obs), float(reward[0]), bool(terminated[0]), bool(truncated[0]), _one(info)
 
     def close(self) -> None:
         self.fleet.close()
+
+
+def _first(obs: Observation) -> Observation:
+    """The first (only) env's observation: its row of the state array, or of every Dict entry (cameras)."""
+    if isinstance(obs, dict):
+        return {k: v[0].copy() for k, v in obs.items()}
+    return obs[0].copy()
 
 
 def _one(info: dict[str, Any]) -> dict[str, Any]:
