@@ -118,7 +118,7 @@ def demo(as_json: JsonOpt = False) -> None:
 
 @app.command()
 def ingest(
-    files: Annotated[list[Path], typer.Argument(help="Episode files (one Parquet file or Arrow IPC stream per episode).")],
+    files: Annotated[list[Path], typer.Argument(help="Episode files (one Parquet file or Arrow IPC stream per episode), or folders of them.")],
     as_json: JsonOpt = False,
 ) -> None:
     """Validate and ingest episode files; bad files go to quarantine with a reason, good ones are kept."""
@@ -129,17 +129,18 @@ def ingest(
     from flows.ingest import run_ingest
 
     with _progress() as progress:
-        progress.add_task(f"ingesting {len(files)} files", total=None)
+        progress.add_task(f"ingesting {len(files)} {'path' if len(files) == 1 else 'paths'}", total=None)
         result = run_ingest(files, settings)
     report = {
-        "added": len(result.report.added), "duplicates": len(result.report.duplicates),
-        "quarantined": _quarantine_lines(result.report.quarantined),
-        "snapshot": result.snapshot.hash if result.snapshot else None, "lancedb_version": result.store_version,
+        "added": result.added, "duplicates": result.duplicates,
+        "quarantined": _quarantine_lines(result.quarantined), "quarantined_total": result.quarantined_total,
+        "snapshot": result.snapshot or None, "lancedb_version": result.store_version,
         "segments_upserted": result.segments_upserted,
     }
-    snapshot = f"snapshot {result.snapshot.hash}" if result.snapshot else "no new snapshot"
-    emit(console, report, as_json, f"ingest: {result.report.summary()}; {snapshot}",
-         people={**report, "quarantined": _quarantine_rows(result.report.quarantined)})
+    snapshot = f"snapshot {result.snapshot}" if result.snapshot else "no new snapshot"
+    more = f"; {result.unlisted} more quarantined files under {settings.paths.quarantine}" if result.unlisted else ""
+    emit(console, report, as_json, f"ingest: {result.text}; {snapshot}{more}",
+         people={**report, "quarantined": _quarantine_rows(result.quarantined)})
 
 
 @app.command("store-upkeep")

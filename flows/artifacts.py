@@ -9,8 +9,8 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 
 from components.evaluation.heldout import EvaluationReport
 from components.fert.explorer import Explanation
-from components.pipeline.ingest import IngestResult
 from components.pipeline.promote import PromotionOutcome
+from components.pipeline.references import IngestSummary
 from components.pipeline.steps import TrainingSummary
 
 
@@ -52,7 +52,7 @@ def learning_curve_png(losses: list[float]) -> bytes:
 
 
 def retrain_summary(
-    ingest: IngestResult, report: EvaluationReport, promotion: PromotionOutcome, mlflow_run_url: str, losses: list[float],
+    ingest: IngestSummary | None, report: EvaluationReport, promotion: PromotionOutcome, mlflow_run_url: str, losses: list[float],
     training: TrainingSummary | None = None, step_seconds: dict[str, float] | None = None,
 ) -> None:
     cand = promotion.candidate
@@ -66,10 +66,10 @@ def retrain_summary(
         f"| candidate | version {cand.version} — [MLflow run]({mlflow_run_url}) |",
         f"| champion before → after | {promotion.champion_before} → {promotion.champion_after} |",
         f"| gate | {promotion.decision.reason} |",
-        f"| dataset snapshot (DVC) | `{ingest.snapshot.hash if ingest.snapshot else '-'}` |",
-        f"| LanceDB table version | {ingest.store_version} |",
-        f"| ingest | {ingest.report.summary()} |",
     ]
+    if ingest is not None:  # None: a retrain on what is stored (no new files)
+        lines += [f"| dataset snapshot (DVC) | `{ingest.snapshot or '-'}` |",
+                  f"| LanceDB table version | {ingest.store_version} |", f"| ingest | {ingest.text} |"]
     if step_seconds:  # wall time per step of this retrain, subflow overheads included
         lines.append("| seconds per step | " + ", ".join(f"{k} {v:.1f}" for k, v in step_seconds.items()) + " |")
     if promotion.champion_eval:

@@ -16,7 +16,7 @@ from flows.runtime import flow_options, prepare_environment, settings_cache_key
 def collect_expert_task(settings: Settings) -> step.CollectResult:
     result = step.collect_expert(settings)
     get_run_logger().info("expert demos: %d episodes, %.1f%% success", result.episodes, 100 * result.success_rate)
-    return result
+    return result.reference()  # the folder, not its files: Prefect persists what a cached task returns
 
 
 @task(name="collect-fleet", cache_key_fn=settings_cache_key("seed", "sim", "fleet"), persist_result=True)
@@ -28,7 +28,7 @@ def collect_fleet_task(settings: Settings, round_index: int, champion_version: i
         round_index, num_robots or settings.fleet.num_robots, champion_version, result.episodes,
         100 * result.success_rate, result.env_steps, result.seconds,
     )
-    return result
+    return result.reference()
 
 
 @flow(name="bootstrap")

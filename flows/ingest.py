@@ -1,8 +1,7 @@
-"""`ingest`: read files (fan-out in chunks, cached on content) → validate + store → DVC snapshot → embed (fan-out in chunks) → upsert."""
+"""`ingest`: read files (fan-out in chunks) → validate + store → DVC snapshot → embed (fan-out in chunks) → upsert."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task, unmapped
@@ -10,21 +9,14 @@ from prefect.cache_policies import NO_CACHE
 
 from components.config import Settings
 from components.pipeline import ingest as step
-from components.store.encoder import encoder_fingerprint
+from components.pipeline.references import IngestSummary, episode_files
 from flows.runtime import flow_options, io_options, prepare_environment, task_runner
 
 
-def _files_key(context, parameters) -> str:
-    """A chunk's read is cached on its files' paths and contents: a changed file is read again."""
-    digest = hashlib.sha256()
-    for path in map(Path, parameters["paths"]):
-        digest.update(str(path.resolve()).encode())
-        digest.update(hashlib.sha256(path.read_bytes()).digest() if path.exists() else b"missing")
-    return f"read:{digest.hexdigest()}"
-
-
-@task(name="read-episodes", cache_key_fn=_files_key, persist_result=True)
+@task(name="read-episodes", cache_policy=NO_CACHE)
 def read_task(settings: Settings, paths: list[Path]) -> list:
+    """Not cached: its result is the episodes themselves, and Prefect would persist them. Storing a
+    file already stored is a duplicate that changes nothing."""
     return [step.read_file(settings, path) for path in paths]
 
 
@@ -44,21 +36,9 @@ def snapshot_task(settings: Settings, changed: bool):
     return step.take_snapshot(settings, changed)
 
 
-def _embed_key(context, parameters) -> str:
-    """Segment rows depend only on the episodes' content, the encoder and the window config."""
-    settings, digest = parameters["settings"], hashlib.sha256()
-    for episode in parameters["episodes"]:
-        for array in (episode.states, episode.actions):
-            digest.update(array.tobytes())
-        fields = (episode.episode_id, episode.robot_id, episode.task, episode.success, episode.policy_version)
-        digest.update(repr(fields).encode())
-    digest.update(parameters["snapshot"].encode())
-    digest.update(settings.store.model_dump_json().encode())
-    return f"embed:{settings.root}:{digest.hexdigest()[:24]}:{encoder_fingerprint(parameters['encoder'])}"
-
-
-@task(name="embed-episodes", cache_key_fn=_embed_key, persist_result=True)
+@task(name="embed-episodes", cache_policy=NO_CACHE)
 def embed_task(settings: Settings, episodes: list, encoder, snapshot: str):
+    """Not cached (its result is segment rows with vectors); only episodes past the embed cursor come here."""
     return step.embed(settings, episodes, encoder, snapshot)
 
 
@@ -82,15 +62,16 @@ def store_version_task(settings: Settings) -> int:
 
 
 @flow(name="ingest")
-def ingest(files: list[Path] | None = None, settings: Settings | None = None) -> step.IngestResult:
+def ingest(files: list[Path] | None = None, settings: Settings | None = None) -> IngestSummary:
     """Validate and store episode files; bad files go to quarantine, good ones are kept.
 
-    Without ``files`` it takes everything under ``datasets/incoming`` (what a scheduled run
-    does): files already stored are recognized as duplicates and change nothing.
+    ``files`` are episode files or folders of them (a fleet round passes its folder). Without
+    ``files`` it takes everything under ``datasets/incoming`` (what a scheduled run does): files
+    already stored are recognized as duplicates and change nothing. Returns counts and references.
     """
     settings = prepare_environment(settings)
     logger = get_run_logger()
-    files = step.incoming_files(settings) if files is None else [Path(f) for f in files]
+    files = step.incoming_files(settings) if files is None else episode_files(files)
     io = io_options(settings)
     synced = sync_task.with_options(**io)(settings)
     if synced.action == "pulled":
@@ -110,8 +91,9 @@ def ingest(files: list[Path] | None = None, settings: Settings | None = None) ->
     logger.info("%s; snapshot %s", report.summary(), snapshot.hash if snapshot else "-")
     for item in report.quarantined:
         logger.warning("quarantined %s: field %r: %s (fix: %s)", item.source, item.field, item.reason, item.fix)
-    return step.IngestResult(report, snapshot, store_version_task.with_options(**io)(settings), upserted)
+    result = step.IngestResult(report, snapshot, store_version_task.with_options(**io)(settings), upserted)
+    return IngestSummary.of(result)
 
 
-def run_ingest(files: list[Path], settings: Settings) -> step.IngestResult:
+def run_ingest(files: list[Path], settings: Settings) -> IngestSummary:
     return ingest.with_options(task_runner=task_runner(settings), **flow_options(settings))(files, settings)

@@ -123,12 +123,3 @@ def settings_cache_key(
         return f"{context.task.name}:{digest.hexdigest()[:24]}"
 
     return key
-
-
-def policy_fingerprint(policy: Any) -> str:
-    """Content hash of a model's weights: a safe cache key for work that depends only on them."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(policy.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]

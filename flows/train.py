@@ -1,5 +1,7 @@
 """`train`: the one trainer on the stored dataset (``train.method``, FERT by default) through the
-embedded scheduler; cached on data snapshot + params + starting point."""
+embedded scheduler; cached on data snapshot + params + starting point. It returns a reference to
+the staged candidate (``CandidateRef``), never the model: Prefect records and caches what a task
+and a flow return."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from prefect import flow, get_run_logger, task
 from components.config import Settings
 from components.episodes.snapshot import read_snapshot
 from components.pipeline import steps
+from components.pipeline.references import CandidateRef, stage_candidate
 from components.pipeline.workspace import Workspace
 from flows import artifacts
 from flows.artifacts import ProgressArtifact
@@ -26,9 +29,10 @@ def conditional_inputs(settings: Settings) -> tuple[str, ...]:
 
 
 @task(name="train-policy", cache_key_fn=settings_cache_key(*TRAIN_INPUTS, depends=conditional_inputs), persist_result=True)
-def train_task(settings: Settings, snapshot_hash: str, champion_version: int | None) -> steps.TrainOutcome:
+def train_task(settings: Settings, snapshot_hash: str, champion_version: int | None) -> CandidateRef:
     """Same data (``snapshot_hash``) + same params + same starting point = the same model
-    (CPU determinism), so a re-run takes the cached one."""
+    (CPU determinism), so a re-run takes the cached reference (``train`` retrains if its staged
+    file is gone)."""
     what = settings.train.method if settings.train.workload == "imitation" else settings.train.workload
     progress = ProgressArtifact("train-progress", f"training {what}")
     logger = get_run_logger()
@@ -43,7 +47,7 @@ def train_task(settings: Settings, snapshot_hash: str, champion_version: int | N
 
         logger.info("PPO through the embedded scheduler (plan %s, %d iterations)", settings.scheduler.plan,
                     settings.scheduler.iterations)
-        return train_scheduled(settings, report)
+        return stage_candidate(settings, train_scheduled(settings, report))
     if settings.train.world_size > 1:
         logger.info("expert-parallel training on %d torchrun processes over %d host(s)", settings.train.world_size,
                     settings.distributed.nnodes)
@@ -55,18 +59,20 @@ def train_task(settings: Settings, snapshot_hash: str, champion_version: int | N
                     "n/a" if summary.sequential_iteration_s is None else f"{1e3 * summary.sequential_iteration_s:.1f} ms",
                     ", ".join(f"{k} {v:.2f}" for k, v in summary.stage_seconds.items()))
         artifacts.training_summary(summary)
-    return outcome
+    return stage_candidate(settings, outcome)
 
 
 @flow(name="train")
-def train(settings: Settings | None = None) -> steps.TrainOutcome:
+def train(settings: Settings | None = None) -> CandidateRef:
     settings = prepare_environment(settings)
     sync_task.with_options(**io_options(settings))(settings)  # with a DVC remote: train on its head
     snapshot = read_snapshot(settings.paths.episodes)
     champion = Workspace(settings).registry.champion()
-    outcome = train_task(settings, snapshot.hash if snapshot else "none", champion.version if champion else None)
-    get_run_logger().info(
-        "trained %s on %d frames in %.1fs (final loss %.4f)",
-        settings.train.method, outcome.frames, outcome.result.seconds, outcome.result.final_loss,
-    )
-    return outcome
+    inputs = (settings, snapshot.hash if snapshot else "none", champion.version if champion else None)
+    candidate = train_task(*inputs)
+    if not candidate.exists():  # a cached reference whose staged file was removed: train it again
+        get_run_logger().warning("staged candidate %s is gone: training again", candidate.path)
+        candidate = train_task.with_options(refresh_cache=True)(*inputs)
+    get_run_logger().info("trained %s on %d frames in %.1fs (final loss %.4f): %s", candidate.method, candidate.frames,
+                          candidate.seconds, candidate.final_loss, candidate.path)
+    return candidate

@@ -143,8 +143,9 @@ def test_ingest_prints_quarantined_files_whole_at_80_columns(scratch_root, capsy
 
     assert main(["ingest", "--json", str(good)]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert set(report) == {"added", "duplicates", "quarantined", "snapshot", "lancedb_version", "segments_upserted"}
-    assert (report["added"], report["duplicates"], report["quarantined"]) == (0, 1, [])
+    assert set(report) == {"added", "duplicates", "quarantined", "quarantined_total", "snapshot", "lancedb_version",
+                           "segments_upserted"}
+    assert (report["added"], report["duplicates"], report["quarantined"], report["quarantined_total"]) == (0, 1, [], 0)
 
 
 def test_lerobot_import_and_export_for_people_scripts_and_errors(scratch_root, capsys, monkeypatch):

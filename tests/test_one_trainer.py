@@ -34,11 +34,12 @@ def _ingest(settings, root: Path) -> None:
 
 
 def test_flow_task_dvc_stage_and_fleet_trainer_train_the_same_weights(tmp_path, prefect_harness):
+    from components.pipeline.references import load_candidate
     from flows.train import train
 
     settings = _settings(tmp_path / "flow")
     _ingest(settings, settings.root)
-    flow = train(settings).result.policy.state_dict()
+    flow = load_candidate(train(settings)).result.policy.state_dict()
     direct = steps.train_policy(settings)
     assert state_digest(direct.result.policy.state_dict()) == state_digest(flow)
     assert direct.summary.plan_name == "sequential" and len(direct.summary.validation) == direct.summary.iterations

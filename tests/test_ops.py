@@ -21,6 +21,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from components.config import OpsConfig
+from components.pipeline.references import load_candidate
 from cli.services import _wait, start_prefect_server
 from tests.conftest import small_settings
 
@@ -169,11 +170,12 @@ def test_ingest_and_evaluation_fan_out_on_a_dask_cluster(tmp_path, prefect_serve
                                                            ingest_files_per_task=4, embed_episodes_per_task=4))
         demos = collect_expert_demos(settings, settings.paths.incoming / "expert")
         result = run_ingest(demos.files, settings)
-        assert len(result.report.added) == demos.episodes
+        assert result.added == demos.episodes
         ws = Workspace(settings)
-        assert ws.store.episode_ids() == set(result.report.added)
-        outcome = train(settings)
-        report = evaluate.with_options(task_runner=task_runner(settings))(outcome.result.policy, "candidate", settings)
+        assert ws.store.episode_ids() == set(ws.dataset.episode_ids())
+        candidate = train(settings)
+        report = evaluate.with_options(task_runner=task_runner(settings))(candidate.model_uri, "candidate", settings)
+        outcome = load_candidate(candidate)
         assert report.overall.trials == settings.fleet.num_heldout_robots * settings.evaluation.trials_for(settings.fleet.num_heldout_robots)
         workers = cluster.scheduler_info["workers"]
         assert len(workers) == 2
@@ -288,15 +290,17 @@ def test_ingest_and_evaluation_fan_out_on_a_local_ray_cluster(tmp_path, prefect_
     def ingest_train_evaluate():
         fan_out = {"task_runner": task_runner(settings)}  # a subflow reuses the Ray its parent started
         ingested = ingest.with_options(**fan_out)(demos.files, settings)
-        outcome = train(settings)
-        report = evaluate.with_options(**fan_out)(outcome.result.policy, "candidate", settings)
+        candidate = train(settings)
+        report = evaluate.with_options(**fan_out)(candidate.model_uri, "candidate", settings)
         driver = f"worker:{ray.get_runtime_context().get_worker_id()}"
-        return ingested, outcome.result.policy, report, _ray_tasks(ray, tasks_expected), driver
+        return ingested, candidate, report, _ray_tasks(ray, tasks_expected), driver
 
-    result, policy, report, tasks, driver = ingest_train_evaluate.with_options(task_runner=task_runner(settings))()
+    result, candidate, report, tasks, driver = ingest_train_evaluate.with_options(task_runner=task_runner(settings))()
+    policy = load_candidate(candidate).result.policy
     assert not ray.is_initialized()  # the runner stopped the cluster it started
-    assert len(result.report.added) == demos.episodes
-    assert Workspace(settings).store.episode_ids() == set(result.report.added)
+    assert result.added == demos.episodes
+    ws = Workspace(settings)
+    assert ws.store.episode_ids() == set(ws.dataset.episode_ids())
     assert report.overall.trials == settings.fleet.num_heldout_robots * settings.evaluation.trials_for(settings.fleet.num_heldout_robots)
     # every mapped task ran once, as a Ray task, in a Ray worker process (not the driver)
     assert {name: len(tasks.get(name, ())) for name in tasks_expected} == tasks_expected, tasks

@@ -75,6 +75,7 @@ def test_train_flow_launches_expert_parallel_for_world_size_2(tmp_path, prefect_
     from components.pipeline.evaluate import evaluate_policy
     from components.pipeline.ingest import ingest_files
     from components.policy.moe import MoETransformerPolicy
+    from components.pipeline.references import load_candidate
     from flows.train import train
 
     settings = small_settings(
@@ -84,7 +85,7 @@ def test_train_flow_launches_expert_parallel_for_world_size_2(tmp_path, prefect_
     )
     demos = collect_expert_demos(settings, settings.paths.incoming / "expert")
     ingest_files(settings, demos.files)
-    outcome = train(settings)
+    outcome = load_candidate(train(settings))  # the flow returns a reference to the staged candidate
     assert isinstance(outcome.result.policy.core, MoETransformerPolicy)
     assert outcome.result.steps == len(outcome.result.losses) > 0
     assert all(loss == loss for loss in outcome.result.losses)  # finite, no NaN

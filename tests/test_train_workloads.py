@@ -13,6 +13,7 @@ from components.pipeline.collect import collect_expert_demos, collect_fleet
 from components.pipeline.evaluate import evaluate_policy
 from components.pipeline.ingest import ingest_files
 from components.pipeline.promote import gate_candidate, register_candidate
+from components.pipeline.references import load_candidate
 from components.pipeline.scheduled import ScheduledTrainOutcome, ppo_spec, train_scheduled
 from components.pipeline.workspace import Workspace
 from components.training.workloads.ppo import run_ppo
@@ -36,7 +37,7 @@ def test_train_flow_runs_ppo_through_the_scheduler(tmp_path, prefect_harness):
     from flows.train import train
 
     settings = _ppo_settings(tmp_path)
-    outcome = train(settings)
+    outcome = load_candidate(train(settings))  # the flow returns a reference to the staged candidate
     assert isinstance(outcome, ScheduledTrainOutcome)
     report = outcome.schedule
     assert report is not None and report.workload == "ppo"
@@ -96,8 +97,10 @@ def test_train_flow_runs_fert_through_the_scheduler_and_caches_the_plan(tmp_path
     auto = settings.model_copy(update={"scheduler": SchedulerConfig(
         plan="auto", profile_iterations=2, validate_iterations=1, validate_rounds=1, quota_max_steps=1,
         capacity_qualify_fraction=0.01, ipc_probe_iterations=1)})
-    outcome = train(auto)
+    candidate = train(auto)
+    outcome = load_candidate(candidate)
     summary = outcome.summary
+    assert candidate.summary == summary  # the reference carries the summary the UI and the demo table show
     assert summary is not None and summary.method == "fert" and summary.retrieved_segments > 0
     assert summary.plan_requested == "auto" and summary.plan_source == "measured"
     assert summary.sequential_iteration_s and summary.sequential_iteration_s > 0

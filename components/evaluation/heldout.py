@@ -25,6 +25,21 @@ UNKNOWN_STAGE = "unknown"  # episodes without stage diagnostics (no per-frame st
 
 
 @dataclass(frozen=True)
+class Trial:
+    """What a report reads of one finished episode: a few bytes where the episode is its frames
+    (a cached evaluation keeps these, never the rollouts' observations)."""
+
+    robot_id: str
+    task: str
+    success: bool
+    stage_reached: int = -1
+
+    @classmethod
+    def of(cls, episode: Episode) -> Trial:
+        return cls(episode.robot_id, episode.task, bool(episode.success), int(episode.stage_reached))
+
+
+@dataclass(frozen=True)
 class EvaluationReport:
     overall: Proportion
     by_robot: dict[str, Proportion]
@@ -56,13 +71,13 @@ class EvaluationReport:
         }
 
 
-def stage_name(episode: Episode, stages: tuple[str, ...] = STAGES) -> str:
+def stage_name(episode: Episode | Trial, stages: tuple[str, ...] = STAGES) -> str:
     """The furthest stage a (failed) episode reached, by name."""
     return stages[episode.stage_reached] if 0 <= episode.stage_reached < len(stages) else UNKNOWN_STAGE
 
 
 def summarize(
-    episodes: list[Episode],
+    episodes: list[Episode] | list[Trial],
     sim_cfg: SimConfig,
     confidence: float,
     policy_version: str,

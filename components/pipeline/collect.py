@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +27,16 @@ class CollectResult:
     env_steps: int
     seconds: float
     policy_version: str
+    folder: Path | None = None  # where ``files`` were written
 
     @property
     def success_rate(self) -> float:
         return self.successes / self.episodes if self.episodes else float("nan")
+
+    def reference(self) -> CollectResult:
+        """The same result naming its folder instead of every file: what a flow hands on (a round at
+        96 robots writes thousands of files; ingest reads a folder as the episode files under it)."""
+        return dataclasses.replace(self, files=[self.folder]) if self.folder is not None else self
 
 
 def write_episodes(episodes: list[Episode], out_dir: Path) -> list[Path]:
@@ -60,7 +67,8 @@ def collect_expert_demos(settings: Settings, out_dir: Path) -> CollectResult:
     )
     files = write_episodes(episodes, out_dir)
     steps = sum(ep.length for ep in episodes)
-    return CollectResult(files, len(episodes), sum(ep.success for ep in episodes), steps, time.perf_counter() - start, EXPERT_VERSION)
+    return CollectResult(files, len(episodes), sum(ep.success for ep in episodes), steps, time.perf_counter() - start,
+                         EXPERT_VERSION, out_dir)
 
 
 def collect_expert(settings: Settings) -> CollectResult:
@@ -90,7 +98,7 @@ def collect_fleet(
     files = write_episodes(result.episodes, out_dir)
     return CollectResult(
         files, len(result.episodes), sum(ep.success for ep in result.episodes), result.env_steps,
-        time.perf_counter() - start, policy_version,
+        time.perf_counter() - start, policy_version, out_dir,
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from components.config import Settings
 from components.episodes.record import Episode
-from components.evaluation.heldout import EvaluationReport, summarize
+from components.evaluation.heldout import EvaluationReport, Trial, summarize
 from components.evaluation.populations import check_decision_robots, evaluate_test
 from components.pipeline.collect import fleet_actor
 from components.policy.normalizer import NormalizedPolicy
@@ -38,7 +38,12 @@ def rollouts(settings: Settings, policy: NormalizedPolicy, robot_ids: list[str],
     )
 
 
-def report(settings: Settings, episodes: list[Episode], version: str) -> EvaluationReport:
+def trials(settings: Settings, policy: NormalizedPolicy, robot_ids: list[str], version: str) -> list[Trial]:
+    """``rollouts`` reduced to what a report reads: what the evaluate flow's cached tasks keep."""
+    return [Trial.of(ep) for ep in rollouts(settings, policy, robot_ids, version)]
+
+
+def report(settings: Settings, episodes: list[Episode] | list[Trial], version: str) -> EvaluationReport:
     return summarize(episodes, settings.sim, settings.evaluation.confidence, version)
 
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from components.config import Settings
 from components.evaluation.heldout import EvaluationReport
@@ -32,16 +32,19 @@ from components.policy.normalizer import NormalizedPolicy
 
 Evaluate = Callable[[NormalizedPolicy, str, Settings], EvaluationReport]
 Retrained = TypeVar("Retrained")  # what a retrain returns to the fleet loop: the flow's outcome, or a Retrain
+# what train hands to evaluate and promote: a TrainOutcome in one process, a reference to the
+# staged candidate between flows (components/pipeline/references.py: Prefect records it)
+Trained = TypeVar("Trained")
 
 
 @dataclass(frozen=True)
-class RetrainSteps:
+class RetrainSteps(Generic[Trained]):
     """A retrain's four steps, with the flows' signatures (settings last)."""
 
-    ingest: Callable[[list[Path] | None, Settings], IngestResult | None]  # None: all of datasets/incoming
-    train: Callable[[Settings], TrainOutcome]
-    evaluate: Evaluate  # (policy, version label, settings): the candidate's held-out report
-    promote: Callable[[TrainOutcome, EvaluationReport, str, Settings], PromotionOutcome]
+    ingest: Callable[[list[Path] | None, Settings], Any]  # None: all of datasets/incoming; -> what it did
+    train: Callable[[Settings], Trained]
+    evaluate: Callable[[Trained, str, Settings], EvaluationReport]  # (candidate, label, settings): its held-out report
+    promote: Callable[[Trained, EvaluationReport, str, Settings], PromotionOutcome]
     # the settings train, evaluate and promote run with, from the root as ingested (a study sets a
     # round's epochs from the frames stored); the registered params are these
     configure: Callable[[Settings], Settings] = lambda settings: settings  # the flows: as given
@@ -51,14 +54,14 @@ class RetrainSteps:
 class Retrain:
     """Everything one retrain produced."""
 
-    ingested: IngestResult | None
-    outcome: TrainOutcome
+    ingested: Any  # IngestResult in one process (IngestSummary from the flow), None when no files
+    outcome: Any  # what train returned: TrainOutcome, or the flow's CandidateRef
     report: EvaluationReport  # the candidate on the held-out (gate) robots
     promotion: PromotionOutcome
     seconds: dict[str, float]  # wall seconds per step: ingest, train, evaluate, promote
 
 
-def retrain(files: list[Path] | None, run_name: str, settings: Settings, steps: RetrainSteps) -> Retrain:
+def retrain(files: list[Path] | None, run_name: str, settings: Settings, steps: RetrainSteps[Any]) -> Retrain:
     seconds: dict[str, float] = {}
     with _timed(seconds, "ingest"):
         ingested = steps.ingest(files, settings)
@@ -66,7 +69,7 @@ def retrain(files: list[Path] | None, run_name: str, settings: Settings, steps: 
     with _timed(seconds, "train"):
         outcome = steps.train(settings)
     with _timed(seconds, "evaluate"):
-        report = steps.evaluate(outcome.result.policy, "candidate", settings)
+        report = steps.evaluate(outcome, "candidate", settings)
     with _timed(seconds, "promote"):
         promotion = steps.promote(outcome, report, run_name, settings)
     return Retrain(ingested, outcome, report, promotion, seconds)
@@ -131,7 +134,7 @@ def ingest_or_skip(files: list[Path] | None, settings: Settings, snapshot: bool 
 
 
 def plain_retrain_steps(snapshot: bool = True, evaluate: Evaluate | None = None,
-                        configure: Callable[[Settings], Settings] | None = None) -> RetrainSteps:
+                        configure: Callable[[Settings], Settings] | None = None) -> RetrainSteps[TrainOutcome]:
     """Every step in this process. ``snapshot=False`` skips the DVC snapshot (lineage without a
     snapshot hash: nothing to reproduce from, the same models); ``evaluate`` replaces the held-out
     evaluation of candidate and champion alike (a study reuses a champion's report)."""
@@ -139,11 +142,11 @@ def plain_retrain_steps(snapshot: bool = True, evaluate: Evaluate | None = None,
     return RetrainSteps(
         ingest=partial(ingest_or_skip, snapshot=snapshot),
         train=train_policy,
-        evaluate=evaluate,
+        evaluate=lambda outcome, version, settings: evaluate(outcome.result.policy, version, settings),
         promote=partial(promote.promote_candidate, evaluate=evaluate),
         configure=configure or RetrainSteps.configure,
     )
 
 
-def plain_fleet_steps(retrain_steps: RetrainSteps) -> FleetSteps[Retrain]:
+def plain_fleet_steps(retrain_steps: RetrainSteps[TrainOutcome]) -> FleetSteps[Retrain]:
     return FleetSteps(collect.collect_expert, collect.collect_round, partial(retrain, steps=retrain_steps))
