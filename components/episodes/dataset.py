@@ -8,7 +8,8 @@ root/
   meta/tasks.parquet                          task string <-> task_index
   meta/stats.json                             per-feature min/max/mean/std/count
   data/chunk-XXX/file-XXX.parquet             frames; one new file per ingest that adds episodes
-  videos/<key>/chunk-XXX/file-XXX.mp4         carried video files (imports only; never decoded)
+  videos/<key>/chunk-XXX/file-XXX.mp4         camera streams: encoded on ingest (video.py), several
+                                              episodes per file, or carried whole from LeRobot imports
 ```
 
 Writes are ordered so a crash loses nothing already stored: new data/video files first (new
@@ -25,11 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import hashlib
 import json
 import re
 import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +111,8 @@ from components.episodes.validation import (
     validate_episode_batch,
     validate_episode_table,
 )
+from components.episodes.video import EpisodeSpan, encode_episodes, episode_frames, video_feature, video_info
+from components.episodes.video_validation import CameraStream, validate_camera_streams
 from components.fsio import atomic_path, atomic_write_bytes
 
 INFO_PATH = "meta/info.json"
@@ -224,8 +229,10 @@ class IncomingEpisode:
     ``origin`` is the file it came from (moved to quarantine if rejected); ``None`` for bytes or
     in-memory episodes (their table is written to quarantine instead). ``meta_extra`` is one row
     of carried episode-level meta (e.g. LeRobot ``videos/<key>/from_timestamp``); ``videos`` maps
-    a video key to the source mp4 file holding this episode's frames; ``features`` gives the
-    info.json entries of extra columns and videos.
+    a video key to the source mp4 file holding this episode's frames (carried whole, imports);
+    ``features`` gives the info.json entries of extra columns and videos. ``cameras`` maps a
+    camera key to this episode's frames (uint8 (T, H, W, 3), or a video file of one episode):
+    validated against the table (video_validation.py) and encoded on store (video.py).
     """
 
     table: pa.Table
@@ -234,6 +241,7 @@ class IncomingEpisode:
     meta_extra: pa.Table | None = None
     videos: Mapping[str, Path] = field(default_factory=dict)
     features: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    cameras: Mapping[str, CameraStream] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -242,6 +250,16 @@ class _Staged:
     episode: Episode
     table: pa.Table  # canonical: contract columns (fixed-size vectors) + extra frame columns
     content_hash: str
+    cameras: Mapping[str, np.ndarray] = field(default_factory=dict)  # checked frames, to encode
+
+
+@dataclass(frozen=True)
+class _EncodedCamera:
+    """One camera key of an ingest: the video file its episodes went to and each one's span."""
+
+    slot: tuple[int, int]  # (chunk_index, file_index)
+    spans: dict[int, EpisodeSpan]  # position in the batch -> where that episode lies in the file
+    feature: dict[str, Any]  # the info.json entry
 
 
 def infer_feature(arrow_type: pa.DataType, sample: Any = None) -> dict[str, Any]:
@@ -536,9 +554,39 @@ class EpisodeDataset:
                     out[name][bounds[order] : bounds[order + 1]] = rows
         return out
 
-    def load_episodes(self, episode_indices: Sequence[int]) -> list[Episode]:
+    @property
+    def camera_keys(self) -> tuple[str, ...]:
+        """The features stored as video (camera streams), in info.json order."""
+        return tuple(k for k, f in self.features.items() if f.get("dtype") == "video")
+
+    def camera_frames(self, episode_index: int, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """An episode's camera frames, (T, H, W, 3) uint8 per key (default: every camera it has),
+        decoded at its table's timestamps as LeRobot reads them (video.py: from_timestamp +
+        timestamp, nearest frame within 1 / fps - 1e-4 s)."""
+        row = self._spans_rows([episode_index])
+        timestamps = self.episode_columns([episode_index], [TIMESTAMP])[TIMESTAMP]
+        out: dict[str, np.ndarray] = {}
+        for key in self.camera_keys if keys is None else keys:
+            location = [video_location_column(key, w) for w in ("chunk_index", "file_index", "from_timestamp")]
+            if any(name not in row.column_names for name in location):
+                if keys is None:
+                    continue
+                raise KeyError(f"{self.root}: no camera {key!r} (cameras: {list(self.camera_keys)})")
+            chunk, file, start = (row.column(name)[0].as_py() for name in location)
+            if chunk is None:  # this episode has no stream for that camera
+                continue
+            path = self.root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file)
+            span = EpisodeSpan(float(start), float(start) + len(timestamps) / self.fps)
+            out[key] = episode_frames(path, span, timestamps, self.fps)
+        return out
+
+    def load_episodes(self, episode_indices: Sequence[int], cameras: bool = False) -> list[Episode]:
         """The listed episodes (``episode_index`` values) in the order listed; each data file that
-        holds one of them is read once. For the few episodes a consumer needs whole."""
+        holds one of them is read once. For the few episodes a consumer needs whole.
+        ``cameras``: with their camera frames decoded (``camera_frames``)."""
+        if cameras:
+            return [dataclasses.replace(ep, cameras=self.camera_frames(i))
+                    for i, ep in zip(episode_indices, self.load_episodes(episode_indices))]
         spans = self._spans(episode_indices)
         out: list[Episode | None] = [None] * len(spans)
         for key, wanted in _spans_by_file(spans):
@@ -549,15 +597,20 @@ class EpisodeDataset:
                 out[order] = table_to_episode(self._with_task(rows).drop_columns(list(BOOKKEEPING_COLUMNS)))
         return [episode for episode in out if episode is not None]
 
-    def _spans(self, episode_indices: Sequence[int]) -> list[_Span]:
+    def _spans_rows(self, episode_indices: Sequence[int]) -> pa.Table:
+        """The episodes-table rows of the listed episodes, in the order listed."""
         if not len(episode_indices):
             raise ValueError("no episodes listed to read")
-        assert self._meta is not None
+        if self._meta is None:
+            raise KeyError(f"episode_index {list(episode_indices)[:5]} not in {self.root}: it holds no episodes")
         where = {int(i): row for row, i in enumerate(self._meta.column(EPISODE_INDEX).to_numpy())}
         missing = [int(i) for i in episode_indices if int(i) not in where]
         if missing:
             raise KeyError(f"episode_index {missing[:5]} not in {self.root} (refresh() after another writer's ingest?)")
-        rows = self._meta.take(pa.array([where[int(i)] for i in episode_indices], pa.int64()))
+        return self._meta.take(pa.array([where[int(i)] for i in episode_indices], pa.int64()))
+
+    def _spans(self, episode_indices: Sequence[int]) -> list[_Span]:
+        rows = self._spans_rows(episode_indices)
         return [
             _Span((chunk, file), start, length)
             for chunk, file, start, length in zip(
@@ -614,7 +667,7 @@ class EpisodeDataset:
                 raise EpisodeValidationError(
                     source, WHOLE_FILE, str(exc), "give states/actions as (frames, dim) float32 arrays"
                 ) from exc
-            incoming.append(IncomingEpisode(table=table, source=source))
+            incoming.append(IncomingEpisode(table=table, source=source, cameras=ep.cameras))
         return self.ingest_tables(incoming, known_robots, quarantine_dir)
 
     def ingest_tables(
@@ -710,9 +763,31 @@ class EpisodeDataset:
                     continue
                 state_dim, action_dim = episode.states.shape[1], episode.actions.shape[1]
                 staged.append(_stage_one(incoming[i], episode, tables[i]))
+        staged = self._with_cameras(staged, errors, fresh)
         if errors and quarantine_dir is None:
             raise errors[0][1]
         return staged, [self._reject(item, error, quarantine_dir) for item, error in errors]
+
+    def _with_cameras(self, staged: list[_Staged], errors: list[tuple[IncomingEpisode, EpisodeValidationError]],
+                      fresh: bool) -> list[_Staged]:
+        """The staged episodes with their camera frames checked (video_validation.py) and in their
+        content hash; those that fail join ``errors``. The dataset's resolution per camera is
+        that of its info.json, else the batch's first episode with that camera."""
+        resolutions = {} if fresh else {k: tuple(f["shape"][:2]) for k, f in self.features.items() if f.get("dtype") == "video"}
+        kept: list[_Staged] = []
+        for item in staged:
+            if not item.incoming.cameras:
+                kept.append(item)
+                continue
+            try:
+                frames = validate_camera_streams(item.incoming.cameras, item.episode, self.fps, resolutions, item.incoming.source)
+            except EpisodeValidationError as error:
+                errors.append((item.incoming, error))
+                continue
+            for key, images in frames.items():
+                resolutions.setdefault(key, tuple(images.shape[1:3]))
+            kept.append(dataclasses.replace(item, cameras=frames, content_hash=_camera_hash(item.content_hash, frames)))
+        return kept
 
     @staticmethod
     def _reject(
@@ -765,6 +840,7 @@ class EpisodeDataset:
         chunk_size = int(info["chunks_size"])
         data_chunk, data_file = divmod(self._next_file_number(), chunk_size)
         next_video = self._next_video_numbers()
+        encoding = self._start_encoding(new, next_video, chunk_size, float(info["fps"]))
         video_slots: dict[tuple[str, Path], tuple[int, int]] = {}
         tasks = list(self._tasks)
         task_of = {t: i for i, t in enumerate(tasks)}
@@ -812,13 +888,17 @@ class EpisodeDataset:
         for (key, src), (chunk, number) in sorted(video_slots.items()):
             _atomic_copy(src, self.root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=number))
         _atomic_write_parquet(self.root / TASKS_PATH, tasks_table(tasks), self.cfg.compression)
+        for key, encoded in encoding.result().items():  # the videos are written before the commit
+            features[key] = encoded.feature
+            for position, span in encoded.spans.items():
+                extra_rows[position].update(_camera_location(key, encoded.slot, span))
         lengths = [t.num_rows for t in data_tables]
         added = _meta_rows(new, lengths, self.num_episodes, self.num_frames, (data_chunk, data_file),
                            (meta_chunk, meta_file), extra_rows)
         added = _with_stats(added, written, lengths)
         previous = [self._meta] if self._meta is not None else []
         self._info = {**info, "features": features}
-        if video_slots:
+        if video_slots or any(item.cameras for item in new):
             self._info["video_path"] = VIDEO_PATH
         self._tasks = tasks
         self._meta = pa.concat_tables(previous + [added], promote_options="permissive")
@@ -826,6 +906,38 @@ class EpisodeDataset:
         _atomic_write_parquet(meta_file_path(self.root, meta_number, chunk_size), added, self.cfg.compression)  # commit
         self._merge_meta_tail()
         return path
+
+    def _start_encoding(self, new: list[_Staged], next_video: dict[str, int], chunk_size: int,
+                        fps: float) -> Future[dict[str, _EncodedCamera]]:
+        """Encode the batch's camera streams, one new video file per camera key holding all its
+        episodes (their numbers taken from ``next_video``). ``episodes.video.encode``:
+        "background" encodes in a thread while the data file and tasks are written (the caller
+        joins before the commit); "inline" encodes now."""
+        keys = sorted({key for item in new for key in item.cameras})
+        slots = {}
+        for key in keys:
+            slots[key] = divmod(next_video.get(key, 0), chunk_size)
+            next_video[key] = next_video.get(key, 0) + 1
+        job = lambda: {key: self._encode_camera(key, new, slots[key], chunk_size, fps) for key in keys}  # noqa: E731
+        if not keys or self.cfg.video.encode == "inline":
+            done: Future[dict[str, _EncodedCamera]] = Future()
+            done.set_result(job())
+            return done
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="video-encode")
+        try:
+            return pool.submit(job)
+        finally:
+            pool.shutdown(wait=False)  # the one job runs on; its future is joined before the commit
+
+    def _encode_camera(self, key: str, new: list[_Staged], slot: tuple[int, int], chunk_size: int,
+                       fps: float) -> _EncodedCamera:
+        positions = [i for i, item in enumerate(new) if key in item.cameras]
+        path = self.root / VIDEO_PATH.format(video_key=key, chunk_index=slot[0], file_index=slot[1])
+        with atomic_path(path, tmp_name=path.name + TMP_SUFFIX) as tmp:
+            spans = encode_episodes(tmp, [new[i].cameras[key] for i in positions], fps, self.cfg.video)
+            info = video_info(tmp, self.cfg.video)
+        height, width = new[positions[0]].cameras[key].shape[1:3]
+        return _EncodedCamera(slot, dict(zip(positions, spans)), video_feature(int(height), int(width), info))
 
     def _merge_meta_tail(self) -> None:
         """The newest small episodes-table files merged into one, under a new number, then removed
@@ -948,6 +1060,26 @@ class EpisodeDataset:
             stats = stats_from_episodes_meta(self._meta)
         _atomic_write_bytes(self.root / STATS_PATH, json.dumps(stats, indent=4).encode())
         _atomic_write_bytes(self.root / INFO_PATH, json.dumps(self._info, indent=4).encode())
+
+
+def _camera_location(key: str, slot: tuple[int, int], span: EpisodeSpan) -> dict[str, pa.Array]:
+    """An episode's ``videos/<key>/*`` columns: its video file and its span in it (LeRobot v3)."""
+    return {
+        video_location_column(key, "chunk_index"): pa.array([slot[0]], pa.int64()),
+        video_location_column(key, "file_index"): pa.array([slot[1]], pa.int64()),
+        video_location_column(key, "from_timestamp"): pa.array([span.from_timestamp], pa.float64()),
+        video_location_column(key, "to_timestamp"): pa.array([span.to_timestamp], pa.float64()),
+    }
+
+
+def _camera_hash(content_hash: str, frames: Mapping[str, np.ndarray]) -> str:
+    """An episode's content hash with its camera frames in it (as sent, before the lossy
+    encoding), so a re-sent episode is a duplicate and a changed frame is not."""
+    parts = [content_hash]
+    for key, images in sorted(frames.items()):
+        digest = hashlib.blake2b(np.ascontiguousarray(images).tobytes(), digest_size=16)
+        parts.append(f"{key}:{images.shape}:{digest.hexdigest()}")
+    return combine_fingerprints(parts)
 
 
 def _with_int_column(table: pa.Table, name: str, values: np.ndarray) -> pa.Table:
