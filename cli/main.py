@@ -85,6 +85,20 @@ def _promotion_summary(promotion) -> str:
 
 
 # -- the loop ----------------------------------------------------------------------------------
+def demo_table(rows: list, confidence: float) -> Table:
+    """The demo's per-round table (CI reads it back: .ci/check_demo.py)."""
+    table = Table(title=f"fleetloop demo: closed-loop rounds (held-out success, Wilson {100 * confidence:.0f}% CI)")
+    for col in ("round", "robots", "episodes", "fleet success", "held-out success [CI]", "trials", "promoted", "champion",
+                "method", "plan", "ms/iteration", "retrieved"):
+        table.add_column(col, no_wrap=True)
+    for r in rows:
+        table.add_row(
+            r.round, str(r.robots), str(r.episodes), f"{100 * r.collected_success:.1f}%", r.heldout, str(r.trials),
+            "yes" if r.promoted else "no", f"v{r.champion}", r.method, r.plan, r.iteration_ms, str(r.retrieved),
+        )
+    return table
+
+
 @app.command()
 def demo(as_json: JsonOpt = False) -> None:
     """Bootstrap from scripted-expert demos, then run fleet rounds on @champion; print a per-round table."""
@@ -102,16 +116,7 @@ def demo(as_json: JsonOpt = False) -> None:
     if as_json:
         print(to_json({"rounds": [dataclasses.asdict(r) for r in rows]}))
         return
-    table = Table(title=f"fleetloop demo: closed-loop rounds (held-out success, Wilson {100 * settings.evaluation.confidence:.0f}% CI)")
-    for col in ("round", "robots", "episodes", "fleet success", "held-out success [CI]", "trials", "promoted", "champion",
-                "method", "plan", "ms/iteration", "retrieved"):
-        table.add_column(col, no_wrap=True)
-    for r in rows:
-        table.add_row(
-            r.round, str(r.robots), str(r.episodes), f"{100 * r.collected_success:.1f}%", r.heldout, str(r.trials),
-            "yes" if r.promoted else "no", f"v{r.champion}", r.method, r.plan, r.iteration_ms, str(r.retrieved),
-        )
-    Console(width=max(console.width, 200)).print(table)
+    Console(width=max(console.width, 200)).print(demo_table(rows, settings.evaluation.confidence))
     last = rows[-1]
     console.print(f"demo: {len(rows)} rounds; champion v{last.champion}, held-out success {last.heldout}", soft_wrap=True)
 
