@@ -35,14 +35,8 @@ import pyarrow.compute as pc
 
 from components.config import StoreConfig
 from components.store.scan import vectors_of
-from components.store.segment_store import (
-    RESULT_COLUMNS,
-    VECTOR,
-    SearchResult,
-    _empty_result,
-    _place,
-    segment_schema,
-)
+from components.store.schema import RESULT_COLUMNS, VECTOR, segment_schema
+from components.store.search_result import SearchResult, empty_result, place
 
 FILTER_COLUMNS = ("task",)
 TRAIN_SAMPLE_PER_LIST = 64  # k-means sample: rows per IVF list (FAISS warns below 39)
@@ -119,7 +113,7 @@ class ResidentIndex:
         q = np.array(queries, dtype=np.float32, order="C")  # a copy: cosine normalizes it in place
         if self.metric == "cosine":
             faiss.normalize_L2(q)
-        result = _empty_result(q.shape[0], k, self.metric, self.version)
+        result = empty_result(q.shape[0], k, self.metric, self.version)
         bits, kept = self._bitmap(success, task, robot_id, tuple(sorted(set(exclude_episode_ids))))
         if kept == 0 or len(self) == 0:
             return result
@@ -129,7 +123,7 @@ class ResidentIndex:
         found = ids >= 0
         if found.any():
             qi, ri = np.nonzero(found)
-            _place(result, qi, ri, self.rows.take(pa.array(ids[qi, ri])), distances[qi, ri].astype(np.float32))
+            place(result, qi, ri, self.rows.take(pa.array(ids[qi, ri])), distances[qi, ri].astype(np.float32))
         result.counts[:] = found.sum(axis=1)
         return result
 
