@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -124,3 +128,34 @@ def test_dropped_frames_repeat_the_last_one_but_never_start_an_episode() -> None
     none, _ = repeats(0.0)
     many, first = repeats(0.95)
     assert none == 0 and many > 10 and first == 0
+
+
+METAWORLD_SCRIPT = """
+import gymnasium as gym, numpy as np
+from gymnasium.utils.env_checker import check_env
+import components.sim
+from components.config import SimConfig
+from components.sim.factory import make_env
+from components.sim.registration import METAWORLD_ID
+env = gym.make(METAWORLD_ID, robot_id="robot-0001", cameras=("scene", "gripper"), max_steps=3)
+assert isinstance(env.observation_space, gym.spaces.Dict)
+check_env(env.unwrapped, skip_render_check=True)
+cfg = SimConfig(name="metaworld", task="pick-place-v3", max_steps=3, cameras=("scene",))
+fleet = make_env(cfg, ["robot-0000", "robot-0001"], 0)
+obs, _ = fleet.reset()
+assert obs["scene"].shape == (2, 64, 64, 3) and obs["scene"].dtype == np.uint8 and obs["scene"].std() > 10
+assert not np.array_equal(obs["scene"][0], obs["scene"][1])  # two robots, two exposures
+for _ in range(3):
+    obs, _, terminated, truncated, info = fleet.step(np.zeros((2, 4), np.float32))
+assert (terminated | truncated).all() and info["final_obs"]["scene"].shape == (2, 64, 64, 3)
+fleet.close()
+print("rendered")
+"""
+
+
+def test_metaworld_renders_offscreen_with_the_robots_quirks() -> None:
+    """In a fresh process: MuJoCo picks its GL (sim.camera.mujoco_gl) when first imported."""
+    pytest.importorskip("metaworld")
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
+    done = subprocess.run([sys.executable, "-c", METAWORLD_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and "rendered" in done.stdout, done.stderr[-2000:]

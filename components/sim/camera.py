@@ -118,18 +118,27 @@ class FleetCameras:
         self._drop = np.stack([g.random(len(self.keys)) for g in self._rngs]) < self._drop_rate[:, None]
 
     def capture(self, bodies: list[Disc], gripper: np.ndarray, rows: np.ndarray, fresh: np.ndarray) -> dict[str, np.ndarray]:
-        """Frames of ``rows`` (env indices) for every view; a dropped frame repeats the row's last
+        """Frames of ``rows`` (env indices) for every view, drawn from ``bodies``; see ``deliver``."""
+        drawn = {key: self._draw(bodies, gripper, rows, view) for key, view in zip(self.keys, self._views)}
+        return self.deliver(drawn, rows, fresh)
+
+    def deliver(self, drawn: dict[str, np.ndarray], rows: np.ndarray, fresh: np.ndarray) -> dict[str, np.ndarray]:
+        """What the robots' cameras deliver of ``drawn`` ((len(rows), H, W, 3) per view, 0..255):
+        their exposure, white balance and noise applied; a dropped frame repeats the row's last
         one unless ``fresh`` (the first frame of an episode, (len(rows),) bool)."""
         out: dict[str, np.ndarray] = {}
-        for slot, (key, view) in enumerate(zip(self.keys, self._views)):
-            frames = self._render(bodies, gripper, rows, view, slot)
+        for slot, key in enumerate(self.keys):
+            image = drawn[key].astype(np.float32) * self._gain[rows][:, None, None, :]
+            image += self._noise[rows, slot] * self._noise_std[rows][:, None, None, None]
+            frames = np.clip(image, 0.0, 255.0).astype(np.uint8)
             dropped = self._drop[rows, slot] & ~fresh
             frames[dropped] = self._last[key][rows[dropped]]
             self._last[key][rows] = frames
             out[key] = frames
         return out
 
-    def _render(self, bodies: list[Disc], gripper: np.ndarray, rows: np.ndarray, view: int, slot: int) -> np.ndarray:
+    def _draw(self, bodies: list[Disc], gripper: np.ndarray, rows: np.ndarray, view: int) -> np.ndarray:
+        """The scene as ``view`` sees it from each row's mount: labels, coloured by ``PALETTE``."""
         centre, half = (np.asarray(SCENE_CENTRE), SCENE_HALF_WIDTH) if VIEWS[view] == "scene" else (
             gripper[rows], self.cfg.gripper_view_half_width)
         centre = (np.broadcast_to(centre, (len(rows), 2)) + self._offset[rows, view]).astype(np.float32)
@@ -146,9 +155,7 @@ class FleetCameras:
             if np.any(np.asarray(body.hole) > 0):
                 inside &= d2 >= _per_row(body.hole, rows) ** 2
             labels[inside] = body.label
-        image = PALETTE[labels] * self._gain[rows][:, None, None, :]
-        image += self._noise[rows, slot] * self._noise_std[rows][:, None, None, None]
-        return np.clip(image, 0.0, 255.0).astype(np.uint8)
+        return PALETTE[labels]
 
     @staticmethod
     def _table(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -17,10 +17,18 @@ not grasped), carry (grasped, off target), place (success). Success terminates; 
 truncates. Same-step autoreset with ``info["final_obs"]``, like ``PickPlaceVecEnv``.
 
 The expert is Meta-World's bundled scripted ``SawyerPickPlaceV3Policy``.
+
+Cameras (``sim.cameras``): MuJoCo renders offscreen through ``sim.camera.mujoco_gl`` (``MUJOCO_GL``:
+osmesa from Debian's ``libosmesa6``, or egl from ``libegl1`` + ``libegl-mesa0``), the scene view from
+Meta-World's ``sim.camera.metaworld_scene_camera`` and the gripper view from its
+``metaworld_gripper_camera``; each robot's exposure, white balance, pixel noise and dropped frames
+apply as in the built-in sims (camera.py); the mount offset does not (the MuJoCo cameras stay put).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 import gymnasium as gym
@@ -28,6 +36,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from components.config import SimConfig
+from components.sim.camera import STATE_KEY, FleetCameras, camera_keys
+from components.sim.camera import observation_space as camera_observation_space
 from components.sim.pickplace import CARRY, GRASP, PLACE, REACH
 from components.sim.profile import check_robot_ids, GOAL_CENTER, OBJECT_CENTER, RobotProfile, stable_robot_hash
 
@@ -83,8 +93,18 @@ class MetaWorldVecEnv(VectorEnv):
         self.num_envs = len(robot_ids)
         self.profiles = [RobotProfile.from_id(r, cfg) for r in robot_ids]
         self._hashes = [stable_robot_hash(r) for r in robot_ids]
+        self.cameras = FleetCameras(cfg, self.profiles, self._hashes, seed) if camera_keys(cfg) else None
+        if self.cameras is not None:  # MuJoCo picks its GL when it is first imported
+            if "mujoco" in sys.modules and not os.environ.get("MUJOCO_GL"):
+                raise RuntimeError(
+                    "sim.cameras on Meta-World: MuJoCo was imported before MUJOCO_GL was set, so it cannot render "
+                    f"offscreen; export MUJOCO_GL={cfg.camera.mujoco_gl} before starting Python"
+                )
+            os.environ.setdefault("MUJOCO_GL", cfg.camera.mujoco_gl)
         self.envs = [_make_raw_env(cfg.max_steps) for _ in robot_ids]
-        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
+        self._renderers: list[Any] = []
+        state_space = gym.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
+        self.single_observation_space = camera_observation_space(cfg, state_space)
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (ACT_DIM,), np.float32)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
@@ -112,6 +132,32 @@ class MetaWorldVecEnv(VectorEnv):
             raise ValueError(f"seed must be a non-negative int, got {seed}")
         self._reset_rngs = [np.random.default_rng([seed, h, _RESET_STREAM]) for h in self._hashes]
         self._step_rngs = [np.random.default_rng([seed, h, _STEP_STREAM]) for h in self._hashes]
+        if self.cameras is not None:
+            self.cameras.seed(seed)
+
+    # ----------------------------------------------------------------------------- cameras
+    def _render(self, rows: np.ndarray, fresh: np.ndarray) -> dict[str, np.ndarray]:
+        """The robots' camera frames of ``rows`` (MuJoCo offscreen, then each robot's quirks)."""
+        assert self.cameras is not None
+        if not self._renderers:
+            import mujoco
+
+            cam = self.cfg.camera
+            self._renderers = [mujoco.Renderer(env.model, cam.height, cam.width) for env in self.envs]
+        names = {"scene": self.cfg.camera.metaworld_scene_camera, "gripper": self.cfg.camera.metaworld_gripper_camera}
+        drawn = {}
+        for key in self.cameras.keys:
+            images = []
+            for i in rows:
+                self._renderers[i].update_scene(self.envs[i].data, camera=names[key])
+                images.append(self._renderers[i].render())
+            drawn[key] = np.stack(images)
+        return self.cameras.deliver(drawn, rows, fresh)
+
+    def _observed(self, state: np.ndarray, fresh: np.ndarray) -> np.ndarray | dict[str, np.ndarray]:
+        if self.cameras is None:
+            return state
+        return {STATE_KEY: state, **self._render(np.arange(self.num_envs), fresh)}
 
     def _placement(self, i: int) -> np.ndarray:
         """Object xyz + goal xyz from robot i's region, >= MIN_SEPARATION apart in xy.
@@ -148,7 +194,9 @@ class MetaWorldVecEnv(VectorEnv):
         self._needs_reset = False
         obs = np.stack([self._reset_one(i) for i in range(self.num_envs)])
         zeros = np.zeros(self.num_envs, dtype=bool)
-        return obs, {"stage": np.zeros(self.num_envs, np.int64), "stage_reached": self.stage_reached.copy(), "success": zeros}
+        if self.cameras is not None:
+            self.cameras.draw()
+        return self._observed(obs, ~zeros), {"stage": np.zeros(self.num_envs, np.int64), "stage_reached": self.stage_reached.copy(), "success": zeros}
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         if self._needs_reset:
@@ -178,14 +226,28 @@ class MetaWorldVecEnv(VectorEnv):
         info = {"stage": stage, "stage_reached": self.stage_reached.copy(), "success": success.copy(),
                 "elapsed": self.elapsed.copy(), "final_obs": final, "_final_obs": done}
         obs[:] = final
+        last_frames: dict[str, np.ndarray] = {}
+        if self.cameras is not None:
+            self.cameras.draw()  # one draw a step, whoever finishes
+            if done.any():
+                last_frames = self._render(np.flatnonzero(done), np.zeros(int(done.sum()), dtype=bool))
         for i in np.flatnonzero(done):
             obs[i] = self._reset_one(i)
-        return obs, success.astype(np.float32), success, truncated, info
+        observed = self._observed(obs, done)
+        if self.cameras is not None:
+            final_images = {k: v.copy() for k, v in observed.items() if k != STATE_KEY}
+            for key, frames in last_frames.items():
+                final_images[key][done] = frames
+            info["final_obs"] = {STATE_KEY: final, **final_images}
+        return observed, success.astype(np.float32), success, truncated, info
 
     def close(self, **kwargs: Any) -> None:
         """Hands the envs back for reuse (see ``_IDLE_ENVS``)."""
         _IDLE_ENVS.extend(self.envs)
         self.envs = []
+        for renderer in self._renderers:
+            renderer.close()
+        self._renderers = []
 
 
 class MetaWorldExpert:
