@@ -16,6 +16,7 @@ from components.episodes.schema import episode_to_table
 from components.episodes.validation import EpisodeValidationError
 from components.episodes.video import (
     FrameTimestampError,
+    VideoReader,
     decode_frames,
     encode_episodes,
     episode_frames,
@@ -57,14 +58,22 @@ def test_several_episodes_per_file_read_back_by_timestamp(tmp_path: Path) -> Non
     path = tmp_path / "file-000.mp4"
     spans = encode_episodes(path, streams, FPS, VideoConfig())
     assert [(s.from_timestamp, s.to_timestamp) for s in spans] == [(0.0, 1.2), (1.2, 1.9), (1.9, 3.9)]
-    for frames, span in zip(streams, spans):
-        back = episode_frames(path, span, np.arange(len(frames)) / FPS, FPS)
+    with VideoReader(path) as reader:  # in order: each read goes on where the last one stopped
+        in_order = [episode_frames(reader, span, np.arange(len(f)) / FPS, FPS) for f, span in zip(streams, spans)]
+    for frames, span, back in zip(streams, spans, in_order):
         assert back.shape == frames.shape and back.dtype == np.uint8
         assert np.abs(back.astype(int) - frames).max() <= 3
+        with VideoReader(path) as reader:  # alone: seeks to the keyframe before it
+            np.testing.assert_array_equal(back, episode_frames(reader, span, np.arange(len(frames)) / FPS, FPS))
+    with VideoReader(path) as reader:  # backwards, then forwards past a gap: seeks each time
+        backwards = [episode_frames(reader, span, np.arange(len(f)) / FPS, FPS) for f, span in zip(streams[::-1], spans[::-1])]
+        np.testing.assert_array_equal(episode_frames(reader, spans[2], np.arange(20) / FPS, FPS), in_order[2])
+    for a, b in zip(backwards[::-1], in_order):
+        np.testing.assert_array_equal(a, b)
     # the nearest frame within the tolerance, as LeRobot's reader gives it; none past it
     nearly = decode_frames(path, [1.2 + 0.04], tolerance_s(FPS))
     np.testing.assert_array_equal(nearly, decode_frames(path, [1.2], tolerance_s(FPS)))
-    with pytest.raises(FrameTimestampError, match="no frame within"):
+    with pytest.raises(FrameTimestampError, match="no frame"):
         decode_frames(path, [3.9 + 0.1], tolerance_s(FPS))
 
 

@@ -111,7 +111,14 @@ from components.episodes.validation import (
     validate_episode_batch,
     validate_episode_table,
 )
-from components.episodes.video import EpisodeSpan, encode_episodes, episode_frames, video_feature, video_info
+from components.episodes.video import (
+    EpisodeSpan,
+    VideoReader,
+    encode_episodes,
+    episode_frames,
+    video_feature,
+    video_info,
+)
 from components.episodes.video_validation import CameraStream, validate_camera_streams
 from components.fsio import atomic_path, atomic_write_bytes
 
@@ -125,6 +132,7 @@ LOCK_NAME = ".fleetloop.lock"
 FPS_TOLERANCE = 1e-6  # fps are compared as floats (info.json may hold 30 or 30.0)
 # LeRobot's default, written to info.json for readers that expect it.
 VIDEO_FILES_SIZE_IN_MB = 500
+VIDEO_READERS_KEPT = 8  # open video files a dataset keeps (camera_frames)
 
 # LeRobot bookkeeping columns of data files: storage positions, reassigned on every store.
 EPISODE_INDEX = "episode_index"
@@ -339,6 +347,9 @@ class EpisodeDataset:
         self._facts: tuple[pa.Table, int, bool] | None = None  # (_meta, its frames, in episode order)
         self._tasks: list[str] = []
         self._info: dict[str, Any] | None = None
+        self._readers: dict[Path, VideoReader] = {}  # open video files, least recently used first
+        self._timestamps: tuple[tuple[int, int], np.ndarray, np.ndarray] | None = None  # last data file's
+        self._rows_of: tuple[pa.Table, dict[int, int]] | None = None  # episode_index -> row of _meta
         self._load()
 
     # ---------------------------------------------------------------- reading the layout
@@ -564,7 +575,7 @@ class EpisodeDataset:
         decoded at its table's timestamps as LeRobot reads them (video.py: from_timestamp +
         timestamp, nearest frame within 1 / fps - 1e-4 s)."""
         row = self._spans_rows([episode_index])
-        timestamps = self.episode_columns([episode_index], [TIMESTAMP])[TIMESTAMP]
+        timestamps = self._episode_timestamps(row)
         out: dict[str, np.ndarray] = {}
         for key in self.camera_keys if keys is None else keys:
             location = [video_location_column(key, w) for w in ("chunk_index", "file_index", "from_timestamp")]
@@ -577,8 +588,28 @@ class EpisodeDataset:
                 continue
             path = self.root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file)
             span = EpisodeSpan(float(start), float(start) + len(timestamps) / self.fps)
-            out[key] = episode_frames(path, span, timestamps, self.fps)
+            out[key] = episode_frames(self._video_reader(path), span, timestamps, self.fps)
         return out
+
+    def _episode_timestamps(self, row: pa.Table) -> np.ndarray:
+        """An episode's ``timestamp`` column (its episodes-table ``row``); the last data file's
+        column is kept, so walking a file's episodes reads it once."""
+        key = (row.column(META_DATA_CHUNK)[0].as_py(), row.column(META_DATA_FILE)[0].as_py())
+        if self._timestamps is None or self._timestamps[0] != key:
+            table = read_data_file(self.root, key, [INDEX, TIMESTAMP])
+            self._timestamps = (key, table.column(INDEX).to_numpy(), table.column(TIMESTAMP).to_numpy())
+        _, index, times = self._timestamps
+        start = int(row.column(META_FROM)[0].as_py()) - int(index[0])
+        return times[start : start + int(row.column(META_LENGTH)[0].as_py())]
+
+    def _video_reader(self, path: Path) -> VideoReader:
+        """An open reader per video file, the most recently used ``VIDEO_READERS_KEPT`` kept (one
+        per camera is what walking the episodes in order needs)."""
+        reader = self._readers.pop(path, None) or VideoReader(path)
+        self._readers[path] = reader
+        while len(self._readers) > VIDEO_READERS_KEPT:
+            self._readers.pop(next(iter(self._readers))).close()
+        return reader
 
     def load_episodes(self, episode_indices: Sequence[int], cameras: bool = False) -> list[Episode]:
         """The listed episodes (``episode_index`` values) in the order listed; each data file that
@@ -603,7 +634,9 @@ class EpisodeDataset:
             raise ValueError("no episodes listed to read")
         if self._meta is None:
             raise KeyError(f"episode_index {list(episode_indices)[:5]} not in {self.root}: it holds no episodes")
-        where = {int(i): row for row, i in enumerate(self._meta.column(EPISODE_INDEX).to_numpy())}
+        if self._rows_of is None or self._rows_of[0] is not self._meta:
+            self._rows_of = (self._meta, {int(i): row for row, i in enumerate(self._meta.column(EPISODE_INDEX).to_numpy())})
+        where = self._rows_of[1]
         missing = [int(i) for i in episode_indices if int(i) not in where]
         if missing:
             raise KeyError(f"episode_index {missing[:5]} not in {self.root} (refresh() after another writer's ingest?)")

@@ -15,7 +15,7 @@ is further than ``tolerance_s`` away; the tolerance is ``1 / fps - 1e-4`` (LeRob
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -125,26 +125,70 @@ def video_feature(height: int, width: int, info: dict[str, Any]) -> dict[str, An
 def decode_frames(path: Path, timestamps: Sequence[float], tolerance: float) -> np.ndarray:
     """The frames nearest to ``timestamps`` (seconds in the file), (n, H, W, 3) uint8; raises
     ``FrameTimestampError`` when one is further than ``tolerance`` from its nearest frame."""
-    wanted = np.asarray(timestamps, dtype=np.float64)
-    if wanted.size == 0:
-        raise ValueError(f"{path}: no timestamps to decode")
-    first, last = float(wanted.min()), float(wanted.max())
-    images: list[np.ndarray] = []
-    times: list[float] = []
-    with av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
-        container.seek(max(int(first / stream.time_base) - 1, 0), backward=True, any_frame=False, stream=stream)
-        for frame in container.decode(stream):
+    with VideoReader(path) as reader:
+        return reader.frames_at(timestamps, tolerance)
+
+
+class VideoReader:
+    """One open video file, read as LeRobot's PyAV reader does (seek to the keyframe at or before
+    the first wanted time, decode forward past the last), except that a read starting just after
+    the previous one goes on decoding where that one stopped: consecutive episodes of one file
+    (how a reader walks a dataset) cost no reopening and no seek back."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._container = av.open(str(path))
+        self._stream = self._container.streams.video[0]
+        self._stream.thread_type = "AUTO"  # frame threads: what PyAV read straight through uses
+        self._time_base = float(self._stream.time_base)  # (a Fraction per frame costs ~5% of a read)
+        self._decoded: Iterator[av.VideoFrame] | None = None
+        self._last_time: float | None = None  # time of the last frame decoded
+
+    def __enter__(self) -> VideoReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._container.close()
+
+    def frames_at(self, timestamps: Sequence[float], tolerance: float) -> np.ndarray:
+        wanted = np.asarray(timestamps, dtype=np.float64)
+        if wanted.size == 0:
+            raise ValueError(f"{self.path}: no timestamps to decode")
+        first, last = float(wanted.min()), float(wanted.max())
+        if self._decoded is None or self._last_time is None or not (self._last_time < first <= self._last_time + tolerance * 2):
+            self._seek(first)
+        images: list[np.ndarray] = []
+        times: list[float] = []
+        assert self._decoded is not None
+        for frame in self._decoded:
             if frame.pts is None:
                 continue
-            time = float(frame.pts * stream.time_base)
+            time = frame.pts * self._time_base
+            self._last_time = time
+            if time < first - tolerance:
+                continue  # before the wanted span (decoded from the keyframe)
             images.append(frame.to_ndarray(format=FRAME_FORMAT))
             times.append(time)
-            if time >= last:
+            if time >= last - TOLERANCE_MARGIN_S:  # (float32 table times sit a hair past the frame's)
                 break
+        else:
+            self._decoded = None  # the file ended: the next read seeks
+        return _nearest(self.path, wanted, images, times, tolerance)
+
+    def _seek(self, first: float) -> None:
+        self._container.seek(max(int(first / self._time_base) - 1, 0), backward=True, any_frame=False,
+                             stream=self._stream)
+        self._decoded = iter(self._container.decode(self._stream))
+        self._last_time = None
+
+
+def _nearest(path: Path, wanted: np.ndarray, images: list[np.ndarray], times: list[float], tolerance: float) -> np.ndarray:
+    """Each wanted time's nearest decoded frame; ``FrameTimestampError`` past the tolerance."""
     if not images:
-        raise FrameTimestampError(f"{path}: no frame decodes in [{first:.4f}, {last:.4f}] s")
+        raise FrameTimestampError(f"{path}: no frame decodes in [{wanted.min():.4f}, {wanted.max():.4f}] s")
     decoded = np.asarray(times)
     nearest = np.abs(wanted[:, None] - decoded[None, :]).argmin(axis=1)
     gap = np.abs(decoded[nearest] - wanted)
@@ -157,10 +201,10 @@ def decode_frames(path: Path, timestamps: Sequence[float], tolerance: float) -> 
     return np.stack([images[i] for i in nearest])
 
 
-def episode_frames(path: Path, span: EpisodeSpan, timestamps: np.ndarray, fps: float) -> np.ndarray:
+def episode_frames(reader: VideoReader, span: EpisodeSpan, timestamps: np.ndarray, fps: float) -> np.ndarray:
     """An episode's frames at its table's ``timestamps`` (seconds from its start), as LeRobot reads
     them: shifted by the episode's ``from_timestamp`` in the file."""
-    return decode_frames(path, span.from_timestamp + np.asarray(timestamps, dtype=np.float64), tolerance_s(fps))
+    return reader.frames_at(span.from_timestamp + np.asarray(timestamps, dtype=np.float64), tolerance_s(fps))
 
 
 def read_all_frames(path: Path) -> tuple[np.ndarray, np.ndarray]:
