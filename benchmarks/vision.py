@@ -178,10 +178,17 @@ def _pyav_read_all(path: Path) -> int:
         return sum(1 for frame in container.decode(stream) if frame.to_ndarray(format="rgb24") is not None)
 
 
+# checked 2026-12-05: PyPI's torchcodec 0.17.0 declares no torch pin and installs beside torch 2.13.0+cpu,
+# but its libraries link CUDA's libnvrtc.so.13 and fail to load here; the CPU build is on PyTorch's index
+TORCHCODEC_NOTE = "torchcodec 0.17.0 (PyPI) is a CUDA build: OSError libnvrtc.so.13 beside torch 2.13.0+cpu"
+
+
 def _torchcodec_reader() -> tuple[object | None, str]:
     try:
         from torchcodec.decoders import VideoDecoder
-    except Exception as exc:  # ImportError, or OSError of a wheel built for another torch / CUDA
+    except ModuleNotFoundError:
+        return None, f"not installed ({TORCHCODEC_NOTE})"
+    except Exception as exc:  # OSError of a wheel built for another torch / CUDA
         return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     return VideoDecoder, "ok"
 

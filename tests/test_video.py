@@ -198,3 +198,20 @@ def test_camera_timestamps_must_be_at_the_camera_rate(tmp_path: Path, camera_epi
     bad = dataclasses.replace(episode, timestamps=skewed)
     with pytest.raises(EpisodeValidationError, match="not at the camera rate"):
         _dataset(tmp_path).add_episodes([bad])
+
+
+def test_camera_features_go_through_lerobot_export_and_import(tmp_path: Path, camera_episodes: list[Episode]) -> None:
+    from components.episodes.lerobot import export_lerobot, import_lerobot
+
+    ds = _dataset(tmp_path / "ours")
+    ds.add_episodes(camera_episodes)
+    export_lerobot(ds, tmp_path / "export")
+    assert (tmp_path / f"export/videos/{SCENE}/chunk-000/file-000.mp4").is_file()
+    back = _dataset(tmp_path / "back")
+    import_lerobot(tmp_path / "export", back, robot_id="robot-0000")
+    assert back.camera_keys == ds.camera_keys and back.num_episodes == ds.num_episodes
+    assert back.info()["features"][SCENE] == ds.info()["features"][SCENE]
+    for i in range(ds.num_episodes):
+        ours, theirs = ds.camera_frames(i), back.camera_frames(i)
+        for key in (SCENE, GRIPPER):
+            np.testing.assert_array_equal(ours[key], theirs[key])
