@@ -59,8 +59,8 @@ class CameraConfig(Section):
     how widely the robots' camera quirks spread (each robot draws its own within these, from its
     profile: components/sim/profile.py). Which views render is ``sim.cameras``."""
 
-    width: int = Field(default=64, ge=8)
-    height: int = Field(default=64, ge=8)
+    width: int = Field(default=64, ge=8, multiple_of=2)  # even: the stored video is yuv420p
+    height: int = Field(default=64, ge=8, multiple_of=2)
     gripper_view_half_width: float = Field(default=0.2, gt=0)  # the gripper view spans +- this around the jaw
     mount_offset_spread: float = Field(default=0.03, ge=0)  # camera shift in +- spread (workspace units)
     mount_rotation_spread: float = Field(default=0.06, ge=0)  # camera roll in +- spread (radians)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -14,7 +15,13 @@ from gymnasium.utils.env_checker import check_env
 import components.sim  # noqa: F401  (registers the gymnasium ids)
 from components.config import CameraConfig, SimConfig
 from components.episodes.record import camera_key
-from components.sim.camera import OBJECT, PALETTE, SCENE_CENTRE, SCENE_HALF_WIDTH, STATE_KEY
+from components.sim.camera import (
+    OBJECT,
+    PALETTE,
+    SCENE_CENTRE,
+    SCENE_HALF_WIDTH,
+    STATE_KEY,
+)
 from components.sim.collect import collect, run_episodes
 from components.sim.factory import make_env, make_expert
 from components.sim.profile import CameraQuirks, RobotProfile
@@ -122,7 +129,7 @@ def test_dropped_frames_repeat_the_last_one_but_never_start_an_episode() -> None
         episodes = run_episodes(make_expert(cfg), ROBOTS, cfg, 3, seed=1, policy_version="expert")
         frames = [e.cameras[camera_key("scene")] for e in episodes]
         same = sum(int((f[1:] == f[:-1]).all(axis=(1, 2, 3)).sum()) for f in frames)
-        first_repeats = sum(int(np.array_equal(a[-1], b[0])) for a, b in zip(frames, frames[1:]))
+        first_repeats = sum(int(np.array_equal(a[-1], b[0])) for a, b in itertools.pairwise(frames))
         return same, first_repeats
 
     none, _ = repeats(0.0)
@@ -157,5 +164,5 @@ def test_metaworld_renders_offscreen_with_the_robots_quirks() -> None:
     """In a fresh process: MuJoCo picks its GL (sim.camera.mujoco_gl) when first imported."""
     pytest.importorskip("metaworld")
     env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
-    done = subprocess.run([sys.executable, "-c", METAWORLD_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run([sys.executable, "-c", METAWORLD_SCRIPT], capture_output=True, text=True, env=env, timeout=300, check=False)
     assert done.returncode == 0 and "rendered" in done.stdout, done.stderr[-2000:]

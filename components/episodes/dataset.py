@@ -951,7 +951,10 @@ class EpisodeDataset:
         for key in keys:
             slots[key] = divmod(next_video.get(key, 0), chunk_size)
             next_video[key] = next_video.get(key, 0) + 1
-        job = lambda: {key: self._encode_camera(key, new, slots[key], chunk_size, fps) for key in keys}  # noqa: E731
+
+        def job() -> dict[str, _EncodedCamera]:
+            return {key: self._encode_camera(key, new, slots[key], chunk_size, fps) for key in keys}
+
         if not keys or self.cfg.video.encode == "inline":
             done: Future[dict[str, _EncodedCamera]] = Future()
             done.set_result(job())

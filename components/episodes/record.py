@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-
 # The simulator's per-frame stage (the stage each frame's action led to), an extra column. The
 # stage an episode reached is its running maximum, so ``stage_reached`` = this column's max.
 STAGE_COLUMN = "stage"

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import av
 import numpy as np
@@ -144,7 +144,7 @@ class VideoReader:
         self._decoded: Iterator[av.VideoFrame] | None = None
         self._last_time: float | None = None  # time of the last frame decoded
 
-    def __enter__(self) -> VideoReader:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

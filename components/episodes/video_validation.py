@@ -17,7 +17,12 @@ import numpy as np
 
 from components.episodes.record import Episode
 from components.episodes.validation import EpisodeValidationError
-from components.episodes.video import CHANNELS, FrameTimestampError, read_all_frames, tolerance_s
+from components.episodes.video import (
+    CHANNELS,
+    FrameTimestampError,
+    read_all_frames,
+    tolerance_s,
+)
 
 CameraStream = np.ndarray | Path  # raw frames, or a video file holding them
 

@@ -33,7 +33,9 @@ def make_env(cfg: SimConfig, robot_ids: list[str], seed: int) -> VectorEnv:
     if cfg.name == "pack":
         return pack.PackVecEnv(cfg, list(robot_ids), seed)
     if cfg.name == "metaworld":
-        from components.sim import metaworld  # imported on demand: MuJoCo loads only when asked for
+        from components.sim import (
+            metaworld,  # imported on demand: MuJoCo loads only when asked for
+        )
 
         return metaworld.MetaWorldVecEnv(cfg, list(robot_ids), seed)
     raise NotImplementedError(

@@ -39,7 +39,13 @@ from components.config import SimConfig
 from components.sim.camera import STATE_KEY, FleetCameras, camera_keys
 from components.sim.camera import observation_space as camera_observation_space
 from components.sim.pickplace import CARRY, GRASP, PLACE, REACH
-from components.sim.profile import check_robot_ids, GOAL_CENTER, OBJECT_CENTER, RobotProfile, stable_robot_hash
+from components.sim.profile import (
+    GOAL_CENTER,
+    OBJECT_CENTER,
+    RobotProfile,
+    check_robot_ids,
+    stable_robot_hash,
+)
 
 TASK = "pick-place-v3"
 OBS_DIM = 39

@@ -33,7 +33,15 @@ from typing import Any
 import numpy as np
 
 from components.config import SimConfig
-from components.sim.camera import CONTAINER, CONTAINER_WALL, GOAL, OBJECT, OBJECT_RADIUS, Disc, gripper_disc
+from components.sim.camera import (
+    CONTAINER,
+    CONTAINER_WALL,
+    GOAL,
+    OBJECT,
+    OBJECT_RADIUS,
+    Disc,
+    gripper_disc,
+)
 from components.sim.pickplace import (
     GRASP_REACH,
     OBJECT_WIDTH,

@@ -35,9 +35,18 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from components.config import SimConfig
-from components.sim.camera import GOAL, OBJECT, OBJECT_RADIUS, STATE_KEY, Disc, FleetCameras, camera_keys, gripper_disc
+from components.sim.camera import (
+    GOAL,
+    OBJECT,
+    OBJECT_RADIUS,
+    STATE_KEY,
+    Disc,
+    FleetCameras,
+    camera_keys,
+    gripper_disc,
+)
 from components.sim.camera import observation_space as camera_observation_space
-from components.sim.profile import check_robot_ids, RobotProfile, stable_robot_hash
+from components.sim.profile import RobotProfile, check_robot_ids, stable_robot_hash
 
 STAGES: tuple[str, ...] = ("reach", "grasp", "carry", "place")
 REACH, GRASP, CARRY, PLACE = range(len(STAGES))
