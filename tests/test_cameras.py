@@ -156,6 +156,17 @@ for _ in range(3):
     obs, _, terminated, truncated, info = fleet.step(np.zeros((2, 4), np.float32))
 assert (terminated | truncated).all() and info["final_obs"]["scene"].shape == (2, 64, 64, 3)
 fleet.close()
+states = []
+for cameras in ((), ("scene",)):  # the state is the same with cameras on
+    fleet = make_env(cfg.model_copy(update={"cameras": cameras}), ["robot-0002"], 1)
+    obs, _ = fleet.reset()
+    run = [obs["state"] if cameras else obs]
+    for _ in range(2):
+        obs, *_ = fleet.step(np.full((1, 4), 0.3, np.float32))
+        run.append(obs["state"] if cameras else obs)
+    states.append(np.stack(run))
+    fleet.close()
+np.testing.assert_array_equal(states[0], states[1])
 print("rendered")
 """
 
