@@ -215,3 +215,26 @@ def test_camera_features_go_through_lerobot_export_and_import(tmp_path: Path, ca
         ours, theirs = ds.camera_frames(i), back.camera_frames(i)
         for key in (SCENE, GRIPPER):
             np.testing.assert_array_equal(ours[key], theirs[key])
+
+
+def test_a_failed_ingest_leaves_no_encoder_running_and_stores_nothing(tmp_path: Path, camera_episodes: list[Episode],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import components.episodes.dataset as dataset_module
+
+    ds = _dataset(tmp_path / "ds")
+    ds.add_episodes(camera_episodes[:1])
+    before, digest = _stored(tmp_path / "ds"), ds.content_hash()
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(dataset_module, "tasks_table", broken)  # fails after the encode started
+    with pytest.raises(OSError, match="disk full"):
+        ds.add_episodes(camera_episodes[1:])
+    assert ds._encodings == []  # joined before the lock was released
+    monkeypatch.undo()
+    fresh = _dataset(tmp_path / "ds")  # what a reader sees: the first episode only
+    assert fresh.num_episodes == 1 and fresh.content_hash() == digest
+    assert {k: v for k, v in _stored(tmp_path / "ds").items() if k in before} == before
+    assert len(fresh.add_episodes(camera_episodes[1:]).added) == 3  # the next ingest writes over the leftovers
+    assert fresh.camera_frames(3)[SCENE].shape == camera_episodes[3].cameras[SCENE].shape

@@ -32,7 +32,7 @@ import re
 import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -348,6 +348,7 @@ class EpisodeDataset:
         self._tasks: list[str] = []
         self._info: dict[str, Any] | None = None
         self._readers: dict[Path, VideoReader] = {}  # open video files, least recently used first
+        self._encodings: list[Future] = []  # background video encodes of the ingest under way
         self._timestamps: tuple[tuple[int, int], np.ndarray, np.ndarray] | None = None  # last data file's
         self._rows_of: tuple[pa.Table, dict[int, int]] | None = None  # episode_index -> row of _meta
         self._load()
@@ -665,6 +666,9 @@ class EpisodeDataset:
                     self._write_derived_meta()
                 yield
             finally:
+                for encoding in self._encodings:  # an ingest that failed midway: no encoder outlives the lock
+                    wait([encoding])
+                self._encodings = []
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def ingest(
@@ -961,7 +965,9 @@ class EpisodeDataset:
             return done
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="video-encode")
         try:
-            return pool.submit(job)
+            future = pool.submit(job)
+            self._encodings.append(future)
+            return future
         finally:
             pool.shutdown(wait=False)  # the one job runs on; its future is joined before the commit
 
