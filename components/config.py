@@ -311,10 +311,15 @@ class PolicyConfig(Section):
     load-balancing loss and ``z_loss_weight`` x the router z-loss; in training each expert takes at
     most ``capacity_factor`` x its fair share of (token, expert) pairs (0 = no limit), and a dropped
     pair passes through the residual. Deployed (eval mode) nothing is dropped, so a robot's action
-    never depends on which other robots share its batch.
+    never depends on which other robots share its batch. ``chunk_transformer`` (ACT-style): the same
+    ``history`` frame tokens plus ``chunk_size`` learned action queries through ``layers`` blocks
+    (feed-forward ``chunk_ffn``: dense of width ``hidden``, or the MoE above), one action per query:
+    the next ``chunk_size`` actions. Executed with temporal ensembling: a new chunk every
+    ``replan_every`` steps, each step's action the average of every stored chunk's prediction for it,
+    weighted ``exp(-ensemble_decay * i)`` (i = 0 the oldest; ACT's m).
     """
 
-    kind: Literal["mlp", "moe_transformer"] = "mlp"
+    kind: Literal["mlp", "moe_transformer", "chunk_transformer"] = "mlp"
     hidden: int = Field(default=256, ge=1)
     layers: int = Field(default=3, ge=1)
     # MoE transformer
@@ -326,10 +331,26 @@ class PolicyConfig(Section):
     aux_loss_weight: float = Field(default=0.01, ge=0)  # Switch load-balancing loss
     z_loss_weight: float = Field(default=1e-3, ge=0)  # router z-loss (ST-MoE)
     capacity_factor: float = Field(default=1.25, ge=0)  # training only; 0 = unlimited
+    # chunk_transformer
+    chunk_size: int = Field(default=8, ge=1)  # actions predicted per decision (ACT's k)
+    chunk_ffn: Literal["dense", "moe"] = "dense"  # moe: the MoE feed-forward above (fused shuffle when sharded)
+    replan_every: int = Field(default=1, ge=1)  # steps between chunk queries at execution (<= chunk_size)
+    ensemble_decay: float = 0.01  # temporal ensembling weight exp(-m * i), i = 0 the oldest prediction
+
+    @model_validator(mode="after")
+    def _replan_within_chunk(self) -> PolicyConfig:
+        if self.replan_every > self.chunk_size:
+            raise ValueError(f"policy.replan_every={self.replan_every} must be <= policy.chunk_size="
+                             f"{self.chunk_size} (a step past the chunk would have no action)")
+        return self
 
     def frames(self) -> int:
         """Observation frames the policy sees per decision (1: the current observation only)."""
-        return self.history if self.kind == "moe_transformer" else 1
+        return self.history if self.kind in ("moe_transformer", "chunk_transformer") else 1
+
+    def actions(self) -> int:
+        """Actions the policy predicts per decision (1: this step's only)."""
+        return self.chunk_size if self.kind == "chunk_transformer" else 1
 
 
 class ShuffleConfig(Section):

@@ -6,6 +6,10 @@ is the simulator's concern: wrap an actor in ``components.sim.exploration``.
 A policy with an observation history (``policy.history`` > 1) gets each env's window from a
 rolling buffer (``policy/history.FrameHistory``, the training rule); the fleet loop tells the
 actor which envs start a new episode through ``end_episodes`` (``sim/collect.py`` does).
+
+A chunk policy (``policy.kind: chunk_transformer``) is queried only for the envs whose step is due
+(every ``policy.replan_every`` steps) and its chunks are executed with temporal ensembling
+(``policy/ensemble.ChunkEnsemble``); every env's window is still pushed every step.
 """
 
 from __future__ import annotations
@@ -14,27 +18,47 @@ import numpy as np
 import torch
 from torch import nn
 
+from components.config import PolicyConfig
+from components.policy.ensemble import ChunkEnsemble
 from components.policy.history import FrameHistory
 
 
 class PolicyActor:
     """Callable ``obs (B, n) -> actions (B, m)`` around a torch policy, in eval mode, no grad."""
 
-    def __init__(self, policy: nn.Module, device: torch.device | str = "cpu") -> None:
+    def __init__(self, policy: nn.Module, device: torch.device | str = "cpu",
+                 execution: PolicyConfig | None = None) -> None:
+        """``execution``: how a chunk policy's chunks run (``replan_every``, ``ensemble_decay``);
+        default: as the policy was built (``NormalizedPolicy.chunk_execution``)."""
         self.device = torch.device(device)
         self.policy = policy.to(self.device).eval()
         history = int(getattr(policy, "history", 1))
         self.frames = FrameHistory(history) if history > 1 else None
+        chunk = int(getattr(policy, "chunk", 1))
+        self.ensemble = None
+        if chunk > 1:
+            replan, decay = ((execution.replan_every, execution.ensemble_decay) if execution is not None
+                             else policy.chunk_execution)
+            self.ensemble = ChunkEnsemble(chunk, replan, decay)
 
     def end_episodes(self, envs: np.ndarray) -> None:
         """Envs (mask or indices) whose next observation is a new episode's first frame."""
         if self.frames is not None:
             self.frames.restart(envs)
+        if self.ensemble is not None:
+            self.ensemble.restart(envs)
 
     @torch.no_grad()
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         obs = np.asarray(obs, dtype=np.float32)
         if self.frames is not None:
             obs = self.frames.push(obs)
-        tensor = torch.as_tensor(obs, device=self.device)
-        return self.policy(tensor).float().cpu().numpy()
+        if self.ensemble is None:
+            return self._forward(obs)
+        due = self.ensemble.due(len(obs))
+        if due.any():
+            self.ensemble.add(self._forward(obs[due]), due)
+        return self.ensemble.act()
+
+    def _forward(self, obs: np.ndarray) -> np.ndarray:
+        return self.policy(torch.as_tensor(obs, device=self.device)).float().cpu().numpy()

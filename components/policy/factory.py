@@ -17,9 +17,16 @@ def _moe_transformer(obs_dim: int, act_dim: int, cfg: PolicyConfig) -> nn.Module
     return MoETransformerPolicy(obs_dim, act_dim, cfg)
 
 
+def _chunk_transformer(obs_dim: int, act_dim: int, cfg: PolicyConfig) -> nn.Module:
+    from components.policy.chunk import ChunkTransformerPolicy
+
+    return ChunkTransformerPolicy(obs_dim, act_dim, cfg)
+
+
 CORES: dict[str, Callable[[int, int, PolicyConfig], nn.Module]] = {
     "mlp": MLPPolicy,
     "moe_transformer": _moe_transformer,
+    "chunk_transformer": _chunk_transformer,
 }
 
 

@@ -9,6 +9,10 @@ online (``FrameHistory``: a per-env rolling buffer, restarted when an env starts
 Both apply the rule above, so a policy sees at deployment exactly what it was trained on
 (``tests/test_moe_policy.py`` steps a buffer through episodes and compares).
 
+A chunk policy (``policy.kind: chunk_transformer``) is trained on the next actions of the same
+episode: ``chunk(t) = [a_t, ..., a_{t+k-1}]``, the targets past the episode's last frame masked
+(``gather_chunks``), never taken from the next episode.
+
 torch is imported only by the training helpers that use it: a robot agent (``FrameHistory``) is
 numpy-only and starts without loading torch (seconds per process when a whole fleet starts).
 """
@@ -50,6 +54,42 @@ def gather_windows(states: Tensor, frame_in_episode: Tensor | None, rows: Tensor
     if history <= 1:
         return states[rows]
     return states[history_rows(rows, frame_in_episode, history)]
+
+
+def chunk_rows(rows: Tensor, episode_end: Tensor | None, chunk: int, frames: int) -> tuple[Tensor, Tensor]:
+    """Rows of each chunk's targets, ``rows`` (...) -> (..., chunk), and which are real (..., chunk) bool.
+
+    Target j of row t is row t + j while t + j lies in t's episode; past the episode's end it is
+    masked and points at the episode's last row (a finite placeholder, never the next episode).
+    ``episode_end`` (N,) each row's episode's last row (``episode_last_rows``); None = one stream.
+    """
+    import torch
+
+    ahead = rows.unsqueeze(-1) + torch.arange(chunk, dtype=torch.int64)
+    last = torch.full_like(rows, frames - 1) if episode_end is None else episode_end[rows]
+    real = ahead <= last.unsqueeze(-1)
+    return torch.minimum(ahead, last.unsqueeze(-1)), real
+
+
+def episode_last_rows(frame_in_episode: np.ndarray | None) -> np.ndarray | None:
+    """(N,) int64: the last row of each row's episode (episodes laid end to end, positions restarting at 0)."""
+    if frame_in_episode is None:
+        return None
+    positions = np.asarray(frame_in_episode, dtype=np.int64)
+    starts = np.flatnonzero(positions == 0)
+    if len(positions) and (len(starts) == 0 or starts[0] != 0):
+        raise ValueError("frame_in_episode must start at 0: the first row is an episode's first frame")
+    ends = np.append(starts[1:], len(positions)) - 1
+    return np.repeat(ends, np.diff(np.append(starts, len(positions))))
+
+
+def gather_chunks(actions: Tensor, episode_end: Tensor | None, rows: Tensor, chunk: int) -> tuple[Tensor, Tensor | None]:
+    """Training targets for frame rows ``rows``: ``actions[rows]`` (chunk 1, no mask) or the next
+    ``chunk`` actions of each row's episode (..., chunk, m) with their mask (..., chunk)."""
+    if chunk <= 1:
+        return actions[rows], None
+    targets, real = chunk_rows(rows, episode_end, chunk, len(actions))
+    return actions[targets], real
 
 
 class FrameHistory:
@@ -104,3 +144,11 @@ def as_tensor_positions(frame_in_episode: np.ndarray | None) -> Tensor | None:
     import torch
 
     return None if frame_in_episode is None else torch.as_tensor(frame_in_episode, dtype=torch.int64)
+
+
+def as_tensor_episode_ends(frame_in_episode: np.ndarray | None) -> Tensor | None:
+    """``episode_last_rows`` as a tensor (the chunk targets' episode bounds), None for one stream."""
+    import torch
+
+    ends = episode_last_rows(frame_in_episode)
+    return None if ends is None else torch.as_tensor(ends, dtype=torch.int64)

@@ -50,6 +50,16 @@ class NormalizedPolicy(nn.Module):
         return int(getattr(self.core, "history", 1))
 
     @property
+    def chunk(self) -> int:
+        """Actions per decision: a chunk core's forward is (B, chunk, m); 1 = (B, m)."""
+        return int(getattr(self.core, "chunk", 1))
+
+    @property
+    def chunk_execution(self) -> tuple[int, float]:
+        """(replan_every, ensemble_decay) a chunk core was built with (``policy/ensemble.py``)."""
+        return int(getattr(self.core, "replan_every", 1)), float(getattr(self.core, "ensemble_decay", 0.0))
+
+    @property
     def aux_loss(self) -> torch.Tensor:
         return getattr(self.core, "aux_loss", torch.zeros(()))
 

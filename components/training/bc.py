@@ -42,17 +42,28 @@ def batch_indices(n: int, weights: torch.Tensor | None, batch_size: int, steps: 
 
 def bc_step(policy: NormalizedPolicy, optimizer: torch.optim.Optimizer, states: torch.Tensor,
             targets: torch.Tensor, global_batch: int | None = None, group: dist.ProcessGroup | None = None,
-            dense: list[nn.Parameter] | None = None) -> float:
+            dense: list[nn.Parameter] | None = None, mask: torch.Tensor | None = None) -> float:
     """One optimizer step on normalized-action MSE (+ the policy's auxiliary loss); returns the loss.
 
     Alone (``group=None``) the loss is the batch mean. Expert-parallel, each rank passes its slice
     of the global batch: its squared error is divided by the *global* element count, so summing
     ``dense`` gradients over ranks (expert gradients arrive through the shuffle's backward) gives
     the gradient of the global loss, and the returned loss is the global one.
+
+    A chunk policy's ``targets`` are (B, k, m) with ``mask`` (B, k): a masked target (past its
+    episode's end, ``policy/history.gather_chunks``) adds nothing; the divisor stays the element
+    count B * k * m, the same on every rank and plan, so a chunk starting near an episode's end
+    weighs by the steps it has left.
     """
-    total = (global_batch or len(states)) * targets.shape[1]
+    total = (global_batch or len(states)) * targets[0].numel()
     pred = policy.forward_normalized(states)
-    loss = (pred - targets).square().sum() / total + policy.aux_loss
+    if pred.shape != targets.shape:
+        raise ValueError(f"policy predicts {tuple(pred.shape)} but the targets are {tuple(targets.shape)}: "
+                         "a chunk policy (policy.kind: chunk_transformer) trains on gather_chunks targets")
+    error = (pred - targets).square()
+    if mask is not None:
+        error = error * mask.unsqueeze(-1).to(error.dtype)
+    loss = error.sum() / total + policy.aux_loss
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     value = loss.detach().clone()

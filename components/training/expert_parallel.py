@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from components.config import REPO_ROOT, DistributedConfig, PolicyConfig, ShuffleConfig, TrainConfig
 from components.policy.factory import make_policy
-from components.policy.history import gather_windows
+from components.policy.history import as_tensor_episode_ends, gather_chunks, gather_windows
 from components.policy.moe import StepUsage, enable_expert_parallel, expert_parameter_names, moe_layers
 from components.training.bc import batch_indices, bc_step, make_optimizer, total_steps
 from components.training.determinism import seed_everything
@@ -129,7 +129,9 @@ class ExpertParallelTrainer:
         self.group, self.shuffle_cfg = group, shuffle_cfg
         self.data = _Data(data.states.to(self.device), data.actions.to(self.device), data.weights,
                           data.frame_in_episode)
-        self.history = policy_cfg.frames()
+        self.history, self.chunk = policy_cfg.frames(), policy_cfg.actions()
+        positions = None if data.frame_in_episode is None else data.frame_in_episode.numpy()
+        self.episode_ends = as_tensor_episode_ends(positions) if self.chunk > 1 else None
         self.world = 1 if group is None else dist.get_world_size(group)
         self.rank = 0 if group is None else dist.get_rank(group)
         self.batch = train_cfg.batch_size
@@ -158,11 +160,12 @@ class ExpertParallelTrainer:
         idx = batch_indices(len(self.data.states), self.data.weights, self.batch, 1, self.seed, self.steps)[0]
         idx = idx[self.local]
         inputs = gather_windows(self.data.states, self.data.frame_in_episode, idx.to(self.device), self.history)
-        idx = idx.to(self.device)
+        targets, mask = gather_chunks(self.targets, self.episode_ends, idx, self.chunk)
+        targets, mask = targets.to(self.device), None if mask is None else mask.to(self.device)
         self.steps += 1
         start = time.perf_counter()
-        loss = bc_step(self.model, self.optimizer, inputs, self.targets[idx], self.batch, self.group,
-                       self.dense)  # float(): a host sync, so on CUDA the step time covers the kernels
+        loss = bc_step(self.model, self.optimizer, inputs, targets, self.batch, self.group,
+                       self.dense, mask)  # float(): a host sync, so on CUDA the step time covers the kernels
         return loss, time.perf_counter() - start
 
     def shuffle_bytes_sent(self) -> int:

@@ -4,7 +4,11 @@ One iteration ``i`` (``train.steps_per_iteration`` optimizer steps):
 
     sample    batch@i                <- (seeded by seed, i)    frames drawn by weight from the training set
                                                                (windows of ``policy.history`` frames for a
-                                                               history policy: ``policy/history.py``)
+                                                               history policy: ``policy/history.py``; a
+                                                               chunk policy's targets: the frame's next
+                                                               ``policy.chunk_size`` actions, masked past
+                                                               its episode's end; its weight = its first
+                                                               frame's)
     learn     params@i+1, stats@i    <- batch@i, params@i      ``bc.bc_step`` on each of the iteration's batches
                                                                (stats: losses; MoE: expert usage per step)
     validate  valm@i                 <- params@i               rollouts of the weights on validation robots (side)
@@ -25,7 +29,7 @@ import torch.distributed as dist
 
 from components.config import PolicyConfig, ShuffleConfig, SimConfig
 from components.policy.factory import make_policy
-from components.policy.history import as_tensor_positions, gather_windows
+from components.policy.history import as_tensor_episode_ends, as_tensor_positions, gather_chunks, gather_windows
 from components.policy.moe import step_usage
 from components.policy.normalizer import NormalizedPolicy
 from components.scheduler.workflow import BuildContext, Component, OpSpec, StateSpec, Workflow
@@ -112,6 +116,8 @@ class Sampler:
         self.weights = as_weights(spec.data.weights)
         self.positions = as_tensor_positions(spec.data.frame_in_episode)
         self.history = spec.policy.frames()
+        self.chunk = spec.policy.actions()
+        self.episode_ends = as_tensor_episode_ends(spec.data.frame_in_episode) if self.chunk > 1 else None
         rank, world = _world() if spec.expert_parallel is not None else (0, 1)
         if spec.batch_size % world:
             raise ValueError(f"train.batch_size={spec.batch_size} must be a multiple of the {world} ranks")
@@ -147,18 +153,21 @@ def op_sample(s: Sampler, idx: dict[str, int], inp: dict[str, Any]) -> dict[str,
     i = idx["iteration"]
     rows = batch_indices(len(s.states), s.weights, s.spec.batch_size, s.spec.steps_in(i), s.spec.seed, i)
     rows = rows[:, s.local]
-    return {"batch": (gather_windows(s.states, s.positions, rows, s.history), s.actions[rows])}
+    targets, mask = gather_chunks(s.actions, s.episode_ends, rows, s.chunk)
+    inputs = gather_windows(s.states, s.positions, rows, s.history)
+    return {"batch": (inputs, targets) if mask is None else (inputs, targets, mask)}
 
 
 def op_learn(ls: Learner, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]:
     i = idx["iteration"]
     if ls.version != i:  # the learner was rebuilt elsewhere (e.g. a resumed run): take the weights
         ls.policy.load_state_dict(inp["params"])
-    states, actions = (x.to(ls.device) for x in inp["batch"])
+    states, actions, *mask = (x.to(ls.device) for x in inp["batch"])
     targets = ls.policy.act_norm.normalize(actions)
     losses, usage = [], []
     for k in range(len(states)):
-        losses.append(bc_step(ls.policy, ls.optimizer, states[k], targets[k], ls.spec.batch_size, ls.group, ls.dense))
+        losses.append(bc_step(ls.policy, ls.optimizer, states[k], targets[k], ls.spec.batch_size, ls.group, ls.dense,
+                              mask[0][k] if mask else None))
         usage.append(step_usage(ls.policy))
     ls.version = i + 1
     stats: dict[str, Any] = {"losses": losses}
