@@ -38,6 +38,7 @@ class ActResult:
     action: np.ndarray  # (act_dim,) float32
     version: int  # registry version that produced it
     alias: str  # champion | canary
+    chunk: np.ndarray | None = None  # (k, act_dim): a chunk policy's next k actions (action = chunk[0])
 
     @property
     def policy_version(self) -> str:
@@ -70,7 +71,8 @@ class InferenceClient:
         if response.status_code != 200:
             raise InferenceUnavailable(f"HTTP {response.status_code}: {response.text[:200]}")
         body = response.json()
-        return ActResult(np.asarray(body["action"], dtype=np.float32), int(body["version"]), str(body["alias"]))
+        chunk = None if body.get("chunk") is None else np.asarray(body["chunk"], dtype=np.float32)
+        return ActResult(np.asarray(body["action"], dtype=np.float32), int(body["version"]), str(body["alias"]), chunk)
 
     def policy(self) -> dict:
         response = self._http.get(POLICY_PATH)

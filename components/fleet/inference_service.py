@@ -6,6 +6,9 @@
       -> batcher: the first request opens a window of ``batch_window_ms``; everything queued by
          then (up to ``max_batch``) runs as one forward pass per alias, off the event loop
       <- {"action": [...], "version": 7, "alias": "champion"}   (version = registry version)
+         a chunk policy (``policy.kind: chunk_transformer``) also sends {"chunk": [[...], ...]}: its
+         next ``chunk_size`` actions, "action" being the first; the robot executes the chunk and
+         re-plans (``robot_agent.py``, ``policy/ensemble.py``)
 
 An ``AliasWatcher`` thread polls the registry aliases; when one moves it loads that version (a
 small cache keeps recent ones, so canary -> champion is a pointer move) and swaps it in between
@@ -436,7 +439,11 @@ def create_inference_app(
             raise http_error(503, "model", str(exc), "promote a champion (fleetloop retrain --bootstrap)") from None
         if not np.isfinite(action).all():
             raise http_error(500, "action", "model produced a non-finite action", "roll back the champion")
-        return JSONResponse({"action": action.tolist(), "version": model.version, "alias": model.alias})
+        body = {"action": (action[0] if action.ndim == 2 else action).tolist(), "version": model.version,
+                "alias": model.alias}
+        if action.ndim == 2:  # a chunk policy's (chunk, m): the robot executes it and re-plans
+            body["chunk"] = action.tolist()
+        return JSONResponse(body)
 
     @app.get(POLICY_PATH)
     async def policy(principal: Principal = Depends(fleet_member)) -> JSONResponse:

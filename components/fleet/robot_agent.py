@@ -2,6 +2,8 @@
 
     wait until inference answers -> run one episode: obs -> POST /v1/act -> sampled gripper -> env
       (a history policy, ``policy.history`` > 1: the robot sends its episode's last frames instead)
+      (a chunk policy: the service answers the next k actions; the robot executes them with temporal
+       ensembling and asks again every ``policy.replan_every`` steps: ``RemotePolicy``)
       (inference times out mid-episode: hold a safe action, end the episode as interrupted)
     -> spool it (write-ahead, fsync) -> the uploader thread sends pending episodes with retries
        and exponential backoff + jitter (at least the service's Retry-After on 429) until the
@@ -39,6 +41,7 @@ from components.fleet.clients import (
 )
 from components.fleet.layout import RuntimeLayout
 from components.fleet.spool import Spool, content_hash
+from components.policy.ensemble import ChunkEnsemble
 from components.policy.history import FrameHistory
 from components.sim.factory import action_dim, make_env, make_exploration
 from components.sim.pickplace import GRIPPER_ACTION
@@ -54,6 +57,38 @@ UNAVAILABLE_VERSION = "unavailable"
 def episode_seed(seed: int, robot_id: str, index: int, epoch: int = 0) -> int:
     """Seed of a robot's k-th episode in a spool epoch: stable across processes and restarts."""
     return int(np.random.default_rng([seed, stable_robot_hash(robot_id), epoch, index, EPISODE_STREAM]).integers(2**31))
+
+
+class RemotePolicy:
+    """One episode's policy through the inference service: ``obs (1, n) -> action (1, m)``.
+
+    Pushes every observation into the episode's window; asks the service when a decision is due:
+    every step for a single-action policy, every ``policy.replan_every`` steps for a chunk policy,
+    whose chunks run through ``ChunkEnsemble`` (a served chunk of another length -- a new champion
+    -- restarts the ensemble). Between queries the robot needs no answer from the service.
+    """
+
+    def __init__(self, inference: InferenceClient, settings: Settings) -> None:
+        self.inference, self.cfg = inference, settings.policy
+        self.frames = FrameHistory(settings.policy.frames())  # this episode's window (policy/history.py)
+        self.ensemble: ChunkEnsemble | None = None
+        self.versions: list[str] = []  # the version that answered each query
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        window = self.frames.push(obs)[0] if self.frames.history > 1 else obs[0]
+        if self.ensemble is not None and not self.ensemble.due(1)[0]:
+            return self.ensemble.act()
+        result = self.inference.act(window)
+        self.versions.append(result.policy_version)
+        if result.chunk is None:
+            self.ensemble = None
+            return result.action[None, :]
+        k = len(result.chunk)
+        if self.ensemble is None or self.ensemble.chunk != k:
+            self.ensemble = ChunkEnsemble(k, min(self.cfg.replan_every, k), self.cfg.ensemble_decay)
+            self.ensemble.due(1)  # a fresh buffer at this step
+        self.ensemble.add(result.chunk[None], np.ones(1, dtype=bool))
+        return self.ensemble.act()
 
 
 def safe_action(act_dim: int, jaw: float) -> np.ndarray:
@@ -192,15 +227,8 @@ class RobotAgent:
         sim = self.settings.sim
         seed = episode_seed(self.settings.seed, self.robot_id, index, self.spool.epoch)
         env = make_env(sim, [self.robot_id], seed)
-        versions: list[str] = []
-        frames = FrameHistory(self.settings.policy.frames())  # this episode's window (policy/history.py)
-
-        def remote(obs: np.ndarray) -> np.ndarray:
-            sent = frames.push(obs)[0] if frames.history > 1 else obs[0]
-            result = self.inference.act(sent)
-            versions.append(result.policy_version)
-            self.serving = result.policy_version
-            return result.action[None, :]
+        remote = RemotePolicy(self.inference, self.settings)
+        versions = remote.versions
 
         # explores as the pipeline's collection does (jaw sampled, sim.motion_noise_std on motion)
         policy = make_exploration(sim, remote, seed) if self.settings.fleet.sample_gripper else remote
@@ -217,6 +245,8 @@ class RobotAgent:
                 actions.append(safe_action(self.act_dim, jaw))
                 interrupted = True
                 break
+            if versions:
+                self.serving = versions[-1]  # the version that answered this robot's latest /v1/act
             states.append(obs[0].copy())
             actions.append(action[0].copy())
             jaw = float(action[0, GRIPPER_ACTION])

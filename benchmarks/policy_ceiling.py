@@ -1,0 +1,201 @@
+"""Which policy class lifts pack's ceiling: the MLP, the history transformer, or action chunks? Tuning robots only.
+
+    python -m benchmarks.policy_ceiling --workers 2   # 4 seeds x the classes below, 64 tuning robots x 6 trials
+    python -m benchmarks.policy_ceiling --quick       # smoke run (1 seed, tiny budgets)
+    python -m benchmarks.policy_ceiling --probe       # one cell per class at a small size (timing the grid)
+
+Every cell is ``pack_ceiling``'s 32-robot scripted-demo cell (the one that scored 94.5 % with the MLP
+in ``pack_fert_cap``'s ``expert_ceiling``): the product's bootstrap (scripted demos on 32 ``robot-*``
+ids -> ingest -> BC through the one trainer, ~``Grid.steps`` gradient steps) with ``policy:`` set to the
+class, scored thresholded on the first 64 *tuning* robots, the same trials for every class of a
+seed. Same seed = same demos = the same frames for every class.
+
+The rule that chooses, fixed before the run (``RULE``, written into the JSON): the class (with its
+size) whose success pooled over seeds on the tuning robots is highest; a tie goes to the simpler
+class (the order of ``CLASSES``). Nothing else is scored here: no test robot is ever touched.
+Writes benchmarks/results/policy_ceiling.json + .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.pack_difficulty import EVAL_STREAM, SEED_STRIDE, bootstrap_policy, commit, pack_settings
+from components.config import PolicyConfig, load_settings
+from components.evaluation.populations import evaluate_tuning
+from components.sim.factory import make_thresholded
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DEMO_ROBOTS = 32  # pack_ceiling's plentiful-data cell (~34k frames of scripted demos)
+TARGET = 0.98  # issue 48: the best class >= 98 % on the tuning robots (MLP: 94.5 %)
+RULE = ("chosen = the class whose successes pooled over all seeds on the 64 tuning robots are highest "
+        "(ties: the earlier, simpler class in the table's order); fixed before the run")
+
+
+def classes() -> dict[str, PolicyConfig]:
+    """The classes compared, in order of simplicity: params.yaml's policy section with ``kind`` (and
+    the chunk's size) changed, so the MLP and the history transformer are the project's defaults."""
+    base = load_settings().policy
+    return {
+        "mlp": base.model_copy(update={"kind": "mlp"}),
+        "history_transformer": base.model_copy(update={"kind": "moe_transformer"}),
+        "chunk_transformer_k4": base.model_copy(update={"kind": "chunk_transformer", "chunk_size": 4}),
+        "chunk_transformer_k8": base.model_copy(update={"kind": "chunk_transformer", "chunk_size": 8}),
+    }
+
+
+@dataclass(frozen=True)
+class Grid:
+    seeds: int
+    steps: tuple[int, ...]  # gradient steps of each class's bootstrap (order of ``classes``)
+    robots: int  # tuning robots each policy is scored on
+    trials: int
+    demo_robots: int = DEMO_ROBOTS
+    classes: tuple[str, ...] = ("mlp", "history_transformer", "chunk_transformer_k4", "chunk_transformer_k8")
+
+    def steps_of(self, name: str) -> int:
+        return self.steps[self.classes.index(name)]
+
+    def subset(self, names: list[str], seeds: int | None) -> Grid:
+        return Grid(seeds or self.seeds, tuple(self.steps_of(n) for n in names), self.robots, self.trials,
+                    self.demo_robots, tuple(names))
+
+
+# The MLP at the 4000 steps of its 94.5 % cell; the transformers at 2000 (a step costs them ~10-25x
+# the MLP's on this 2-core machine; the 300-step probe already put the history transformer at 100 % of
+# 16 trials), so the time budget (<= 35 min with 2 workers) holds. Fewer steps can only cost them.
+FULL = Grid(4, (4000, 2000, 2000, 2000), 64, 6)
+QUICK = Grid(1, (20, 20, 20, 20), 4, 1, demo_robots=2)
+PROBE = Grid(1, (300, 300, 300, 300), 8, 2)
+COST = {"mlp": 1, "history_transformer": 10, "chunk_transformer_k4": 10, "chunk_transformer_k8": 25}  # ms/step, about
+
+
+def run_cell(name: str, seed: int, grid: Grid, scratch: str) -> dict:
+    """One bootstrap of class ``name`` on ``grid.demo_robots`` robots' scripted demos, ~``grid.steps_of(name)``
+    steps, scored on tuning robots (thresholded jaw, as deployed); pack_ceiling.run_cell's recipe."""
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    settings = pack_settings(Path(scratch) / f"{name}-{seed}", seed)
+    settings = settings.model_copy(update={
+        "policy": classes()[name],
+        "demo": settings.demo.model_copy(update={"expert_robots": grid.demo_robots})})
+    policy, info = bootstrap_policy(settings, grid.steps_of(name))
+    trained = time.perf_counter()
+    report = evaluate_tuning(make_thresholded(settings.sim, policy), settings.fleet.tuning_ids(grid.robots),
+                             settings.sim, settings.fleet, settings.evaluation, grid.trials,
+                             seed * SEED_STRIDE + EVAL_STREAM, "bc")
+    return {"class": name, "seed": seed, "policy": settings.policy.model_dump(mode="json"),
+            "demo_frames": info["demo_frames"], "train_steps": info["train_steps"], "final_loss": info["final_loss"],
+            "rate": report.overall.rate, "successes": report.overall.successes, "trials": report.overall.trials,
+            "ci95": [report.overall.low, report.overall.high], "failures_by_stage": dict(report.failures_by_stage),
+            "train_s": trained - started, "eval_s": time.perf_counter() - trained}
+
+
+def run_grid(grid: Grid, scratch: Path, workers: int) -> list[dict]:
+    """Every (class, seed) cell; cells are independent (own root, seeded): the worker count changes no figure."""
+    jobs = [(name, seed) for seed in range(grid.seeds) for name in grid.classes]
+    jobs.sort(key=lambda job: -COST[job[0]] * grid.steps_of(job[0]))  # the longest first: a shorter tail
+    context = multiprocessing.get_context("spawn")  # LanceDB and torch state do not survive a fork
+    with ProcessPoolExecutor(max(1, workers), mp_context=context) as pool:
+        futures = [pool.submit(run_cell, name, seed, grid, str(scratch)) for name, seed in jobs]
+        cells = []
+        for i, future in enumerate(futures):
+            c = future.result()
+            cells.append(c)
+            print(f"[{i + 1}/{len(jobs)}] {c['class']} seed {c['seed']}: {c['rate']:.1%} on tuning robots "
+                  f"(loss {c['final_loss']:.4f}, train {c['train_s']:.0f}s, eval {c['eval_s']:.0f}s)", flush=True)
+    return cells
+
+
+def summarize(cells: list[dict], grid: Grid) -> dict:
+    """Per class: successes pooled over seeds, each seed's rate, and the seed-level difference from the MLP."""
+    table = {}
+    mlp = {c["seed"]: c["rate"] for c in cells if c["class"] == "mlp"}
+    for name in grid.classes:
+        mine = sorted((c for c in cells if c["class"] == name), key=lambda c: c["seed"])
+        wins, trials = sum(c["successes"] for c in mine), sum(c["trials"] for c in mine)
+        diff = [100 * (c["rate"] - mlp[c["seed"]]) for c in mine if c["seed"] in mlp]
+        table[name] = {"rate": wins / trials, "successes": wins, "trials": trials,
+                       "per_seed": [c["rate"] for c in mine], "seeds": [c["seed"] for c in mine],
+                       "minus_mlp_points": {"mean": float(np.mean(diff)) if diff else None, "per_seed": diff},
+                       "median_train_s": float(np.median([c["train_s"] for c in mine]))}
+    return table
+
+
+def choose(table: dict, grid: Grid) -> str:
+    """``RULE``: the highest pooled success; ``max`` keeps the first of equals, the simpler class."""
+    return max(grid.classes, key=lambda name: table[name]["successes"] / table[name]["trials"])
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table, names = result["table"], list(result["table"])
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    for k, name in enumerate(names):
+        ax.bar(k, 100 * table[name]["rate"], alpha=0.7,
+               color="tab:green" if name == result["chosen"] else "tab:gray")
+        ax.scatter([k] * len(table[name]["per_seed"]), [100 * r for r in table[name]["per_seed"]], color="black",
+                   s=12, zorder=3)
+    ax.axhline(100 * TARGET, color="tab:red", ls=":", lw=1, label="issue 48 target: best class >= 98 %")
+    ax.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names], fontsize=8)
+    ax.set_ylim(max(0, min(100 * min(t["per_seed"]) for t in table.values()) - 5), 100)
+    ax.set_ylabel("success on tuning robots, % (thresholded)")
+    g = result["grid"]
+    ax.set_title(f"pack, BC on {g['demo_robots']} robots' scripted demos (steps {g['steps']}); {g['seeds']} seeds x "
+                 f"{g['robots']} tuning robots x {g['trials']} trials; green = chosen", fontsize=8)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="1 seed, 2 demo robots, tiny budgets")
+    mode.add_argument("--probe", action="store_true", help="one cell per class at a small size, to time the grid")
+    parser.add_argument("--workers", type=int, default=2, help="processes (the machine is shared: 2 at most)")
+    parser.add_argument("--seeds", type=int, help="override the grid's seed count")
+    parser.add_argument("--classes", nargs="+", help="a subset of the classes, in the table's order")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    grid, name = (QUICK, "policy_ceiling_quick") if args.quick else (PROBE, "policy_ceiling_probe") if args.probe \
+        else (FULL, "policy_ceiling")
+    unknown = set(args.classes or ()) - set(classes())
+    if unknown:
+        parser.error(f"--classes: unknown {sorted(unknown)}; choose from {list(classes())}")
+    grid = grid.subset(args.classes or list(grid.classes), args.seeds)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="policy-ceiling-") as scratch:
+        cells = run_grid(grid, Path(scratch), args.workers)
+    table = summarize(cells, grid)
+    chosen = choose(table, grid)
+    result = {"benchmark": "policy_ceiling", "commit": commit(), "grid": asdict(grid), "robots": "tuning",
+              "rule": RULE, "target": TARGET, "chosen": chosen,
+              "target_met": table[chosen]["rate"] >= TARGET, "table": table, "cells": cells,
+              "seconds": time.perf_counter() - started}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, args.out / f"{name}.png")
+    for cls, row in table.items():
+        print(f"{cls:>22}: {row['rate']:.1%}  per seed {[f'{r:.1%}' for r in row['per_seed']]}")
+    print(f"chosen: {chosen} ({RULE}); target {TARGET:.0%} {'met' if result['target_met'] else 'missed'}")
+    print(f"wrote {args.out / name}.json and .png in {result['seconds']:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
