@@ -214,3 +214,38 @@ def test_registry_pyfunc_and_inference_service_serve_the_chunk(tmp_path) -> None
             assert len(remote.versions) == 3  # steps 0, 3, 6
         finally:
             client.close()
+
+
+def test_train_step_expert_parallel_entry_and_fleet_trainer_train_the_same_chunk_weights(tmp_path) -> None:
+    """The MoE chunk variant through the train step, the expert-parallel entry (one process, every
+    expert local) and the FATS fleet trainer: same demos + params = the same weights, bit for bit."""
+    from components.config import TrainConfig
+    from components.fleet.trainer import FleetTrainer
+    from components.pipeline import steps
+    from components.pipeline.collect import collect_expert_demos
+    from components.pipeline.ingest import ingest_files
+    from components.pipeline.workspace import Workspace
+    from components.training.bc import total_steps
+    from components.training.expert_parallel import train_expert_parallel
+
+    base = small_settings(tmp_path)
+    settings = base.model_copy(update={"policy": MOE_CHUNK, "train": base.train.model_copy(update={
+        "method": "filtered_bc", "epochs": 1, "batch_size": 64, "steps_per_iteration": 7, "validation_robots": 0})})
+    ingest_files(settings, collect_expert_demos(settings, settings.root / "demos").files, snapshot=False)
+    outcome = steps.train_policy(settings)
+    digest = state_digest(outcome.result.policy.state_dict())
+    built = steps.training_set(settings, Workspace(settings))
+    arrays = {"states": built.data.states, "actions": built.data.actions, "frame_in_episode": built.data.frame_in_episode}
+    if built.data.weights is not None:
+        arrays["weights"] = built.data.weights.astype(np.float64)
+    np.savez(tmp_path / "set.npz", **arrays)
+    ep = train_expert_parallel(tmp_path / "set.npz", tmp_path / "ep.pt", MOE_CHUNK,
+                               TrainConfig(**{**settings.train.model_dump(), "threads": 0}), settings.shuffle,
+                               seed=settings.seed)
+    assert ep.losses == outcome.result.losses and state_digest(torch.load(ep.state_dict_path)) == digest
+    fleet = settings.model_copy(update={"runtime": settings.runtime.model_copy(update={
+        "trainer_batch_size": settings.train.batch_size, "checkpoint_every": 10_000})})
+    trainer = FleetTrainer(fleet)
+    assert trainer.consume() == Workspace(settings).dataset.num_episodes
+    trainer.train(total_steps(outcome.frames, settings.train.batch_size, settings.train.epochs))
+    assert state_digest(trainer.policy.state_dict()) == digest

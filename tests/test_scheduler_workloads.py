@@ -115,25 +115,32 @@ def test_ppo_learns_something(ppo_reference):
     assert len({m.weights_digest for m in ppo_reference.metrics}) == 3 and first
 
 
-def _train_spec():
+# an action-chunk policy (ACT-style): windows in, the next 4 actions out, targets masked at episode ends
+CHUNK_POLICY = PolicyConfig(kind="chunk_transformer", d_model=16, heads=2, hidden=16, layers=1, history=2, chunk_size=4)
+
+
+def _train_spec(policy: PolicyConfig = POLICY):
     import numpy as np
 
+    from components.policy.history import frame_positions
     from components.training.imitation import TrainingSet
     from components.training.workflow import TrainSpec, ValidationSpec
 
     rng = np.random.default_rng(0)
     states = rng.normal(size=(500, 11)).astype(np.float32)
-    data = TrainingSet(states, np.tanh(states[:, :3]).astype(np.float32), rng.uniform(0.5, 2.0, size=500))
-    return TrainSpec(data=data, policy=POLICY, lr=1e-3, weight_decay=1e-4, batch_size=32, seed=5, total_steps=9,
+    positions = frame_positions([120, 80, 200, 100]) if policy.actions() > 1 else None
+    data = TrainingSet(states, np.tanh(states[:, :3]).astype(np.float32), rng.uniform(0.5, 2.0, size=500), positions)
+    return TrainSpec(data=data, policy=policy, lr=1e-3, weight_decay=1e-4, batch_size=32, seed=5, total_steps=9,
                      steps_per_iteration=2, validation=ValidationSpec(SIM, ("validation-0000",), 1, 5))
 
 
-def test_training_workflow_overlaps_without_changing_results():
+@pytest.mark.parametrize("policy", [POLICY, CHUNK_POLICY], ids=["mlp", "chunk_transformer"])
+def test_training_workflow_overlaps_without_changing_results(policy):
     """The one trainer's workflow: sampling hoisted on its own thread and validation in its own
     process give the sequential plan's weights, losses and validation, bit for bit."""
     from components.training.trainer import PlanChoice, Trainer
 
-    trainer = Trainer(_train_spec(), CFG)
+    trainer = Trainer(_train_spec(policy), CFG)
     ref = trainer.run(trainer.choose("sequential"))
     assert len(ref.losses) == 9 and len(ref.iteration_s) == len(ref.validation) == 5  # 4 x 2 steps + 1
     overlapped = Plan("overlap", (WorkerSpec("io", ("sampler",)), WorkerSpec("main", ("learner",)),

@@ -48,8 +48,10 @@ from components.fleet.training_set import BuildPin, StorePins, describe
 from components.fsio import atomic_write_bytes
 from components.pipeline.steps import RETRIEVAL_METHODS, method_training_set
 from components.policy.history import (
+    as_tensor_episode_ends,
     as_tensor_positions,
     frame_positions,
+    gather_chunks,
     gather_windows,
 )
 from components.policy.normalizer import NormalizedPolicy
@@ -248,10 +250,12 @@ class FleetTrainer:
         states = torch.as_tensor(data.states)
         positions = as_tensor_positions(data.frame_in_episode)
         targets = self.policy.act_norm.normalize(torch.as_tensor(data.actions))
+        ends = as_tensor_episode_ends(data.frame_in_episode) if self.policy.chunk > 1 else None  # chunk targets' bounds
         for _ in range(steps):
             idx = self._batch(data, self.state.step)
             inputs = gather_windows(states, positions, idx, self.policy.history)
-            loss = bc_step(self.policy, self.optimizer, inputs, targets[idx])
+            chunk, mask = gather_chunks(targets, ends, idx, self.policy.chunk)
+            loss = bc_step(self.policy, self.optimizer, inputs, chunk, mask=mask)
             self.state.step += 1
             self.state.owed = max(0, self.state.owed - 1)
             self.state.losses.append((self.state.step, loss))
