@@ -3,6 +3,8 @@
     python -m benchmarks.policy_ceiling --workers 2   # 4 seeds x the classes below, 64 tuning robots x 6 trials
     python -m benchmarks.policy_ceiling --quick       # smoke run (1 seed, tiny budgets)
     python -m benchmarks.policy_ceiling --probe       # one cell per class at a small size (timing the grid)
+    python -m benchmarks.policy_ceiling --classes chunk_transformer_k4 chunk_transformer_k8 \
+        --executions act newest half_open_loop         # follow-up: the chunks' execution (policy_ceiling_execution.json)
 
 Every cell is ``pack_ceiling``'s 32-robot scripted-demo cell (the one that scored 94.5 % with the MLP
 in ``pack_fert_cap``'s ``expert_ceiling``): the product's bootstrap (scripted demos on 32 ``robot-*``
@@ -12,7 +14,10 @@ seed. Same seed = same demos = the same frames for every class.
 
 The rule that chooses, fixed before the run (``RULE``, written into the JSON): the class (with its
 size) whose success pooled over seeds on the tuning robots is highest; a tie goes to the simpler
-class (the order of ``CLASSES``). Nothing else is scored here: no test robot is ever touched.
+class (the order of ``Grid.classes``). Nothing else is scored here: no test robot is ever touched.
+The execution follow-up retrains the chunk classes (same seeds: the same weights, bit for bit, so
+its ``act`` row repeats the main table's) and scores each under other ``EXECUTIONS`` of its chunks on
+the same tuning robots and trials; it reports, and re-makes no choice.
 Writes benchmarks/results/policy_ceiling.json + .png.
 """
 
@@ -33,6 +38,7 @@ import torch
 from benchmarks.pack_difficulty import EVAL_STREAM, SEED_STRIDE, bootstrap_policy, commit, pack_settings
 from components.config import PolicyConfig, load_settings
 from components.evaluation.populations import evaluate_tuning
+from components.policy.actor import PolicyActor
 from components.sim.factory import make_thresholded
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -62,13 +68,24 @@ class Grid:
     trials: int
     demo_robots: int = DEMO_ROBOTS
     classes: tuple[str, ...] = ("mlp", "history_transformer", "chunk_transformer_k4", "chunk_transformer_k8")
+    executions: tuple[str, ...] = ()  # follow-up: each chunk policy also scored under these (``EXECUTIONS``)
 
     def steps_of(self, name: str) -> int:
         return self.steps[self.classes.index(name)]
 
-    def subset(self, names: list[str], seeds: int | None) -> Grid:
+    def subset(self, names: list[str], seeds: int | None, executions: tuple[str, ...] = ()) -> Grid:
         return Grid(seeds or self.seeds, tuple(self.steps_of(n) for n in names), self.robots, self.trials,
-                    self.demo_robots, tuple(names))
+                    self.demo_robots, tuple(names), executions)
+
+
+# How a trained chunk policy's chunks run (``policy/ensemble.py``): (replan_every(k), ensemble_decay).
+# The main table uses params.yaml's (ACT: a chunk every step, m = 0.01); the follow-up scores the
+# same trained weights under the others, on the same tuning robots and trials.
+EXECUTIONS = {
+    "act": (lambda k: 1, 0.01),
+    "newest": (lambda k: 1, -2.0),  # every step, the newest chunk weighs e^2 x the one before
+    "half_open_loop": (lambda k: max(1, k // 2), 0.01),
+}
 
 
 # The MLP at the 4000 steps of its 94.5 % cell; the transformers at 2000 (a step costs them ~10-25x
@@ -94,7 +111,18 @@ def run_cell(name: str, seed: int, grid: Grid, scratch: str) -> dict:
     report = evaluate_tuning(make_thresholded(settings.sim, policy), settings.fleet.tuning_ids(grid.robots),
                              settings.sim, settings.fleet, settings.evaluation, grid.trials,
                              seed * SEED_STRIDE + EVAL_STREAM, "bc")
-    return {"class": name, "seed": seed, "policy": settings.policy.model_dump(mode="json"),
+    executions = {}
+    for execution in grid.executions if settings.policy.actions() > 1 else ():
+        replan, decay = EXECUTIONS[execution]
+        cfg = settings.policy.model_copy(update={"replan_every": replan(settings.policy.chunk_size),
+                                                 "ensemble_decay": decay})
+        scored = evaluate_tuning(make_thresholded(settings.sim, PolicyActor(policy.policy, execution=cfg)),
+                                 settings.fleet.tuning_ids(grid.robots), settings.sim, settings.fleet,
+                                 settings.evaluation, grid.trials, seed * SEED_STRIDE + EVAL_STREAM, "bc")
+        executions[execution] = {"replan_every": cfg.replan_every, "ensemble_decay": decay,
+                                 "rate": scored.overall.rate, "successes": scored.overall.successes,
+                                 "trials": scored.overall.trials, "failures_by_stage": dict(scored.failures_by_stage)}
+    return {"class": name, "seed": seed, "policy": settings.policy.model_dump(mode="json"), "executions": executions,
             "demo_frames": info["demo_frames"], "train_steps": info["train_steps"], "final_loss": info["final_loss"],
             "rate": report.overall.rate, "successes": report.overall.successes, "trials": report.overall.trials,
             "ci95": [report.overall.low, report.overall.high], "failures_by_stage": dict(report.failures_by_stage),
@@ -129,6 +157,12 @@ def summarize(cells: list[dict], grid: Grid) -> dict:
                        "per_seed": [c["rate"] for c in mine], "seeds": [c["seed"] for c in mine],
                        "minus_mlp_points": {"mean": float(np.mean(diff)) if diff else None, "per_seed": diff},
                        "median_train_s": float(np.median([c["train_s"] for c in mine]))}
+        for execution in grid.executions if mine and mine[0]["executions"] else ():
+            runs = [c["executions"][execution] for c in mine]
+            table[name].setdefault("executions", {})[execution] = {
+                "rate": sum(r["successes"] for r in runs) / sum(r["trials"] for r in runs),
+                "per_seed": [r["rate"] for r in runs], "replan_every": runs[0]["replan_every"],
+                "ensemble_decay": runs[0]["ensemble_decay"]}
     return table
 
 
@@ -171,6 +205,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="processes (the machine is shared: 2 at most)")
     parser.add_argument("--seeds", type=int, help="override the grid's seed count")
     parser.add_argument("--classes", nargs="+", help="a subset of the classes, in the table's order")
+    parser.add_argument("--executions", nargs="+", choices=list(EXECUTIONS),
+                        help="follow-up: score each chunk policy also under these executions "
+                             "(writes policy_ceiling_execution.json; the choice above is not re-made)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     grid, name = (QUICK, "policy_ceiling_quick") if args.quick else (PROBE, "policy_ceiling_probe") if args.probe \
@@ -178,7 +215,9 @@ def main() -> None:
     unknown = set(args.classes or ()) - set(classes())
     if unknown:
         parser.error(f"--classes: unknown {sorted(unknown)}; choose from {list(classes())}")
-    grid = grid.subset(args.classes or list(grid.classes), args.seeds)
+    grid = grid.subset(args.classes or list(grid.classes), args.seeds, tuple(args.executions or ()))
+    if grid.executions:
+        name = name.replace("policy_ceiling", "policy_ceiling_execution")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="policy-ceiling-") as scratch:
         cells = run_grid(grid, Path(scratch), args.workers)
@@ -193,6 +232,8 @@ def main() -> None:
     plot(result, args.out / f"{name}.png")
     for cls, row in table.items():
         print(f"{cls:>22}: {row['rate']:.1%}  per seed {[f'{r:.1%}' for r in row['per_seed']]}")
+        for execution, got in row.get("executions", {}).items():
+            print(f"{'':>24}{execution}: {got['rate']:.1%}  per seed {[f'{r:.1%}' for r in got['per_seed']]}")
     print(f"chosen: {chosen} ({RULE}); target {TARGET:.0%} {'met' if result['target_met'] else 'missed'}")
     print(f"wrote {args.out / name}.json and .png in {result['seconds']:.0f}s")
 
