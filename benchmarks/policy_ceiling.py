@@ -5,6 +5,7 @@
     python -m benchmarks.policy_ceiling --probe       # one cell per class at a small size (timing the grid)
     python -m benchmarks.policy_ceiling --classes chunk_transformer_k4 chunk_transformer_k8 \
         --executions act newest half_open_loop         # follow-up: the chunks' execution (policy_ceiling_execution.json)
+    python -m benchmarks.policy_ceiling --classes history_transformer --steps 4000   # follow-up: a step budget
 
 Every cell is ``pack_ceiling``'s 32-robot scripted-demo cell (the one that scored 94.5 % with the MLP
 in ``pack_fert_cap``'s ``expert_ceiling``): the product's bootstrap (scripted demos on 32 ``robot-*``
@@ -29,7 +30,7 @@ import multiprocessing
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -208,6 +209,7 @@ def main() -> None:
     parser.add_argument("--executions", nargs="+", choices=list(EXECUTIONS),
                         help="follow-up: score each chunk policy also under these executions "
                              "(writes policy_ceiling_execution.json; the choice above is not re-made)")
+    parser.add_argument("--steps", type=int, help="follow-up: every class at this step budget (NAME_steps<N>.json)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     grid, name = (QUICK, "policy_ceiling_quick") if args.quick else (PROBE, "policy_ceiling_probe") if args.probe \
@@ -218,6 +220,9 @@ def main() -> None:
     grid = grid.subset(args.classes or list(grid.classes), args.seeds, tuple(args.executions or ()))
     if grid.executions:
         name = name.replace("policy_ceiling", "policy_ceiling_execution")
+    if args.steps:
+        grid = replace(grid, steps=(args.steps,) * len(grid.classes))
+        name = f"{name}_steps{args.steps}"
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="policy-ceiling-") as scratch:
         cells = run_grid(grid, Path(scratch), args.workers)
