@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -57,24 +58,92 @@ def start_mlflow_ui(settings: Settings, port: int | None = None) -> subprocess.P
     )
 
 
-def run_uis(settings: Settings, console: Console) -> None:
-    prefect = start_prefect_server(settings)
-    mlflow = start_mlflow_ui(settings)
+STOP_GRACE_S = 10.0  # how long a service gets to exit after SIGTERM before its whole group is killed
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # how systemd, docker and a closed terminal stop `fleetloop ui`
+
+
+class _Stopped(Exception):
+    """A stop signal arrived: unwind to the cleanup that stops the children."""
+
+
+def _on_stop_signal(signum: int, _frame: object) -> None:
+    raise _Stopped(signal.Signals(signum).name)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is left in process group ``pgid``."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: ask the kernel (counts zombies too, so this errs on waiting)
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def _signal_group(pgid: int, sig: int) -> None:
     try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_services(procs: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:
+    """Stop each service and everything it started. Each was started in its own session, so its
+    process group holds it and its workers (Prefect's uvicorn, MLflow's server and job consumers):
+    SIGTERM every group, wait up to ``grace_s`` for all of them to empty, then SIGKILL what is left."""
+    for proc in procs:
+        _signal_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    while any(_group_alive(proc.pid) for proc in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for proc in procs:
+        if proc.poll() is None or _group_alive(proc.pid):
+            _signal_group(proc.pid, signal.SIGKILL)
+    for proc in procs:
+        proc.wait()
+
+
+def run_uis(settings: Settings, console: Console) -> None:
+    """Run both UIs until Ctrl-C, SIGTERM or SIGHUP, or until one of them exits; then stop both,
+    with every process they started, and return (exit 0: a requested stop is a clean stop)."""
+    previous = {sig: signal.signal(sig, _on_stop_signal) for sig in STOP_SIGNALS}
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(start_prefect_server(settings))
+        procs.append(start_mlflow_ui(settings))
         ok_p = _wait(f"http://{LOOPBACK}:{settings.ops.prefect_port}/api/health", 90)
         ok_m = _wait(f"http://{LOOPBACK}:{settings.ops.mlflow_port}/", 90)
         console.print(f"Prefect UI  http://{LOOPBACK}:{settings.ops.prefect_port}  {'up' if ok_p else 'NOT UP'}")
         console.print(f"MLflow UI   http://{LOOPBACK}:{settings.ops.mlflow_port}  {'up' if ok_m else 'NOT UP'}")
-        console.print("runs of `make demo` started now appear in both; Ctrl-C stops them")
-        while prefect.poll() is None and mlflow.poll() is None:
+        console.print("runs of `make demo` started now appear in both; Ctrl-C (or SIGTERM) stops them")
+        while all(proc.poll() is None for proc in procs):
             time.sleep(1.0)
-    except KeyboardInterrupt:
-        pass
+        for name, proc in zip(("Prefect server", "MLflow UI"), procs):
+            if proc.poll() is not None:
+                console.print(f"{name} exited (code {proc.returncode}); stopping the other")
+    except (KeyboardInterrupt, _Stopped) as stop:
+        console.print(f"{stop or 'Ctrl-C'}: stopping the Prefect server and the MLflow UI")
     finally:
-        for proc in (prefect, mlflow):
-            proc.terminate()
-        for proc in (prefect, mlflow):
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        previous[signal.SIGINT] = signal.getsignal(signal.SIGINT)
+        for sig in previous:  # a second signal (or Ctrl-C) must not cut the cleanup short
+            signal.signal(sig, signal.SIG_IGN)
+        stop_services(procs)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
