@@ -111,7 +111,7 @@ READ_GRAIN = 5  # files per read task in the bootstrap tests: 12 demo files -> 3
 
 def _bootstrap_process(root: Path, api: str, epochs: int) -> subprocess.Popen:
     env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_LOGGING_LEVEL": "INFO", "PYTHONUNBUFFERED": "1",
-           "FLEETLOOP_OPS__INGEST_FILES_PER_TASK": str(READ_GRAIN)}  # several read tasks to cache
+           "FLEETLOOP_OPS__INGEST_FILES_PER_TASK": str(READ_GRAIN)}  # several read tasks per run
     return subprocess.Popen([sys.executable, "-c", BOOTSTRAP_RUN, str(root), str(epochs)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -119,7 +119,8 @@ def _bootstrap_process(root: Path, api: str, epochs: int) -> subprocess.Popen:
 @pytest.mark.slow
 def test_killed_flow_reruns_from_cached_tasks_and_its_runs_are_read_back(tmp_path, prefect_server):
     """SIGKILL a bootstrap while it trains; the re-run (a new process, as a user would) completes,
-    taking collection and file reads from the cache instead of recomputing them. Its retrain run
+    taking collection from the cache instead of recomputing it; file reads run again (their results
+    are episodes, which Prefect must not persist: flows pass references). Its retrain run
     and artifacts are read back through the client (one bootstrap carries both checks)."""
     started = datetime.now(timezone.utc)
     proc = _bootstrap_process(tmp_path, prefect_server, epochs=4000)
@@ -149,7 +150,7 @@ def test_killed_flow_reruns_from_cached_tasks_and_its_runs_are_read_back(tmp_pat
         collect, reads, trains = states("collect-expert"), states("read-episode"), states("train-policy")
     n_reads = math.ceil(2 * 6 / READ_GRAIN)  # small_settings: 2 expert robots x 6 episodes
     assert collect == ["Cached", "Completed"], collect
-    assert reads.count("Cached") == n_reads and reads.count("Completed") == n_reads, reads
+    assert reads == ["Completed"] * (2 * n_reads), reads  # never cached: a payload would be persisted
     assert "Completed" in trains  # the killed training ran again (its inputs changed), to completion
 
 

@@ -77,11 +77,10 @@ def test_replicated_rollout_is_bit_identical(ppo_reference, groups):
     assert all(n == 1 for n in max_concurrent_owners(got.run.lock_events).values())
 
 
-@pytest.mark.xfail(strict=True, reason="found this session, before and after the one-loop change (0707284 too): "
-                   "PPO with env groups of 2 robots gives other weights than one group, even under the sequential "
-                   "plan (numpy 2.4.6 / this machine); the train task's PPO never offers such groups "
-                   "(pipeline.scheduled.MIN_GROUP_ENVS). Passing again = fixed: drop the guard.")
 def test_env_groups_of_two_robots_match_one_group():
+    """Was a strict xfail (groups of 2 gave other weights, numpy 2.4.6); it passes again on main as
+    of 492ba86 (which change fixed it was not bisected), so the train task offers groups of 2 again
+    (pipeline.scheduled.MIN_GROUP_ENVS) and this test guards them."""
     spec = _spec(robots=8)
     rt = ppo_runtime(spec, CFG)
     one = run_ppo(spec, CFG, iterations=2, plan=rt.sequential())
@@ -240,7 +239,7 @@ def test_unqualified_capacity_is_noted_in_the_plan_and_priced_ipc_is_in_the_prof
 
 def test_train_task_ppo_layouts_use_only_the_env_groups_it_offers(tmp_path):
     """Regression (#19): the train task's PPO on 2 fleet robots offers only m = 1 (groups of at least
-    MIN_GROUP_ENVS) with infer_chunk = 2, yet profiling ran the IPC probe's process split at m = 2:
+    MIN_GROUP_ENVS rows) with infer_chunk = 2, yet profiling ran the IPC probe's process split at m = 2:
     1-row groups, refused by the chunk rule. Every layout the runtime builds on its own (the probes'
     and the coarse baselines') now takes an offered stage count, and runs."""
     from components.pipeline.scheduled import ppo_spec

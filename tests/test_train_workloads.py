@@ -55,7 +55,7 @@ def test_train_flow_runs_ppo_through_the_scheduler(tmp_path, prefect_harness):
     assert report.losses == [m.loss for m in direct.metrics]
 
 
-@pytest.mark.parametrize(("stages", "envs", "chunk"), [((1, 2, 4), 8, 4), ((1, 2, 4), 16, 4), ((1, 2, 3), 12, 2), ((2, 3), 24, 4), ((5,), 8, 8)])
+@pytest.mark.parametrize(("stages", "envs", "chunk"), [((1, 2, 4), 8, 2), ((1, 2, 4), 16, 4), ((1, 2, 3), 12, 2), ((2, 3), 24, 4), ((5,), 8, 8)])
 def test_the_inference_chunk_divides_every_offered_group(stages, envs, chunk):
     """PPO refuses env groups its chunk does not divide; the chunk was envs // max(stages), which
     breaks for stage counts that do not divide each other (12 envs in 1, 2, 3 groups: 6 % 4)."""

@@ -88,7 +88,7 @@ def _progress_callback(progress: ProgressFn | None, total: int) -> Callable[[int
     return on_iteration
 
 
-MIN_GROUP_ENVS = 4  # env groups of 2 robots gave other weights than one group (numpy 2.4.6 here): not offered
+MIN_GROUP_ENVS = 2  # one-row groups are refused by the chunk rule; groups of 2 match one group bit for bit (a test)
 
 
 def _scheduler_cfg(cfg: SchedulerConfig, envs: int) -> tuple[SchedulerConfig, int]:
