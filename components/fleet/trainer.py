@@ -241,7 +241,12 @@ class FleetTrainer:
         return self._block[step % k]
 
     def train(self, steps: int) -> None:
-        """``steps`` optimizer steps on the buffer (fits the normalizers first if the model is new)."""
+        """``steps`` optimizer steps on the buffer (fits the normalizers first if the model is new).
+
+        Runs at ``runtime.torch_threads`` intra-op threads whoever calls it: a MoE step's sums
+        differ in the last bit between thread counts, and the flow's trainer runs at one thread."""
+        if self.cfg.torch_threads and torch.get_num_threads() != self.cfg.torch_threads:
+            torch.set_num_threads(self.cfg.torch_threads)
         data = self._tensors()
         if self.policy is None:
             self._build(data)
