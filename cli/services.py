@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -66,8 +67,31 @@ class _Stopped(Exception):
     """A stop signal arrived: unwind to the cleanup that stops the children."""
 
 
+class _SpawnGuard:
+    """While a service is being spawned, a stop signal is held back: raised inside ``Popen`` it
+    would leave a started child that ``procs`` never learns of (found by SIGTERM during start-up)."""
+
+    spawning = False
+    pending: str | None = None
+
+
 def _on_stop_signal(signum: int, _frame: object) -> None:
-    raise _Stopped(signal.Signals(signum).name)
+    name = signal.Signals(signum).name
+    if _SpawnGuard.spawning:
+        _SpawnGuard.pending = name
+        return
+    raise _Stopped(name)
+
+
+def _spawn(start: Callable[[], subprocess.Popen], procs: list[subprocess.Popen]) -> None:
+    """Start one service and record it before any stop signal that arrived meanwhile is acted on."""
+    _SpawnGuard.spawning = True
+    try:
+        procs.append(start())
+    finally:
+        _SpawnGuard.spawning = False
+    if _SpawnGuard.pending:
+        raise _Stopped(_SpawnGuard.pending)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -125,9 +149,10 @@ def run_uis(settings: Settings, console: Console) -> None:
     with every process they started, and return (exit 0: a requested stop is a clean stop)."""
     previous = {sig: signal.signal(sig, _on_stop_signal) for sig in STOP_SIGNALS}
     procs: list[subprocess.Popen] = []
+    _SpawnGuard.pending = None
     try:
-        procs.append(start_prefect_server(settings))
-        procs.append(start_mlflow_ui(settings))
+        _spawn(lambda: start_prefect_server(settings), procs)
+        _spawn(lambda: start_mlflow_ui(settings), procs)
         ok_p = _wait(f"http://{LOOPBACK}:{settings.ops.prefect_port}/api/health", 90)
         ok_m = _wait(f"http://{LOOPBACK}:{settings.ops.mlflow_port}/", 90)
         console.print(f"Prefect UI  http://{LOOPBACK}:{settings.ops.prefect_port}  {'up' if ok_p else 'NOT UP'}")

@@ -175,3 +175,24 @@ def test_sigterm_while_starting_stops_both(tmp_path):
     _poll("both services to be spawned", both_spawned, proc, START_S)
     tree = _descendants(proc.pid)
     _sigterm_and_check(proc, tree, (prefect_port, mlflow_port))
+
+
+def test_a_stop_signal_during_a_spawn_waits_until_the_child_is_recorded():
+    """The start-up race: SIGTERM arriving inside Popen must not lose the child it just started."""
+    from cli import services
+
+    procs: list[subprocess.Popen] = []
+
+    def start_and_get_stopped() -> subprocess.Popen:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered here, before Popen's caller can record it
+        return child
+
+    previous = signal.signal(signal.SIGTERM, services._on_stop_signal)
+    try:
+        with pytest.raises(services._Stopped, match="SIGTERM"):
+            services._spawn(start_and_get_stopped, procs)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        services.stop_services(procs, grace_s=5.0)
+    assert len(procs) == 1 and procs[0].returncode is not None  # recorded, then stopped by the cleanup
