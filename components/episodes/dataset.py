@@ -76,17 +76,21 @@ from components.episodes.quarantine import (
     quarantine_file,
 )
 from components.episodes.record import Episode
-from components.episodes.schema import (
+from components.episodes.schema import (  # noqa: F401 - the bookkeeping names are re-exported
     ACTION,
+    BOOKKEEPING_COLUMNS,
     CONTRACT_COLUMNS,
     EPISODE_ID,
+    EPISODE_INDEX,
     FRAME_INDEX,
+    INDEX,
     INTERRUPTED,
     POLICY_VERSION,
     ROBOT_ID,
     STATE,
     SUCCESS,
     TASK,
+    TASK_INDEX,
     TIMESTAMP,
     episode_to_table,
     list_column_to_numpy,
@@ -108,6 +112,7 @@ from components.episodes.validation import (
     WHOLE_FILE,
     EpisodeValidationError,
     ValidatedBatch,
+    check_upload_columns,
     validate_episode_batch,
     validate_episode_table,
 )
@@ -133,12 +138,6 @@ FPS_TOLERANCE = 1e-6  # fps are compared as floats (info.json may hold 30 or 30.
 # LeRobot's default, written to info.json for readers that expect it.
 VIDEO_FILES_SIZE_IN_MB = 500
 VIDEO_READERS_KEPT = 8  # open video files a dataset keeps (camera_frames)
-
-# LeRobot bookkeeping columns of data files: storage positions, reassigned on every store.
-EPISODE_INDEX = "episode_index"
-INDEX = "index"
-TASK_INDEX = "task_index"
-BOOKKEEPING_COLUMNS: tuple[str, ...] = (EPISODE_INDEX, INDEX, TASK_INDEX)
 
 # Episodes-table columns (LeRobot v3) and ours.
 META_TASKS = "tasks"
@@ -1168,6 +1167,10 @@ def read_incoming(path: Path, quarantine_dir: Path) -> IncomingEpisode | Quarant
             str(path), WHOLE_FILE, f"unreadable ({exc})",
             "send one Parquet file or Arrow IPC stream per episode",
         )
+        return quarantine_file(path, error, quarantine_dir)
+    try:
+        check_upload_columns(table, str(path))
+    except EpisodeValidationError as error:
         return quarantine_file(path, error, quarantine_dir)
     return IncomingEpisode(table=table, source=str(path), origin=Path(path))
 

@@ -3,7 +3,9 @@
 One row per frame. ``observation.state`` and ``action`` are ``fixed_size_list<float32>``;
 readers also accept variable-size lists (older LeRobot files). Episode-level fields
 (``episode_id``, ``robot_id``, ``task``, ``policy_version``, ``success``, ``interrupted``) are
-constant columns. Any other column is an *extra* feature, carried through untouched.
+constant columns. Beside them an episode may carry the ``OPTIONAL_COLUMNS`` (each with its one
+type) and LeRobot's ``BOOKKEEPING_COLUMNS``; a file with any other column is refused at both doors
+(``validation.check_upload_columns``). A LeRobot import carries the source's other features too.
 """
 
 from __future__ import annotations
@@ -52,6 +54,21 @@ CONTRACT_COLUMNS: tuple[str, ...] = (
     INTERRUPTED,
 )
 VECTOR_COLUMNS: tuple[str, ...] = (STATE, ACTION)
+
+# LeRobot bookkeeping columns of data files: storage positions, reassigned on every store.
+EPISODE_INDEX = "episode_index"
+INDEX = "index"
+TASK_INDEX = "task_index"
+BOOKKEEPING_COLUMNS: tuple[str, ...] = (EPISODE_INDEX, INDEX, TASK_INDEX)
+# Frame columns an episode file may carry beside the contract, each with the one Arrow type family
+# it has everywhere (so episodes stored together never disagree on a column): LeRobot's per-step
+# signals and the simulators' per-frame stage. Any other column is refused (one contract, two doors).
+OPTIONAL_COLUMNS: dict[str, str] = {
+    "next.reward": "float",
+    "next.done": "bool",
+    "next.success": "bool",
+    STAGE_COLUMN: "integer",
+}
 
 PARQUET_MAGIC = b"PAR1"
 

@@ -17,11 +17,13 @@ import pyarrow.compute as pc
 from components.episodes.record import Episode
 from components.episodes.schema import (
     ACTION,
+    BOOKKEEPING_COLUMNS,
     CONTRACT_COLUMNS,
     EPISODE_ID,
     EPISODE_LEVEL_COLUMNS,
     FRAME_INDEX,
     INTERRUPTED,
+    OPTIONAL_COLUMNS,
     ROBOT_ID,
     STATE,
     SUCCESS,
@@ -34,6 +36,8 @@ from components.episodes.schema import (
 
 # The whole table, not one column (e.g. an empty episode or an unreadable file).
 WHOLE_FILE = "<file>"
+UPLOAD_COLUMNS = frozenset(CONTRACT_COLUMNS) | frozenset(BOOKKEEPING_COLUMNS) | frozenset(OPTIONAL_COLUMNS)
+_TYPE_FAMILIES = {"float": pa.types.is_floating, "bool": pa.types.is_boolean, "integer": pa.types.is_integer}
 
 
 class EpisodeValidationError(ValueError):
@@ -143,6 +147,50 @@ def _check_columns(table: pa.Table, source: str) -> None:
             )
 
 
+def check_upload_columns(table: pa.Table, source: str) -> None:
+    """The columns an episode *file* may have, at both doors (``fleetloop ingest`` and the fleet
+    ingest service): the contract, LeRobot's bookkeeping, and the optional columns with their types.
+    An unknown extra could clash with another episode's column of that name (a scalar here, a vector
+    there) once stored together, so it is refused wherever the file arrives."""
+    extra = sorted(set(table.column_names) - UPLOAD_COLUMNS)
+    if extra:
+        raise EpisodeValidationError(
+            source, extra[0], f"column(s) {extra[:8]} are not in the episode contract",
+            f"drop them; an episode file holds the contract columns ({', '.join(CONTRACT_COLUMNS)}) and "
+            f"optionally {', '.join(OPTIONAL_COLUMNS)} (components/episodes/README.md)",
+        )
+    for name in set(table.column_names) & set(OPTIONAL_COLUMNS):
+        family, actual = OPTIONAL_COLUMNS[name], table.schema.field(name).type
+        if not _TYPE_FAMILIES[family](actual):
+            raise EpisodeValidationError(
+                source, name, f"dtype is {actual}, expected a {family} scalar per frame", f"cast {name} to a {family} type"
+            )
+
+
+def canonical_episode_id(value: object) -> str | None:
+    """A uuid4 in its one stored spelling (lower-case hex, hyphenated: ``str(uuid.UUID(value))``)
+    from any spelling the uuid standard admits (upper or mixed case; Python also reads it without
+    hyphens, in braces or as a ``urn:uuid:``); None when ``value`` is no uuid4."""
+    try:
+        parsed = uuid.UUID(value)  # type: ignore[arg-type]
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return str(parsed) if parsed.version == 4 else None
+
+
+def _with_canonical_ids(table: pa.Table) -> pa.Table:
+    """``table`` with every uuid4 episode_id in its canonical spelling (others left for _check_ids)."""
+    column = table.column(EPISODE_ID)
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return table
+    spellings = [v for v in pc.unique(column).to_pylist() if v is not None]
+    renamed = {v: c for v in spellings if (c := canonical_episode_id(v)) is not None and c != v}
+    if not renamed:
+        return table
+    values = pa.array([renamed.get(v, v) for v in column.to_pylist()], type=column.type)
+    return table.set_column(table.schema.get_field_index(EPISODE_ID), table.schema.field(EPISODE_ID), values)
+
+
 def validate_episode_table(
     table: pa.Table,
     known_robots: Set[str] | None,
@@ -160,6 +208,7 @@ def validate_episode_table(
             source, WHOLE_FILE, "episode has no frames", "send episodes with at least one frame"
         )
     _check_columns(table, source)
+    table = _with_canonical_ids(table)
     for name in (FRAME_INDEX, TIMESTAMP, *EPISODE_LEVEL_COLUMNS):
         nulls = table.column(name).null_count
         if nulls:
@@ -212,11 +261,7 @@ def validate_episode_table(
 
 
 def _check_ids(episode_id: str, robot_id: str, known_robots: Set[str] | None, source: str) -> None:
-    try:
-        parsed = uuid.UUID(episode_id)
-    except ValueError:
-        parsed = None
-    if parsed is None or parsed.version != 4 or str(parsed) != episode_id.lower():
+    if canonical_episode_id(episode_id) != episode_id:  # canonical already, when it is a uuid4
         raise EpisodeValidationError(
             source,
             EPISODE_ID,
@@ -258,7 +303,7 @@ def validate_episode_batch(
         return None
     try:
         _check_columns(tables[0], "")
-        table = pa.concat_tables(tables)
+        table = _with_canonical_ids(pa.concat_tables(tables))
         if any(table.column(n).null_count for n in (FRAME_INDEX, TIMESTAMP, *EPISODE_LEVEL_COLUMNS)):
             return None
         states = _check_vectors(table, STATE, state_dim, "")

@@ -42,10 +42,14 @@ from fastapi.responses import JSONResponse
 
 from components.config import Settings
 from components.episodes.dataset import EpisodeDataset, IncomingEpisode
-from components.episodes.dataset import BOOKKEEPING_COLUMNS
 from components.episodes.quarantine import QuarantinedFile
-from components.episodes.schema import CONTRACT_COLUMNS, PARQUET_MAGIC, ROBOT_ID
-from components.episodes.validation import WHOLE_FILE, EpisodeValidationError, validate_episode_table
+from components.episodes.schema import PARQUET_MAGIC, ROBOT_ID
+from components.episodes.validation import (
+    WHOLE_FILE,
+    EpisodeValidationError,
+    check_upload_columns,
+    validate_episode_table,
+)
 from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook
 from components.fleet.embedder import StoreEmbedder
 from components.fleet.clients import EPISODES_PATH, STATS_PATH
@@ -59,7 +63,6 @@ log = logging.getLogger(__name__)
 # An upload may decode to at most this many times its wire size (guards compressed IPC bombs).
 MAX_DECODE_RATIO = 16
 UNREADABLE_FIX = "send one episode as an Arrow IPC stream (components.episodes.schema.episode_to_ipc) or Parquet"
-ACCEPTED_COLUMNS = frozenset(CONTRACT_COLUMNS) | frozenset(BOOKKEEPING_COLUMNS)
 DISK_FULL_RETRY_S = 30.0  # Retry-After on 507: freeing disk space is an operator's job
 
 
@@ -110,15 +113,10 @@ def claimed_robots(table: pa.Table) -> set[str] | None:
 def prevalidate(table: pa.Table, known: set[str], dataset: EpisodeDataset, source: str) -> str:
     """Validate alone, before queueing (so one bad upload never fails a group commit); returns the id.
 
-    Robots upload the contract's columns only: an extra column could clash with another
-    episode's column of the same name (a scalar here, a vector there) when stored together.
+    The columns are judged as ``fleetloop ingest`` judges a file (``check_upload_columns``): one
+    contract for both doors.
     """
-    extra = sorted(set(table.column_names) - ACCEPTED_COLUMNS)
-    if extra:
-        raise EpisodeValidationError(
-            source, extra[0], f"column(s) {extra[:8]} are not in the episode contract",
-            f"drop them; the fleet ingest stores the contract columns only: {', '.join(CONTRACT_COLUMNS)}",
-        )
+    check_upload_columns(table, source)
     try:
         episode = validate_episode_table(table, known, dataset.state_dim, dataset.action_dim, source)
     except EpisodeValidationError:
