@@ -32,6 +32,9 @@ DOCS = (REPO / "README.md", REPO / "docs" / "operations.md", REPO / "docs" / "de
 ELSEWHERE = {
     "make demo": "the demo itself (the README's first command; CI runs `make test`, whose set-up is the same)",
     "make test": "CI (.ci/run)",
+    "make lock": "re-resolves requirements.lock (network); CI installs from the lock it writes (make setup)",
+    "make compat": "a Python 3.12 venv with PyPI's CUDA torch (several GB): run by hand, result in docs/operations.md "
+    "section 10; tests/compat/lerobot_round_trip.py is what it runs",
     "make ui": "long-running servers: tests/test_ops.py starts the same Prefect server and MLflow UI",
     "make deploy": "needs a running Prefect server: tests/test_ops.py deploys to one",
     ".venv/bin/prefect worker start --pool fleetloop-process": "a long-running worker: tests/test_ops.py runs a flow on a process pool",
