@@ -117,8 +117,17 @@ def demo(as_json: JsonOpt = False) -> None:
         print(to_json({"rounds": [dataclasses.asdict(r) for r in rows]}))
         return
     Console(width=max(console.width, 200)).print(demo_table(rows, settings.evaluation.confidence))
+    console.print(demo_summary(rows), soft_wrap=True)
+
+
+def demo_summary(rows) -> str:
+    """The demo's last line: the champion it ends with and *its* held-out success (from the round
+    that promoted it), not the last challenger's."""
     last = rows[-1]
-    console.print(f"demo: {len(rows)} rounds; champion v{last.champion}, held-out success {last.heldout}", soft_wrap=True)
+    promoted = next((r for r in reversed(rows) if r.promoted and r.champion == last.champion), None)
+    if promoted is None:
+        return f"demo: {len(rows)} rounds; " + ("no champion" if last.champion is None else f"champion v{last.champion}")
+    return f"demo: {len(rows)} rounds; champion v{last.champion} (promoted at {promoted.round}), held-out success {promoted.heldout}"
 
 
 @app.command()

@@ -228,3 +228,17 @@ def test_evaluate_any_registered_model_on_fresh_test_robots(scratch_root, capsys
     lines = capsys.readouterr().err.strip().splitlines()
     assert "takes 11-dim observations but sim.name=pack gives 17" in lines[0]
     assert lines[1] == "fix: evaluate it in the simulator it was trained in: FLEETLOOP_SIM__NAME=pickplace"
+
+
+def test_demo_summary_names_the_champion_and_its_own_held_out_success():
+    """The last line once paired the champion with the last (not promoted) challenger's figure."""
+    import dataclasses
+
+    from cli.main import demo_summary
+    from flows.demo import RoundRow
+
+    rows = [RoundRow("bootstrap", 4, 120, 1.0, "80.6% [76.9, 83.9]", 480, True, 1),
+            RoundRow("round 1", 8, 171, 0.86, "85.6% [82.2, 88.5]", 480, True, 2),
+            RoundRow("round 2", 8, 185, 0.92, "84.6% [81.1, 87.5]", 480, False, 2)]
+    assert demo_summary(rows) == "demo: 3 rounds; champion v2 (promoted at round 1), held-out success 85.6% [82.2, 88.5]"
+    assert demo_summary([dataclasses.replace(rows[0], promoted=False, champion=None)]) == "demo: 1 rounds; no champion"
