@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from components.config import EpisodesConfig
-from components.episodes.dataset import EPISODES_META_PATH, INFO_PATH, STATS_PATH, EpisodeDataset
+from components.episodes.dataset import EpisodeDataset
+from components.episodes.layout import EPISODES_META_PATH, INFO_PATH, STATS_PATH
 from components.episodes.quarantine import quarantine_file, read_reason
 from components.episodes.record import Episode, new_episode_id
 from components.episodes.schema import (
@@ -274,7 +275,7 @@ def test_batch_validation_stages_what_one_by_one_validation_stages(rng):
     """Validated together, a batch's episodes, canonical frames and content hashes are those of
     validating and canonicalising each table alone: variable-size vector lists, extra columns, and
     episodes whose first timestamp is below the previous episode's last (no step across them)."""
-    from components.episodes.dataset import IncomingEpisode, _stage_batch, _stage_one
+    from components.episodes.incoming import IncomingEpisode, stage_batch, stage_one
 
     tables = []
     for i, frames in enumerate((3, 7, 1, 5)):
@@ -286,8 +287,8 @@ def test_batch_validation_stages_what_one_by_one_validation_stages(rng):
     items = [IncomingEpisode(table=t, source=f"e{i}") for i, t in enumerate(tables)]
     batch = validate_episode_batch(tables, KNOWN, None, None)
     assert batch is not None
-    together = _stage_batch(items, batch)
-    alone = [_stage_one(item, validate_episode_table(item.table, KNOWN, None, None, item.source), item.table)
+    together = stage_batch(items, batch)
+    alone = [stage_one(item, validate_episode_table(item.table, KNOWN, None, None, item.source), item.table)
              for item in items]
     assert [s.content_hash for s in together] == [s.content_hash for s in alone]
     for a, b in zip(together, alone):

@@ -138,7 +138,9 @@ def _mutations(episode) -> list:
 @st.composite
 def malformed_uploads(draw):
     kind = draw(st.sampled_from(["bytes", "truncated", "mutated", "flipped"]))
-    episode = synthetic_episode(ROBOT, seed=draw(st.integers(0, 10_000)), length=draw(st.integers(2, 16)))
+    # seeds apart from the other tests' (the id follows the seed): a mutated upload that still parses is
+    # stored, and one with seed 102 made test_a_malformed_upload...'s honest seed-102 episode a conflict
+    episode = synthetic_episode(ROBOT, seed=draw(st.integers(100_000, 110_000)), length=draw(st.integers(2, 16)))
     valid = episode_to_ipc(episode)
     if kind == "bytes":
         return kind, draw(st.binary(min_size=0, max_size=2048))

@@ -28,6 +28,7 @@ from tests.conftest import small_settings
 
 ROBOT = "robot-0000"
 LENGTH = 12
+UUID1 = "3bf16a5a-f174-11f1-af0b-02fc00000001"  # a version-1 uuid, fixed (xdist workers collect the same ids)
 
 
 def _parquet(table: pa.Table) -> bytes:
@@ -64,7 +65,7 @@ def _corpus() -> list[tuple[str, bytes]]:
             "extra", pa.array(np.ones(LENGTH, np.float32))))),
         ("stage column as text", _parquet(episode_to_table(synthetic_episode(ROBOT, seed=7, length=LENGTH)).append_column(
             STAGE_COLUMN, pa.array(["grasp"] * LENGTH)))),
-        ("uuid1 id", _parquet(_spelled(episode_to_table(synthetic_episode(ROBOT, seed=8, length=LENGTH)), str(uuid.uuid1())))),
+        ("uuid1 id", _parquet(_spelled(episode_to_table(synthetic_episode(ROBOT, seed=8, length=LENGTH)), UUID1))),
         ("no uuid at all", _parquet(_spelled(episode_to_table(synthetic_episode(ROBOT, seed=9, length=LENGTH)), "episode-9"))),
         ("NaN action", _parquet(episode_to_table(nan))),
     ]
@@ -130,7 +131,7 @@ def test_every_spelling_of_a_uuid4_reads_as_its_canonical_form(spelling):
     assert canonical_episode_id(spelling(canonical)) == canonical
 
 
-@pytest.mark.parametrize("value", ["", "episode-9", str(uuid.uuid1()), str(uuid.uuid5(uuid.NAMESPACE_URL, "x")), None, 7])
+@pytest.mark.parametrize("value", ["", "episode-9", UUID1, str(uuid.uuid5(uuid.NAMESPACE_URL, "x")), None, 7])
 def test_what_is_no_uuid4_has_no_canonical_form(value):
     assert canonical_episode_id(value) is None
 

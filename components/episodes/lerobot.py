@@ -29,28 +29,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from components.episodes.dataset import (
-    BOOKKEEPING_COLUMNS,
-    DATA_PATH,
-    EPISODE_INDEX,
+from components.episodes.data_files import DATA_PATH
+from components.episodes.dataset import EpisodeDataset, IncomingEpisode, IngestReport, SourceLayout
+from components.episodes.fingerprint import table_fingerprint
+from components.episodes.layout import (
     EPISODES_META_PATH,
     INFO_PATH,
     OWN_META_COLUMNS,
     STATS_PATH,
-    TASK_INDEX,
     TASKS_PATH,
     VIDEO_PATH,
-    EpisodeDataset,
-    IncomingEpisode,
-    IngestReport,
-    SourceLayout,
     read_tasks,
     video_location_column,
 )
-from components.episodes.fingerprint import table_fingerprint
 from components.episodes.schema import (
     ACTION,
+    BOOKKEEPING_COLUMNS,
     EPISODE_ID,
+    EPISODE_INDEX,
     FRAME_INDEX,
     INTERRUPTED,
     POLICY_VERSION,
@@ -58,6 +54,7 @@ from components.episodes.schema import (
     STATE,
     SUCCESS,
     TASK,
+    TASK_INDEX,
     TIMESTAMP,
 )
 from components.episodes.stats import parse_stats_column, stats_from_episodes_meta

@@ -22,16 +22,13 @@ from typing import Protocol
 
 import numpy as np
 
-from components.episodes.dataset import (
-    EPISODE_INDEX,
-    META_LENGTH,
-    META_TASKS,
-    EpisodeDataset,
-)
+from components.episodes.dataset import EpisodeDataset
+from components.episodes.layout import META_LENGTH, META_TASKS
 from components.episodes.record import Episode
 from components.episodes.schema import (
     ACTION,
     EPISODE_ID,
+    EPISODE_INDEX,
     INTERRUPTED,
     POLICY_VERSION,
     ROBOT_ID,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from components.episodes.dataset import episode_content_hash
+from components.episodes.rows import episode_content_hash
 from components.fsio import atomic_write_bytes, fsync_dir
 
 PENDING = "pending"
