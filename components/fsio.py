@@ -7,7 +7,7 @@
 The temporary file sits beside ``dst`` (same filesystem, so the rename is atomic) and is named
 ``.<name>.<pid>.tmp`` unless the caller names it (a reader that sweeps stray temp files after a
 crash knows its own pattern). On an error the temporary file is removed and ``dst`` is untouched.
-Like config.py, this module imports nothing from the rest of ``components``.
+Like components/config/, this module imports nothing from the rest of ``components``.
 """
 
 from __future__ import annotations
