@@ -420,22 +420,7 @@ def build_two_level(
     m_rnd, m_tok, m_e = got[:, 0], got[:, 1], got[:, 2]
     P = int(got.shape[0])
 
-    # forwarder rows F: unique (source, token), in (source, round, token) order
-    new_row = torch.ones(P, dtype=torch.bool)
-    if P > 1:
-        new_row[1:] = (m_src[1:] != m_src[:-1]) | (m_tok[1:] != m_tok[:-1])
-    frow = torch.cumsum(new_row.long(), 0) - 1
-    F = int(new_row.sum())
-    f_src, f_rnd = m_src[new_row], m_rnd[new_row]
-    per_block = torch.bincount(f_src * rounds + f_rnd, minlength=W * rounds).view(W, rounds)
-    base = (torch.cumsum(per_block.view(-1), 0) - per_block.view(-1)).view(W, rounds)
-    pairs_block = torch.bincount(m_src * rounds + m_rnd, minlength=W * rounds).view(W, rounds)
-    pbase = (torch.cumsum(pairs_block.view(-1), 0) - pairs_block.view(-1)).view(W, rounds)
-    a_recvs, ap_recvs = [], []
-    for r in range(rounds):
-        for s in range(W):
-            a_recvs += _range_messages([s], [r], [int(base[s, r])], [int(per_block[s, r])])
-            ap_recvs += _range_messages([s], [r], [int(pbase[s, r])], [int(pairs_block[s, r])])
+    frow, F, a_recvs, ap_recvs = _forwarder_rows(m_src, m_rnd, m_tok, W, rounds)
 
     # stage B sends: forwarder -> expert rank, wire order (round, dest, local expert, source, token)
     d, l = m_e // L, m_e % L
@@ -465,6 +450,29 @@ def build_two_level(
         top_k=K,
         forwarders=fwd,
     )
+
+
+def _forwarder_rows(m_src: Tensor, m_rnd: Tensor, m_tok: Tensor, W: int, rounds: int) -> tuple[Tensor, int, list, list]:
+    """A forwarder's rows F: one per unique (source, token) of the pairs it received (sorted
+    (source, round, token, expert)), in (source, round, token) order. Returns each pair's row, F,
+    and the stage-A receives (token rows) and stage-A' receives (pair probabilities) per
+    (round, source) block."""
+    P = int(m_src.shape[0])
+    new_row = torch.ones(P, dtype=torch.bool)
+    if P > 1:
+        new_row[1:] = (m_src[1:] != m_src[:-1]) | (m_tok[1:] != m_tok[:-1])
+    frow = torch.cumsum(new_row.long(), 0) - 1
+    f_src, f_rnd = m_src[new_row], m_rnd[new_row]
+    per_block = torch.bincount(f_src * rounds + f_rnd, minlength=W * rounds).view(W, rounds)
+    base = (torch.cumsum(per_block.view(-1), 0) - per_block.view(-1)).view(W, rounds)
+    pairs_block = torch.bincount(m_src * rounds + m_rnd, minlength=W * rounds).view(W, rounds)
+    pbase = (torch.cumsum(pairs_block.view(-1), 0) - pairs_block.view(-1)).view(W, rounds)
+    a_recvs, ap_recvs = [], []
+    for r in range(rounds):
+        for s in range(W):
+            a_recvs += _range_messages([s], [r], [int(base[s, r])], [int(per_block[s, r])])
+            ap_recvs += _range_messages([s], [r], [int(pbase[s, r])], [int(pairs_block[s, r])])
+    return frow, int(new_row.sum()), a_recvs, ap_recvs
 
 
 def _all_gather(mine: Tensor, group: dist.ProcessGroup) -> Tensor:
