@@ -15,7 +15,8 @@ from benchmarks.fleet_chaos import (
     run_benchmark,
     write_results,
 )
-from components.fleet.chaos import FAULT_KINDS, KILLS, LOSS_WINDOW
+from components.fleet.chaos import FAULT_KINDS, KILLS
+from components.fleet.chaos_audit import LOSS_WINDOW
 from components.fleet.coordinator import backoff_delays
 
 # one round of every kind (12 faults at 1-2.5 s gaps: ~22 s) plus 8-s windows. A longer phase starts
