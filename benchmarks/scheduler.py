@@ -42,7 +42,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -182,48 +182,88 @@ def train_workflow_section(settings: Any, quick: bool, iterations: int) -> dict[
     """The train task's FERT workflow (sample -> learn, validation beside it) on a product root:
     expert demos -> bootstrap policy -> one fleet round with failures -> the FERT training set ->
     ``make_trainer``; every plan kind measured interleaved, and the ``auto`` decision."""
+    log("train workflow: building a FERT training set through the product path ...")
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer, built = _fert_trainer(settings, quick, Path(tmp))
+        run = _measure_train_workflow(settings, trainer, quick, iterations)
+    return _train_workflow_report(run, trainer, built)
+
+
+def _fert_trainer(settings: Any, quick: bool, root: Path) -> tuple[Any, Any]:
+    """The product path on a fresh root: expert demos, bootstrap policy, one fleet round, the FERT
+    training set, and the trainer the train task would build on it (with the study's scheduler)."""
     from components.pipeline import steps
     from components.pipeline.collect import collect_expert_demos, collect_fleet
     from components.pipeline.ingest import ingest_files
     from components.pipeline.workspace import Workspace
-    from components.training.checkpoint import state_digest
     from components.training.trainer import make_trainer
 
-    log("train workflow: building a FERT training set through the product path ...")
-    with tempfile.TemporaryDirectory() as tmp:
-        cell = settings.model_copy(update={"root": Path(tmp), "scheduler": settings.scheduler.model_copy(
-            update={"plan": "sequential"})})
-        ingest_files(cell, collect_expert_demos(cell, cell.paths.incoming / "expert").files, snapshot=False)
-        boot = steps.train_policy(cell).result.policy
-        fleet = collect_fleet(cell, boot, "v1", cell.paths.incoming / "round-001", round_index=1,
-                              num_robots=4 if quick else 8)
-        ingest_files(cell, fleet.files, snapshot=False)
-        built = steps.training_set(cell, Workspace(cell))
-        trainer = make_trainer(cell.model_copy(update={"scheduler": settings.scheduler}), built.data, boot, log)
-        rt = trainer.runtime
-        seq, seq_default, coarse = rt.sequential(), rt.sequential(tuned=False), rt.coarse()
-        process_rows = list({p.name: p for p in (rt.coarse_processes(), rt.coarse_processes(colocate_rollout=True))}.values())
-        t = time.perf_counter()
-        auto = trainer.choose("auto")  # profile -> planner -> Rose -> validated against sequential; cached after
-        auto_s = time.perf_counter() - t
-        planner_plan = rt.plan().best.plan
-        rose_plan = rt.optimize(planner_plan).plan
-        plans = [seq, seq_default, coarse, *process_rows, planner_plan, rose_plan]
-        capacity: list[tuple[float, float]] = []  # cores this process could get, before and after each round
+    cell = settings.model_copy(update={"root": root, "scheduler": settings.scheduler.model_copy(
+        update={"plan": "sequential"})})
+    ingest_files(cell, collect_expert_demos(cell, cell.paths.incoming / "expert").files, snapshot=False)
+    boot = steps.train_policy(cell).result.policy
+    fleet = collect_fleet(cell, boot, "v1", cell.paths.incoming / "round-001", round_index=1,
+                          num_robots=4 if quick else 8)
+    ingest_files(cell, fleet.files, snapshot=False)
+    built = steps.training_set(cell, Workspace(cell))
+    trainer = make_trainer(cell.model_copy(update={"scheduler": settings.scheduler}), built.data, boot, log)
+    return trainer, built
 
-        meas = interleaved(rt, plans, iterations, 2 if quick else 3,
-                           before_round=lambda r: capacity.append((effective_cores(rt.devices), 0.0)),
-                           after_round=partial(probe_after_round, rt, capacity))
-        qualified = qualify(meas, capacity, rt.devices, settings.scheduler.capacity_qualify_fraction)
-        task_s, digests = {}, {}
-        for p in plans:  # one whole train task per plan: worker start-up, every iteration, validation
-            t = time.perf_counter()
-            digests[p.name] = state_digest(rt.run(p, trainer.spec.iterations).final["params"])
-            task_s[p.name] = time.perf_counter() - t
+
+@dataclass
+class TrainWorkflowRun:
+    """The FERT workflow's plans, their interleaved measurement and one whole train task per plan."""
+
+    rt: Any
+    seq: Plan
+    process_rows: list[Plan]
+    planner_plan: Plan
+    rose_plan: Plan
+    plans: list[Plan]
+    auto: Any
+    auto_s: float
+    meas: dict[str, dict[str, Any]]
+    qualified: dict[str, Any]
+    task_s: dict[str, float]
+    digests: dict[str, str]
+
+
+def _measure_train_workflow(settings: Any, trainer: Any, quick: bool, iterations: int) -> TrainWorkflowRun:
+    from components.training.checkpoint import state_digest
+
+    rt = trainer.runtime
+    seq, seq_default, coarse = rt.sequential(), rt.sequential(tuned=False), rt.coarse()
+    process_rows = list({p.name: p for p in (rt.coarse_processes(), rt.coarse_processes(colocate_rollout=True))}.values())
+    t = time.perf_counter()
+    auto = trainer.choose("auto")  # profile -> planner -> Rose -> validated against sequential; cached after
+    auto_s = time.perf_counter() - t
+    planner_plan = rt.plan().best.plan
+    rose_plan = rt.optimize(planner_plan).plan
+    plans = [seq, seq_default, coarse, *process_rows, planner_plan, rose_plan]
+    capacity: list[tuple[float, float]] = []  # cores this process could get, before and after each round
+
+    meas = interleaved(rt, plans, iterations, 2 if quick else 3,
+                       before_round=lambda r: capacity.append((effective_cores(rt.devices), 0.0)),
+                       after_round=partial(probe_after_round, rt, capacity))
+    qualified = qualify(meas, capacity, rt.devices, settings.scheduler.capacity_qualify_fraction)
+    task_s, digests = {}, {}
+    for p in plans:  # one whole train task per plan: worker start-up, every iteration, validation
+        t = time.perf_counter()
+        digests[p.name] = state_digest(rt.run(p, trainer.spec.iterations).final["params"])
+        task_s[p.name] = time.perf_counter() - t
+    return TrainWorkflowRun(rt, seq, process_rows, planner_plan, rose_plan, plans, auto, auto_s, meas, qualified,
+                            task_s, digests)
+
+
+def _train_workflow_report(run: TrainWorkflowRun, trainer: Any, built: Any) -> dict[str, Any]:
+    """The FERT workflow section of the JSON (the whole of NAME.json's train_workflow)."""
+    rt, meas, plans, seq, rose_plan = run.rt, run.meas, run.plans, run.seq, run.rose_plan
+    planner_plan, auto, auto_s, task_s, digests, qualified = (run.planner_plan, run.auto, run.auto_s, run.task_s,
+                                                              run.digests, run.qualified)
     med = {p.name: meas[p.name]["median_s"] for p in plans}
     shares = _op_shares(meas[seq.name]["last"])
     best_other = min((p for p in plans if p is not rose_plan), key=lambda p: med[p.name])
-    coarse_proc = min(process_rows, key=lambda p: med[p.name])
+    coarse_proc = min(run.process_rows, key=lambda p: med[p.name])
     bound = work_bound(med[seq.name], statistics.fmean(meas[seq.name]["process_cores"]), rt.devices,
                        {p.name: med[p.name] for p in plans if p.name.startswith("sequential")})
     span = measured_span_bound(rt, plans, meas, digests, seq, med[best_other.name], bound["floor_ms"] / 1e3)
@@ -293,7 +333,93 @@ def paired_ratio(meas: dict[str, dict[str, Any]], a: str, b: str) -> float:
     return ratio_per_round(meas, a, b, list(meas[a]["round_medians"]))["median"]
 
 
-def main() -> None:
+@dataclass
+class Sizes:
+    """The study's sizes (--tiny, --quick or full); ``rounds`` after --rounds."""
+
+    tiny: bool
+    quick: bool
+    envs: int
+    steps: int
+    eval_envs: int
+    iterations: int
+    rounds: int
+
+
+@dataclass
+class Plans:
+    """Every plan the study measures: the baselines, the planner's plan, Rose's plan and its steps."""
+
+    seq: Plan  # the reference: every op at op_threads, BLAS 1
+    seq_default: Plan
+    seq_default_free: Plan
+    seq_t2: Plan | None
+    coarse: Plan
+    split_calibration: dict[str, float]
+    process_rows: list[Plan]
+    planned: Any = None
+    planning_prediction: float = 0.0
+    planner_plan: Plan | None = None
+    planning_profile: Any = None
+    opt: Any = None
+    rose_plan: Plan | None = None
+    steps_kept: list[Plan] = field(default_factory=list)
+    slow: tuple[Plan | None, ...] = ()
+    rows: list[Plan] = field(default_factory=list)  # what the interleaved rounds run, in order
+    predictable: list[Plan] = field(default_factory=list)
+
+
+@dataclass
+class Measured:
+    """The interleaved rounds: per-plan samples, the rounds' qualification and each round's predictions."""
+
+    meas: dict[str, dict[str, Any]]
+    qualified: dict[str, Any]
+    probes: list[float]
+    capacity_probes: list[list[float]]
+    round_predictions: list[dict[str, float]]
+    predicted: dict[str, float]
+    prof: Any
+    load_start: dict[str, float]
+    load_end: dict[str, float]
+
+
+@dataclass
+class Analysis:
+    """What the measurement says: medians, bit-identity, the best rows, prediction errors, the floors."""
+
+    med: dict[str, float]
+    digests: dict[str, Any]
+    identical: bool
+    best_seq: Plan
+    best_base: Plan
+    coarse_proc: Plan
+    errors: dict[str, float]
+    bound: dict[str, Any]
+    span: dict[str, Any]
+
+
+@dataclass
+class Study:
+    """One run of the benchmark, everything the report reads."""
+
+    args: argparse.Namespace
+    size: Sizes
+    spec: PPOSpec
+    rt: Any
+    gpu: Any
+    started: float
+    load_start: dict[str, float]
+    plans: Plans
+    measured: Measured
+    analysis: Analysis
+    candidates: list[dict[str, Any]]
+    regret: float
+    fert: dict[str, Any]
+    sm: Any
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small smoke version")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
@@ -310,97 +436,134 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, help="interleaved measurement rounds (default 12; quick 2)")
     ap.add_argument("--name", default=NAME, help="results file stem (benchmarks/results/NAME.json/.png)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="results directory")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def run_train_workflow_only(settings: Any, args: argparse.Namespace) -> None:
+    """--train-workflow-only: the FERT workflow section alone, as NAME.json + NAME.png."""
+    started = time.time()
+    section = train_workflow_section(settings, args.quick, 2)
+    body = {"train_workflow": section, "load": load(), "seconds": time.time() - started,
+            "config": {"python": platform.python_version(), "cores": os.cpu_count(), "quick": args.quick}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(body, indent=2, default=str))
+    plot_train_workflow(section, args.out / f"{args.name}.png")
+    log(json.dumps(section, indent=2, default=str))
+
+
+def study_sizes(args: argparse.Namespace) -> Sizes:
     tiny = args.tiny
     quick = args.quick or tiny
-    name = args.name
-    out_dir = args.out
-    s = load_settings()
-    if args.train_workflow_only:
-        started = time.time()
-        section = train_workflow_section(s, args.quick, 2)
-        body = {"train_workflow": section, "load": load(), "seconds": time.time() - started,
-                "config": {"python": platform.python_version(), "cores": os.cpu_count(), "quick": args.quick}}
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / f"{name}.json").write_text(json.dumps(body, indent=2, default=str))
-        plot_train_workflow(section, out_dir / f"{name}.png")
-        log(json.dumps(section, indent=2, default=str))
-        return
-    cfg = s.scheduler
     envs, steps = (16, 4) if tiny else (64, 16) if quick else (256, 64)
     eval_envs = 8 if tiny else 32 if quick else 128
     iterations, rounds = (1, 1) if tiny else (2, 2) if quick else (2, 12)  # many short runs: more host moments
-    rounds = args.rounds or rounds
+    return Sizes(tiny, quick, envs, steps, eval_envs, iterations, args.rounds or rounds)
+
+
+def study_config(cfg: Any, tiny: bool) -> Any:
+    """The scheduler settings the study runs with (--tiny: one of everything)."""
     if tiny:
         cfg = cfg.model_copy(update={"pipeline_stages": (1, 2), "validate_iterations": 1, "validate_rounds": 1,
                                      "quota_max_steps": 1, "profile_iterations": 2,
                                      "capacity_probe_attempts": 1, "ipc_probe_iterations": 1})
-    started = time.time()
-    load_start = load()
-    gpu = GpuTelemetry() if cfg.gpu_telemetry else None
-    log(f"scheduler benchmark ({'tiny' if tiny else 'quick' if quick else 'full'}): PPO {envs} envs x {steps} steps, "
+    return cfg
+
+
+def log_start(size: Sizes, gpu: Any, load_start: dict[str, float]) -> None:
+    mode = "tiny" if size.tiny else "quick" if size.quick else "full"
+    log(f"scheduler benchmark ({mode}): PPO {size.envs} envs x {size.steps} steps, "
         f"{os.cpu_count()} cores, load {load_start['loadavg_1m']:.2f}/{load_start['loadavg_5m']:.2f}")
     log(f"GPU telemetry: {'available' if gpu and gpu.available else 'unavailable (' + (gpu.reason if gpu else 'off') + ')'}"
         f"; op timer: {OpTimer().backend}")
 
+
+def build_runtime(settings: Any, cfg: Any, device: str, size: Sizes, gpu: Any) -> tuple[PPOSpec, Any]:
+    """The PPO workload and its scheduler runtime."""
     # a small actor-critic (2 x 128) as embodied RL uses; inference in fixed chunks (one per group at m = max)
     policy = PolicyConfig(hidden=128, layers=2)
-    spec = PPOSpec(sim=s.sim, policy=policy, robot_ids=tuple(s.fleet.robot_ids(envs)),
-                   eval_robot_ids=tuple(s.fleet.heldout_ids(eval_envs)), steps=steps, epochs=1, minibatches=4,
-                   eval_steps=EVAL_STEPS_PER_ROLLOUT_STEP * steps, learner_threads=1,
-                   infer_chunk=envs // max(cfg.pipeline_stages), seed=s.seed, device=args.device)
-    rt = ppo_runtime(spec, cfg, log=log, gpu=gpu)
+    spec = PPOSpec(sim=settings.sim, policy=policy, robot_ids=tuple(settings.fleet.robot_ids(size.envs)),
+                   eval_robot_ids=tuple(settings.fleet.heldout_ids(size.eval_envs)), steps=size.steps, epochs=1,
+                   minibatches=4, eval_steps=EVAL_STEPS_PER_ROLLOUT_STEP * size.steps, learner_threads=1,
+                   infer_chunk=size.envs // max(cfg.pipeline_stages), seed=settings.seed, device=device)
+    return spec, ppo_runtime(spec, cfg, log=log, gpu=gpu)
 
-    # ---- plans
-    t = time.time()
+
+def process_splits(rt: Any, size: Sizes) -> tuple[dict[str, float], list[Plan]]:
+    """RLinf's natural form, one worker process per component, at its best split: every layout and
+    thread count run once, the fastest PROCESS_SPLITS_KEPT join the rounds (--tiny: the default split)."""
+    if size.tiny:
+        return {}, [rt.coarse_processes()]
+    log("process-based coarse pipelining: calibrating its splits (one run each) ...")
+    splits = rt.coarse_process_splits((1,) if size.quick else None)  # quick: 1 thread per op only
+    calibration = calibrate_splits(rt, splits, size.iterations)
+    return calibration, sorted(splits, key=lambda p: calibration[p.name])[:PROCESS_SPLITS_KEPT]
+
+
+def baseline_plans(rt: Any, size: Sizes) -> Plans:
+    """The sequential rows, coarse pipelining on threads and the process-based splits."""
     seq = rt.sequential()  # the reference: every op at op_threads, BLAS 1
     seq_default = rt.sequential(tuned=False)
     seq_default_free = seq_default.with_(name="sequential-default(learner default threads; numerics differ)",
                                          pinned_threads={"learner": _torch_default_threads()})
     seq_t2 = rt.sequential(threads=2) if rt.devices >= 2 else None
     coarse = rt.coarse()
-    # RLinf's natural form, one worker process per component, at its best split: every layout and
-    # thread count run once, the fastest PROCESS_SPLITS_KEPT join the rounds (--tiny: the default split)
-    if tiny:
-        split_calibration: dict[str, float] = {}
-        process_rows = [rt.coarse_processes()]
-    else:
-        log("process-based coarse pipelining: calibrating its splits (one run each) ...")
-        splits = rt.coarse_process_splits((1,) if quick else None)  # quick: 1 thread per op only
-        split_calibration = calibrate_splits(rt, splits, iterations)
-        process_rows = sorted(splits, key=lambda p: split_calibration[p.name])[:PROCESS_SPLITS_KEPT]
+    split_calibration, process_rows = process_splits(rt, size)
+    return Plans(seq, seq_default, seq_default_free, seq_t2, coarse, split_calibration, process_rows)
+
+
+def plan_with_planner(rt: Any, plans: Plans, started: float) -> None:
+    """The M2Flow planner's plan (profile -> cost curves -> cut search) and the profile it planned on."""
     log("profiling (sequential schedule at each stage count, thread-contention probe) ...")
-    planned = rt.plan()
-    log(planned.table())
-    planning_prediction = planned.best.predicted_s
-    planner_plan = planned.best.plan
-    planning_profile = rt.profile()
-    log(f"planner done in {time.time() - t:.1f} s (kappa = {planning_profile.thread_slowdown:.2f}, "
-        f"effective cores {planning_profile.capacity:.2f}); Rose + quotas ...")
+    plans.planned = rt.plan()
+    log(plans.planned.table())
+    plans.planning_prediction = plans.planned.best.predicted_s
+    plans.planner_plan = plans.planned.best.plan
+    plans.planning_profile = rt.profile()
+    log(f"planner done in {time.time() - started:.1f} s (kappa = {plans.planning_profile.thread_slowdown:.2f}, "
+        f"effective cores {plans.planning_profile.capacity:.2f}); Rose + quotas ...")
+
+
+def optimize_with_rose(rt: Any, plans: Plans, args: argparse.Namespace, size: Sizes) -> None:
+    """Rose's rewrites + slack quotas on the planner's plan (CUDA streams, MPS evaluator as asked)."""
     t = time.time()
     if args.device == "cuda" or args.streams:
-        planner_plan = planner_plan.with_(cuda_streams=True)
-        coarse = coarse.with_(cuda_streams=True)
-    if tiny:  # code-path check: Rose's measured validation is covered by the tests
-        opt = None
-        rose_plan = planner_plan.with_(name=f"{planner_plan.name}+rose(skipped: --tiny)")
+        plans.planner_plan = plans.planner_plan.with_(cuda_streams=True)
+        plans.coarse = plans.coarse.with_(cuda_streams=True)
+    if size.tiny:  # code-path check: Rose's measured validation is covered by the tests
+        plans.opt = None
+        plans.rose_plan = plans.planner_plan.with_(name=f"{plans.planner_plan.name}+rose(skipped: --tiny)")
     else:
-        opt = rt.optimize(planner_plan)
-        rose_plan = opt.plan
+        plans.opt = rt.optimize(plans.planner_plan)
+        plans.rose_plan = plans.opt.plan
     if args.mps_eval:
-        rose_plan = _evaluator_as_mps_client(rose_plan, args.mps_eval)
-    log(rose_plan.describe())
+        plans.rose_plan = _evaluator_as_mps_client(plans.rose_plan, args.mps_eval)
+    log(plans.rose_plan.describe())
     log(f"Rose done in {time.time() - t:.1f} s")
 
-    # ---- predictions at the load of the measurement: the profile is re-taken at the start of every
-    # measurement round and each plan's prediction is the median over rounds, like its measurement
-    slow = () if tiny else (seq_default_free, seq_t2)  # 2 threads/op: slow on a loaded 2-core machine
-    steps_kept = rose_steps(rt, planner_plan, opt) if opt else []  # attribution rows, measured like the rest
-    steps_kept = [p for p in steps_kept if p.name != rose_plan.name]
-    plans = [p for p in (seq_default, *slow, seq, coarse, *process_rows, planner_plan, *steps_kept, rose_plan)
-             if p is not None]
-    predictable = [p for p in plans if p not in (seq_default, seq_default_free, seq_t2)
-                   and not p.gpu_percent]  # an MPS client's SM share is not in the CPU model
+
+def choose_rows(rt: Any, plans: Plans, size: Sizes) -> None:
+    """The rows the rounds measure (Rose's steps as attribution rows) and those the model predicts."""
+    plans.slow = () if size.tiny else (plans.seq_default_free, plans.seq_t2)  # 2 threads/op: slow on a loaded 2-core machine
+    steps_kept = rose_steps(rt, plans.planner_plan, plans.opt) if plans.opt else []  # measured like the rest
+    plans.steps_kept = [p for p in steps_kept if p.name != plans.rose_plan.name]
+    plans.rows = [p for p in (plans.seq_default, *plans.slow, plans.seq, plans.coarse, *plans.process_rows,
+                              plans.planner_plan, *plans.steps_kept, plans.rose_plan) if p is not None]
+    plans.predictable = [p for p in plans.rows if p not in (plans.seq_default, plans.seq_default_free, plans.seq_t2)
+                         and not p.gpu_percent]  # an MPS client's SM share is not in the CPU model
+
+
+def build_plans(rt: Any, args: argparse.Namespace, size: Sizes) -> Plans:
+    started = time.time()
+    plans = baseline_plans(rt, size)
+    plan_with_planner(rt, plans, started)
+    optimize_with_rose(rt, plans, args, size)
+    choose_rows(rt, plans, size)
+    return plans
+
+
+def measure(rt: Any, plans: Plans, size: Sizes, cfg: Any) -> Measured:
+    """Predictions at the load of the measurement: the profile is re-taken at the start of every
+    measurement round and each plan's prediction is the median over rounds, like its measurement."""
     round_predictions: list[dict[str, float]] = []
     probes: list[float] = []
     capacity: list[tuple[float, float]] = []  # effective cores measured before and after each round
@@ -411,47 +574,53 @@ def main() -> None:
         prof = rt.profile(refresh=True)
         capacity.append((prof.capacity, prof.capacity))
         capacity_probes.append(list(prof.capacity_reading.readings) if prof.capacity_reading else [prof.capacity])
-        round_predictions.append({p.name: rt.predict(p) for p in predictable})
+        round_predictions.append({p.name: rt.predict(p) for p in plans.predictable})
         log(f"round {r + 1}: re-profiled (kappa {prof.thread_slowdown:.2f}, effective cores {prof.capacity:.2f}, "
             f"host probe {probes[-1] * 1e3:.1f} ms); predicted ms: "
             + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in round_predictions[-1].items()))
 
-    # ---- side by side
     log("side-by-side measurement (interleaved rounds, each after a fresh profile):")
     load_measure_start = load()
     # 2 threads/op oversubscribe a loaded machine: these rows join the first half of the rounds only
-    slow_rows = {p.name: max(1, rounds // 2) for p in slow if p is not None}
-    meas = interleaved(rt, plans, iterations, rounds, slow_rows, before_round=reprofile,
+    slow_rows = {p.name: max(1, size.rounds // 2) for p in plans.slow if p is not None}
+    meas = interleaved(rt, plans.rows, size.iterations, size.rounds, slow_rows, before_round=reprofile,
                        after_round=partial(probe_after_round, rt, capacity))
     qualified = qualify(meas, capacity, rt.devices, cfg.capacity_qualify_fraction)
-    log(f"{qualified['qualified_count']}/{rounds} rounds had >= {qualified['cores_needed']:.1f} cores before and after; "
-        f"figures from {qualified['figures_from']}")
+    log(f"{qualified['qualified_count']}/{size.rounds} rounds had >= {qualified['cores_needed']:.1f} cores before "
+        f"and after; figures from {qualified['figures_from']}")
     prof = rt.profile()
-    predicted = {p.name: statistics.median(rp[p.name] for rp in round_predictions) for p in predictable}
-    load_measure_end = load()
-    med = {p.name: meas[p.name]["median_s"] for p in plans}
-    checked = [p for p in plans if p is not seq_default_free]  # same numerics as the reference
-    digests = {p.name: sorted(meas[p.name]["digests"]) for p in plans}
+    predicted = {p.name: statistics.median(rp[p.name] for rp in round_predictions) for p in plans.predictable}
+    return Measured(meas, qualified, probes, capacity_probes, round_predictions, predicted, prof,
+                    load_measure_start, load())
+
+
+def analyse(rt: Any, plans: Plans, measured: Measured) -> Analysis:
+    meas, rows = measured.meas, plans.rows
+    med = {p.name: meas[p.name]["median_s"] for p in rows}
+    checked = [p for p in rows if p is not plans.seq_default_free]  # same numerics as the reference
+    digests = {p.name: sorted(meas[p.name]["digests"]) for p in rows}
     identical = (len({tuple(map(tuple, digests[p.name])) for p in checked}) == 1
                  and all(len(digests[p.name]) == 1 for p in checked))
     best_seq = min((p for p in checked if p.name.startswith("sequential")), key=lambda p: med[p.name])
     # the baseline a user would pick: the fastest row that is not Rose's, bit-identical or not
-    rose_rows = {rose_plan.name, *(p.name for p in steps_kept)}  # Rose's plan and its ablation steps
-    best_base = min((p for p in plans if p.name not in rose_rows), key=lambda p: med[p.name])
-    coarse_proc = min(process_rows, key=lambda p: med[p.name])  # the process-based baseline at its best split
-    rounds_used = qualified["rounds_used"]
-    errors = {k: abs(v - med[k]) / med[k] for k, v in predicted.items()}
-    bound = work_bound(med[seq.name], statistics.fmean(meas[seq.name]["process_cores"]), rt.devices,
-                       {p.name: med[p.name] for p in plans if p.name.startswith("sequential")})
-    span = measured_span_bound(rt, plans, meas, digests, seq, med[best_base.name], bound["floor_ms"] / 1e3)
+    rose_rows = {plans.rose_plan.name, *(p.name for p in plans.steps_kept)}  # Rose's plan and its ablation steps
+    best_base = min((p for p in rows if p.name not in rose_rows), key=lambda p: med[p.name])
+    coarse_proc = min(plans.process_rows, key=lambda p: med[p.name])  # the process-based baseline at its best split
+    errors = {k: abs(v - med[k]) / med[k] for k, v in measured.predicted.items()}
+    bound = work_bound(med[plans.seq.name], statistics.fmean(meas[plans.seq.name]["process_cores"]), rt.devices,
+                       {p.name: med[p.name] for p in rows if p.name.startswith("sequential")})
+    span = measured_span_bound(rt, rows, meas, digests, plans.seq, med[best_base.name], bound["floor_ms"] / 1e3)
+    return Analysis(med, digests, identical, best_seq, best_base, coarse_proc, errors, bound, span)
 
-    # ---- planner: regret against brute force over its candidate plans, measured side by side
+
+def brute_force(rt: Any, planned: Any, size: Sizes) -> tuple[list[dict[str, Any]], float]:
+    """The planner's regret against brute force over its candidate plans, measured side by side."""
     log("brute force over the planner's candidate plans ...")
-    cands = sorted(planned.candidates, key=lambda c: c.predicted_s)[: 2 if tiny else BRUTE_FORCE[quick]]
+    cands = sorted(planned.candidates, key=lambda c: c.predicted_s)[: 2 if size.tiny else BRUTE_FORCE[size.quick]]
     if planned.best not in cands:
         cands.append(planned.best)
     bf_plans = [c.plan.with_(name=f"cand{k}:{c.plan.name}:{c.tree.describe()}") for k, c in enumerate(cands)]
-    bf = interleaved(rt, bf_plans, iterations, rounds if tiny else 2)
+    bf = interleaved(rt, bf_plans, size.iterations, size.rounds if size.tiny else 2)
     bf_rows = []
     for c, p in zip(cands, bf_plans):
         m = bf[p.name]["median_s"]
@@ -461,150 +630,239 @@ def main() -> None:
                         "measured_ms": m * 1e3, "error": abs(replay - m) / m, "chosen": c is planned.best})
     best_measured = min(r["measured_ms"] for r in bf_rows)
     chosen_row = next(r for r in bf_rows if r["chosen"])
-    regret = chosen_row["measured_ms"] / best_measured - 1.0
+    return bf_rows, chosen_row["measured_ms"] / best_measured - 1.0
 
-    # ---- the train task's own workflow (FERT fine-tuning through the one trainer)
-    fert: dict[str, Any] = {"skipped": True}
-    if not (args.no_fert or tiny):
-        fert = train_workflow_section(s, quick, iterations)
 
-    # ---- SM model
-    sm = None
-    if not tiny:
-        log(f"{SM_LABEL}: four schedules + sensitivity sweep ...")
-        sm = study(sweep=not quick)
-    (out_dir).mkdir(parents=True, exist_ok=True)
+def sm_section(size: Sizes) -> Any:
+    """The SM model's four schedules (+ its sensitivity sweep at full size); None with --tiny."""
+    if size.tiny:
+        return None
+    log(f"{SM_LABEL}: four schedules + sensitivity sweep ...")
+    return study(sweep=not size.quick)
 
-    # ---- report
-    def ratio(a: Plan, b: Plan) -> float:
-        return med[a.name] / med[b.name]
 
-    env_steps = envs * steps
-    shares = _op_shares(meas[seq.name]["last"])
-    load_end = load()
-    wall = load_end["time"] - load_measure_start["time"]
-    summary = {
+def _ratio(med: dict[str, float], a: Plan, b: Plan) -> float:
+    return med[a.name] / med[b.name]
+
+
+def _speedup_rows(st: Study) -> dict[str, Any]:
+    """iteration_ms ... rounds: each plan's median and Rose's speed-up over every baseline."""
+    P, A, meas = st.plans, st.analysis, st.measured.meas
+    med, rose, rounds_used = A.med, P.rose_plan, st.measured.qualified["rounds_used"]
+    env_steps = st.size.envs * st.size.steps
+    return {
         "iteration_ms": {k: v * 1e3 for k, v in med.items()},
         "iteration_ms_every_round": {k: meas[k]["median_all_s"] * 1e3 for k in med},
         "env_steps_per_s": {k: env_steps / v for k, v in med.items()},
-        "reference": seq.name,
-        "best_sequential": best_seq.name,
-        "speedup_vs_sequential": ratio(seq, rose_plan),
-        "speedup_vs_best_sequential": ratio(best_seq, rose_plan),
-        "speedup_vs_sequential_default": ratio(seq_default, rose_plan),
-        "speedup_vs_coarse_pipelining": ratio(coarse, rose_plan),
-        "speedup_vs_coarse_processes": ratio(coarse_proc, rose_plan),
-        "coarse_processes": {"best_split": coarse_proc.name, "ms": med[coarse_proc.name] * 1e3,
-                             "calibration_ms (one run per split; the fastest joined the rounds)": split_calibration,
-                             "measured_in_rounds": [p.name for p in process_rows]},
-        "best_baseline": {"name": best_base.name, "ms": med[best_base.name] * 1e3,
-                          "bit_identical": best_base is not seq_default_free},
-        "speedup_vs_best_baseline": ratio(best_base, rose_plan),
-        "rounds": {**qualified, "speedup_per_round": {
-            "vs_best_baseline": ratio_per_round(meas, best_base.name, rose_plan.name, rounds_used),
-            "vs_coarse_processes": ratio_per_round(meas, coarse_proc.name, rose_plan.name, rounds_used),
-            "vs_sequential": ratio_per_round(meas, seq.name, rose_plan.name, rounds_used)}},
-        "end_to_end_task_s": fert.get("end_to_end_task_s") if isinstance(fert, dict) else None,
+        "reference": P.seq.name,
+        "best_sequential": A.best_seq.name,
+        "speedup_vs_sequential": _ratio(med, P.seq, rose),
+        "speedup_vs_best_sequential": _ratio(med, A.best_seq, rose),
+        "speedup_vs_sequential_default": _ratio(med, P.seq_default, rose),
+        "speedup_vs_coarse_pipelining": _ratio(med, P.coarse, rose),
+        "speedup_vs_coarse_processes": _ratio(med, A.coarse_proc, rose),
+        "coarse_processes": {"best_split": A.coarse_proc.name, "ms": med[A.coarse_proc.name] * 1e3,
+                             "calibration_ms (one run per split; the fastest joined the rounds)": P.split_calibration,
+                             "measured_in_rounds": [p.name for p in P.process_rows]},
+        "best_baseline": {"name": A.best_base.name, "ms": med[A.best_base.name] * 1e3,
+                          "bit_identical": A.best_base is not P.seq_default_free},
+        "speedup_vs_best_baseline": _ratio(med, A.best_base, rose),
+        "rounds": {**st.measured.qualified, "speedup_per_round": {
+            "vs_best_baseline": ratio_per_round(meas, A.best_base.name, rose.name, rounds_used),
+            "vs_coarse_processes": ratio_per_round(meas, A.coarse_proc.name, rose.name, rounds_used),
+            "vs_sequential": ratio_per_round(meas, P.seq.name, rose.name, rounds_used)}},
+    }
+
+
+def _attribution_rows(st: Study, shares: dict[str, float]) -> dict[str, Any]:
+    """end_to_end_task_s ... host_speed_probe_ms: where the gain comes from, and the workload."""
+    P, A, meas, spec, size = st.plans, st.analysis, st.measured.meas, st.spec, st.size
+    med, rose, probes = A.med, P.rose_plan, st.measured.probes
+    return {
+        "end_to_end_task_s": st.fert.get("end_to_end_task_s") if isinstance(st.fert, dict) else None,
         "attribution": {
-            "thread quotas (sequential default -> sequential 1 thread/op)": ratio(seq_default, seq),
-            "placement + pipelining (sequential -> planner)": ratio(seq, planner_plan),
-            "graph rewrites + slack quotas (planner -> planner+Rose)": ratio(planner_plan, rose_plan),
-            "coarse pipelining vs sequential": ratio(seq, coarse),
-            "coarse pipelining in processes vs sequential": ratio(seq, coarse_proc),
+            "thread quotas (sequential default -> sequential 1 thread/op)": _ratio(med, P.seq_default, P.seq),
+            "placement + pipelining (sequential -> planner)": _ratio(med, P.seq, P.planner_plan),
+            "graph rewrites + slack quotas (planner -> planner+Rose)": _ratio(med, P.planner_plan, rose),
+            "coarse pipelining vs sequential": _ratio(med, P.seq, P.coarse),
+            "coarse pipelining in processes vs sequential": _ratio(med, P.seq, A.coarse_proc),
         },
         # planner, then each rewrite Rose kept applied cumulatively in its order, then the quotas:
         # measured side by side (ms), not modelled
-        "rose_ablation_ms": {p.name: med[p.name] * 1e3 for p in (planner_plan, *steps_kept, rose_plan)},
-        "workload": {"envs": envs, "steps": steps, "epochs": spec.epochs, "minibatches": spec.minibatches,
-                     "eval_envs": eval_envs, "eval_steps": spec.eval_steps, "learner_threads": spec.learner_threads,
-                     "op_threads": rt.op_threads, "infer_chunk": spec.infer_chunk,
+        "rose_ablation_ms": {p.name: med[p.name] * 1e3 for p in (P.planner_plan, *P.steps_kept, rose)},
+        "workload": {"envs": size.envs, "steps": size.steps, "epochs": spec.epochs, "minibatches": spec.minibatches,
+                     "eval_envs": size.eval_envs, "eval_steps": spec.eval_steps, "learner_threads": spec.learner_threads,
+                     "op_threads": st.rt.op_threads, "infer_chunk": spec.infer_chunk,
                      "share_of_sequential_iteration": shares},
         "paired_speedup": {  # median over rounds of the ratio within a round
-            "vs_sequential": paired_ratio(meas, seq.name, rose_plan.name),
-            "vs_best_sequential": paired_ratio(meas, best_seq.name, rose_plan.name),
-            "vs_coarse_pipelining": paired_ratio(meas, coarse.name, rose_plan.name),
-            "vs_coarse_processes": paired_ratio(meas, coarse_proc.name, rose_plan.name),
-            "vs_best_baseline": paired_ratio(meas, best_base.name, rose_plan.name),
+            "vs_sequential": paired_ratio(meas, P.seq.name, rose.name),
+            "vs_best_sequential": paired_ratio(meas, A.best_seq.name, rose.name),
+            "vs_coarse_pipelining": paired_ratio(meas, P.coarse.name, rose.name),
+            "vs_coarse_processes": paired_ratio(meas, A.coarse_proc.name, rose.name),
+            "vs_best_baseline": paired_ratio(meas, A.best_base.name, rose.name),
         },
         "host_speed_probe_ms": {"loops": HOST_PROBE_LOOPS, "per_round": [x * 1e3 for x in probes],
                                 "max_over_min": max(probes) / min(probes)},
-        "prediction": {"kappa_thread_slowdown": prof.thread_slowdown, "dispatch_ms_per_op": prof.dispatch_s * 1e3,
-                       "effective_cores": prof.capacity, "effective_cores_at_planning": planning_profile.capacity,
-                       "capacity_at_planning": asdict(planning_profile.capacity_reading)
-                       if planning_profile.capacity_reading else None,
-                       "planning_qualified": bool(planning_profile.capacity_reading
-                                                  and planning_profile.capacity_reading.qualified),
-                       "capacity_probes_before_each_round": capacity_probes,
-                       "ipc": asdict(prof.ipc) if prof.ipc else None,
-                       "kappa_at_planning": planning_profile.thread_slowdown,
-                       "predicted_ms": {k: v * 1e3 for k, v in predicted.items()},
-                       "predicted_ms_per_round": [{k: v * 1e3 for k, v in rp.items()} for rp in round_predictions],
-                       "error": errors,
-                       "planner_prediction_error": errors[planner_plan.name],
-                       "planner_prediction_at_planning_ms": planning_prediction * 1e3,
-                       "planner_prediction_error_at_planning": abs(planning_prediction - med[planner_plan.name])
-                       / med[planner_plan.name]},
-        "planner": {"plan": planner_plan.describe(), "table": planned.table(),
-                    "regret_vs_brute_force": regret, "candidates": bf_rows,
+    }
+
+
+def _prediction_row(st: Study) -> dict[str, Any]:
+    """The cost model's predictions (at planning and per round) against the measurement."""
+    P, A, M = st.plans, st.analysis, st.measured
+    prof, planning, med, errors = M.prof, P.planning_profile, A.med, A.errors
+    planner = P.planner_plan.name
+    return {"kappa_thread_slowdown": prof.thread_slowdown, "dispatch_ms_per_op": prof.dispatch_s * 1e3,
+            "effective_cores": prof.capacity, "effective_cores_at_planning": planning.capacity,
+            "capacity_at_planning": asdict(planning.capacity_reading) if planning.capacity_reading else None,
+            "planning_qualified": bool(planning.capacity_reading and planning.capacity_reading.qualified),
+            "capacity_probes_before_each_round": M.capacity_probes,
+            "ipc": asdict(prof.ipc) if prof.ipc else None,
+            "kappa_at_planning": planning.thread_slowdown,
+            "predicted_ms": {k: v * 1e3 for k, v in M.predicted.items()},
+            "predicted_ms_per_round": [{k: v * 1e3 for k, v in rp.items()} for rp in M.round_predictions],
+            "error": errors,
+            "planner_prediction_error": errors[planner],
+            "planner_prediction_at_planning_ms": P.planning_prediction * 1e3,
+            "planner_prediction_error_at_planning": abs(P.planning_prediction - med[planner]) / med[planner]}
+
+
+def _planner_and_rose_rows(st: Study) -> dict[str, Any]:
+    """planner (its plan, regret against brute force) and rose (its plan, windows, decisions, quotas)."""
+    P, opt, bf_rows = st.plans, st.plans.opt, st.candidates
+    return {
+        "planner": {"plan": P.planner_plan.describe(), "table": P.planned.table(),
+                    "regret_vs_brute_force": st.regret, "candidates": bf_rows,
                     "mean_abs_error_all_candidates": statistics.fmean(r["error"] for r in bf_rows)},
-        "rose": {"ms": med[rose_plan.name] * 1e3, "plan": rose_plan.describe(), "report": opt.rose.report() if opt else "skipped (--tiny)",
+        "rose": {"ms": st.analysis.med[P.rose_plan.name] * 1e3, "plan": P.rose_plan.describe(),
+                 "report": opt.rose.report() if opt else "skipped (--tiny)",
                  "windows_ms": [(w.start * 1e3, w.end * 1e3, w.busy_cores) for w in opt.rose.windows] if opt else [],
                  "decisions": [asdict(d) for d in opt.rose.decisions] if opt else [],
                  "quota_steps": [asdict(q) for q in (opt.quotas.steps if opt and opt.quotas else [])]},
-        "work_bound": bound,
-        "span_bound": span,
-        "bit_identical_across_plans": identical,
-        "digests": {k: [list(x) for x in v] for k, v in digests.items()},
-        "train_workflow": fert,
-        "sm_model": {"label": sm.label, "params": asdict(sm.params),
-                     "runs": [{"name": r.name, "iteration_ms": r.iteration_s * 1e3, "env_steps_per_s": r.env_steps_per_s,
-                               "sm_activity": r.sm_activity} for r in sm.runs],
-                     "notes": sm.notes, "sensitivity": sm.sweep} if sm else "skipped (--tiny)",
-        "load": {"sched_autogroup_enabled": autogroup_scheduling(), "start": load_start, "measurement_start": load_measure_start, "measurement_end": load_measure_end,
-                 "end": load_end,
-                 "process_cpu_cores_during_measurement": (
-                     (load_measure_end["process_cpu_s"] + load_measure_end["children_cpu_s"]
-                      - load_measure_start["process_cpu_s"] - load_measure_start["children_cpu_s"])
-                     / max(load_measure_end["time"] - load_measure_start["time"], 1e-9)),
-                 "process_cores_mean": {p.name: statistics.fmean(meas[p.name]["process_cores"]) for p in plans},
-                 "machine_cores_mean": {p.name: statistics.fmean(meas[p.name]["machine_cores"]) for p in plans}},
-        "targets": {
-            ">=1.5x over sequential (1 thread/op reference)": ratio(seq, rose_plan) >= 1.5,
-            ">=1.5x over the best sequential row (bit-identical)": ratio(best_seq, rose_plan) >= 1.5,
-            ">=1.5x over the best sequential row reachable by any schedule (work bound)":
-                bound["max_speedup"][best_seq.name] >= 1.5,
-            ">=1.15x over coarse pipelining": ratio(coarse, rose_plan) >= 1.15,
-            ">=1.15x over the best baseline (fastest non-Rose row)": ratio(best_base, rose_plan) >= 1.15,
-            ">=1.1x over coarse pipelining in processes": ratio(coarse_proc, rose_plan) >= 1.1,
-            "planner prediction error <= 15%": errors[planner_plan.name] <= 0.15,
-            "prediction error <= 15% for every plan the scheduler runs (planner, Rose's steps, Rose)":
-                all(errors.get(p.name, 1.0) <= 0.15 for p in (planner_plan, *steps_kept, rose_plan)),
-            "quotable: enough rounds had the cores the plans need": qualified["quotable"],
-        },
-        "config": {"envs": envs, "steps": steps, "iterations_per_run": iterations, "rounds": rounds, "quick": quick,
-                   "tiny": tiny, "device": args.device, "mps_eval_percent": args.mps_eval,
-                   "python": platform.python_version(), "cores": os.cpu_count(),
-                   "gpu_telemetry": "available" if gpu and gpu.available else (gpu.reason if gpu else "off")},
-        "seconds": time.time() - started,
+    }
+
+
+def _sm_row(sm: Any) -> Any:
+    if not sm:
+        return "skipped (--tiny)"
+    return {"label": sm.label, "params": asdict(sm.params),
+            "runs": [{"name": r.name, "iteration_ms": r.iteration_s * 1e3, "env_steps_per_s": r.env_steps_per_s,
+                      "sm_activity": r.sm_activity} for r in sm.runs],
+            "notes": sm.notes, "sensitivity": sm.sweep}
+
+
+def _load_row(st: Study, load_end: dict[str, float]) -> dict[str, Any]:
+    """Load averages and the CPU this process (and its workers) used while the rounds ran."""
+    start, end, meas, rows = st.measured.load_start, st.measured.load_end, st.measured.meas, st.plans.rows
+    return {"sched_autogroup_enabled": autogroup_scheduling(), "start": st.load_start, "measurement_start": start,
+            "measurement_end": end, "end": load_end,
+            "process_cpu_cores_during_measurement": (
+                (end["process_cpu_s"] + end["children_cpu_s"] - start["process_cpu_s"] - start["children_cpu_s"])
+                / max(end["time"] - start["time"], 1e-9)),
+            "process_cores_mean": {p.name: statistics.fmean(meas[p.name]["process_cores"]) for p in rows},
+            "machine_cores_mean": {p.name: statistics.fmean(meas[p.name]["machine_cores"]) for p in rows}}
+
+
+def _targets(st: Study) -> dict[str, bool]:
+    P, A = st.plans, st.analysis
+    med, rose, errors = A.med, P.rose_plan, A.errors
+    return {
+        ">=1.5x over sequential (1 thread/op reference)": _ratio(med, P.seq, rose) >= 1.5,
+        ">=1.5x over the best sequential row (bit-identical)": _ratio(med, A.best_seq, rose) >= 1.5,
+        ">=1.5x over the best sequential row reachable by any schedule (work bound)":
+            A.bound["max_speedup"][A.best_seq.name] >= 1.5,
+        ">=1.15x over coarse pipelining": _ratio(med, P.coarse, rose) >= 1.15,
+        ">=1.15x over the best baseline (fastest non-Rose row)": _ratio(med, A.best_base, rose) >= 1.15,
+        ">=1.1x over coarse pipelining in processes": _ratio(med, A.coarse_proc, rose) >= 1.1,
+        "planner prediction error <= 15%": errors[P.planner_plan.name] <= 0.15,
+        "prediction error <= 15% for every plan the scheduler runs (planner, Rose's steps, Rose)":
+            all(errors.get(p.name, 1.0) <= 0.15 for p in (P.planner_plan, *P.steps_kept, rose)),
+        "quotable: enough rounds had the cores the plans need": st.measured.qualified["quotable"],
+    }
+
+
+def _config_row(st: Study) -> dict[str, Any]:
+    size, args, gpu = st.size, st.args, st.gpu
+    return {"envs": size.envs, "steps": size.steps, "iterations_per_run": size.iterations, "rounds": size.rounds,
+            "quick": size.quick, "tiny": size.tiny, "device": args.device, "mps_eval_percent": args.mps_eval,
+            "python": platform.python_version(), "cores": os.cpu_count(),
+            "gpu_telemetry": "available" if gpu and gpu.available else (gpu.reason if gpu else "off")}
+
+
+def build_summary(st: Study) -> dict[str, Any]:
+    """NAME.json's body, its keys in the order the report has always had."""
+    A = st.analysis
+    shares = _op_shares(st.measured.meas[st.plans.seq.name]["last"])
+    load_end = load()
+    wall = load_end["time"] - st.measured.load_start["time"]
+    return {
+        **_speedup_rows(st),
+        **_attribution_rows(st, shares),
+        "prediction": _prediction_row(st),
+        **_planner_and_rose_rows(st),
+        "work_bound": A.bound,
+        "span_bound": A.span,
+        "bit_identical_across_plans": A.identical,
+        "digests": {k: [list(x) for x in v] for k, v in A.digests.items()},
+        "train_workflow": st.fert,
+        "sm_model": _sm_row(st.sm),
+        "load": _load_row(st, load_end),
+        "targets": _targets(st),
+        "config": _config_row(st),
+        "seconds": time.time() - st.started,
         "seconds_from_measurement_start": wall,
     }
+
+
+def write_report(st: Study, summary: dict[str, Any]) -> None:
+    """NAME.json, NAME.png (the timelines of four rows), NAME_sm_model.png, and the console summary."""
+    out_dir, name, P, A = st.args.out, st.args.name, st.plans, st.analysis
+    meas, med, bound = st.measured.meas, A.med, A.bound
     (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=2, default=str))
-    last = iterations  # plot the last iteration of each run
-    plot_timelines([(f"{seq.name} {med[seq.name] * 1e3:.0f} ms", meas[seq.name]["last"].timeline),
-                    (f"coarse pipelining {med[coarse.name] * 1e3:.0f} ms", meas[coarse.name]["last"].timeline),
-                    (f"{coarse_proc.name} {med[coarse_proc.name] * 1e3:.0f} ms", meas[coarse_proc.name]["last"].timeline),
-                    (f"planner + Rose {med[rose_plan.name] * 1e3:.0f} ms", meas[rose_plan.name]["last"].timeline)],
-                   out_dir / f"{name}.png", capacity=float(rt.devices), iterations=(last, last))
-    if sm is not None:
-        _plot_sm(sm, out_dir / f"{name}_sm_model.png")
+    last = st.size.iterations  # plot the last iteration of each run
+    plot_timelines([(f"{P.seq.name} {med[P.seq.name] * 1e3:.0f} ms", meas[P.seq.name]["last"].timeline),
+                    (f"coarse pipelining {med[P.coarse.name] * 1e3:.0f} ms", meas[P.coarse.name]["last"].timeline),
+                    (f"{A.coarse_proc.name} {med[A.coarse_proc.name] * 1e3:.0f} ms",
+                     meas[A.coarse_proc.name]["last"].timeline),
+                    (f"planner + Rose {med[P.rose_plan.name] * 1e3:.0f} ms", meas[P.rose_plan.name]["last"].timeline)],
+                   out_dir / f"{name}.png", capacity=float(st.rt.devices), iterations=(last, last))
+    if st.sm is not None:
+        _plot_sm(st.sm, out_dir / f"{name}_sm_model.png")
+    start, end = st.measured.load_start, st.measured.load_end
     log(json.dumps({k: summary[k] for k in ("iteration_ms", "attribution", "targets")}, indent=2))
-    log(f"work bound: {bound['floor_ms']:.0f} ms ({bound['cpu_work_ms']:.0f} core-ms on {rt.devices} cores); "
-        f"ceiling vs best sequential {bound['max_speedup'][best_seq.name]:.2f}x")
+    log(f"work bound: {bound['floor_ms']:.0f} ms ({bound['cpu_work_ms']:.0f} core-ms on {st.rt.devices} cores); "
+        f"ceiling vs best sequential {bound['max_speedup'][A.best_seq.name]:.2f}x")
     log(f"speedup vs sequential {summary['speedup_vs_sequential']:.2f}x, vs coarse "
         f"{summary['speedup_vs_coarse_pipelining']:.2f}x; planner prediction error "
-        f"{errors[planner_plan.name]:.1%}, regret {regret:.1%}; bit-identical {identical}; "
-        f"load {load_measure_start['loadavg_1m']:.2f}->{load_measure_end['loadavg_1m']:.2f}; "
+        f"{A.errors[P.planner_plan.name]:.1%}, regret {st.regret:.1%}; bit-identical {A.identical}; "
+        f"load {start['loadavg_1m']:.2f}->{end['loadavg_1m']:.2f}; "
         f"{summary['seconds']:.0f} s; wrote {out_dir / name}.json/.png")
+
+
+def main() -> None:
+    args = parse_args()
+    s = load_settings()
+    if args.train_workflow_only:
+        run_train_workflow_only(s, args)
+        return
+    size = study_sizes(args)
+    cfg = study_config(s.scheduler, size.tiny)
+    started = time.time()
+    load_start = load()
+    gpu = GpuTelemetry() if cfg.gpu_telemetry else None
+    log_start(size, gpu, load_start)
+    spec, rt = build_runtime(s, cfg, args.device, size, gpu)
+    plans = build_plans(rt, args, size)
+    measured = measure(rt, plans, size, cfg)
+    analysis = analyse(rt, plans, measured)
+    candidates, regret = brute_force(rt, plans.planned, size)
+    # the train task's own workflow (FERT fine-tuning through the one trainer)
+    fert: dict[str, Any] = {"skipped": True}
+    if not (args.no_fert or size.tiny):
+        fert = train_workflow_section(s, size.quick, size.iterations)
+    sm = sm_section(size)
+    args.out.mkdir(parents=True, exist_ok=True)
+    st = Study(args, size, spec, rt, gpu, started, load_start, plans, measured, analysis, candidates, regret, fert, sm)
+    write_report(st, build_summary(st))
 
 
 def rose_steps(rt: Any, planner_plan: Plan, opt: Any) -> list[Plan]:
