@@ -80,7 +80,9 @@ def test_no_member_outlives_a_sigkilled_coordinator_and_up_never_starts_a_second
         assert runner.invoke(fleet_app, ["up", "--detach"]).exit_code == 0
         assert _wait(lambda: len(_processes(layout)) == MEMBERS + 1)
         assert runner.invoke(fleet_app, ["up", "--detach"]).exit_code == 1  # already up: refused
-        assert len(_processes(layout)) == MEMBERS + 1
+        # one set: a second one would stay; a member the coordinator restarts under load (old one still
+        # exiting) is counted twice for a moment (seen once under load: 7 processes for 5 + 1)
+        assert _wait(lambda: len(_processes(layout)) == MEMBERS + 1), _processes(layout)
     finally:
         stopped = runner.invoke(fleet_app, ["down"])
     assert stopped.exit_code == 0, stopped.output
