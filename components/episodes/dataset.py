@@ -50,7 +50,7 @@ from components.episodes.data_files import (
     unreferenced,
     write_merged,
 )
-from components.episodes.incoming import (  # noqa: F401 - IngestReport, SourceLayout, read_incoming: re-exported
+from components.episodes.incoming import (
     MISMATCH_FIX,
     DatasetMismatchError,
     EncodedCamera,

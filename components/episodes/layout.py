@@ -29,11 +29,9 @@ import pyarrow.parquet as pq
 
 from components.config import EpisodesConfig
 from components.episodes.data_files import DATA_PATH, TMP_SUFFIX
-from components.episodes.schema import (  # noqa: F401 - the bookkeeping columns' home is schema.py
-    BOOKKEEPING_COLUMNS,
+from components.episodes.schema import (
     EPISODE_ID,
     EPISODE_INDEX,
-    INDEX,
     INTERRUPTED,
     POLICY_VERSION,
     ROBOT_ID,

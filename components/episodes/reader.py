@@ -27,16 +27,12 @@ from components.config import EpisodesConfig
 from components.episodes.data_files import DATA_PATH, read_data_file
 from components.episodes.fingerprint import combine_fingerprints
 from components.episodes.layout import (
-    BOOKKEEPING_COLUMNS,
-    EPISODE_INDEX,
-    INDEX,
     INFO_PATH,
     META_CONTENT_HASH,
     META_DATA_CHUNK,
     META_DATA_FILE,
     META_FROM,
     META_LENGTH,
-    TASK_INDEX,
     TASKS_PATH,
     VIDEO_PATH,
     file_keys,
@@ -48,10 +44,14 @@ from components.episodes.meta_files import read_episodes_table
 from components.episodes.record import Episode
 from components.episodes.schema import (
     ACTION,
+    BOOKKEEPING_COLUMNS,
     EPISODE_ID,
+    EPISODE_INDEX,
+    INDEX,
     ROBOT_ID,
     STATE,
     TASK,
+    TASK_INDEX,
     TIMESTAMP,
     list_column_to_numpy,
     table_to_episode,

@@ -56,7 +56,7 @@ from components.fleet.auth import (
     revoke_robot,
     token_for,
 )
-from components.fleet.chaos_audit import (  # noqa: F401 - ChaosReport, Fault ...: re-exported for callers
+from components.fleet.chaos_audit import (
     RATE_WINDOW_S,
     ChaosReport,
     Fault,
