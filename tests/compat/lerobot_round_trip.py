@@ -140,9 +140,8 @@ def check_export(export: Path, written: list[dict[str, np.ndarray]], ours: dict[
     return seen
 
 
-def check_camera_matches_ours(export: Path) -> None:
+def check_camera_matches_ours(dataset, export: Path) -> None:
     """fleetloop's decode of its copy and LeRobot's decode of the export give the same frames."""
-    dataset = Workspace(load_settings()).dataset
     theirs = LeRobotDataset("fleetloop/compat-export", root=export)
     for episode in range(dataset.num_episodes):
         frames = dataset.camera_frames(episode, [CAMERA])[CAMERA]
@@ -177,7 +176,7 @@ def main() -> None:
     ours = Workspace(settings).dataset
     first_states = {e: ours.episode_columns([e], ["observation.state"])["observation.state"][0] for e in range(ours.num_episodes)}
     seen = check_export(work / "export", written, first_states)
-    check_camera_matches_ours(work / "export")
+    check_camera_matches_ours(ours, work / "export")
     shutil.rmtree(work)
     print(f"round trip: LeRobot wrote {len(written)} episodes -> fleetloop imported, retrained (model version "
           f"{trained['version']}), exported -> LeRobot's DataLoader read {seen} frames with delta_timestamps, "
