@@ -26,10 +26,14 @@ class PolicyConfig(Section):
     (feed-forward ``chunk_ffn``: dense of width ``hidden``, or the MoE above), one action per query:
     the next ``chunk_size`` actions. Executed with temporal ensembling: a new chunk every
     ``replan_every`` steps, each step's action the average of every stored chunk's prediction for it,
-    weighted ``exp(-ensemble_decay * i)`` (i = 0 the oldest; ACT's m).
+    weighted ``exp(-ensemble_decay * i)`` (i = 0 the oldest; ACT's m). ``vision``: a conv encoder
+    per camera of ``cameras`` (``vision_channels`` channels, spatial softmax, ``vision_feature``
+    numbers each), with the state beside them if ``vision_state``, then ``layers`` x ``hidden``; it
+    predicts ``vision_chunk`` actions per decision and trains on images shifted by up to
+    ``augment_shift`` pixels (seeded: ``training/augment.py``).
     """
 
-    kind: Literal["mlp", "moe_transformer", "chunk_transformer"] = "mlp"
+    kind: Literal["mlp", "moe_transformer", "chunk_transformer", "vision"] = "mlp"
     hidden: int = Field(default=256, ge=1)
     layers: int = Field(default=3, ge=1)
     # MoE transformer
@@ -46,6 +50,13 @@ class PolicyConfig(Section):
     chunk_ffn: Literal["dense", "moe"] = "dense"  # moe: the MoE feed-forward above (fused shuffle when sharded)
     replan_every: int = Field(default=1, ge=1)  # steps between chunk queries at execution (<= chunk_size)
     ensemble_decay: float = 0.01  # temporal ensembling weight exp(-m * i), i = 0 the oldest prediction
+    # vision (components/policy/vision.py): needs sim.cameras and episodes stored with their camera streams
+    cameras: tuple[Literal["scene", "gripper"], ...] = ()  # views the policy sees; () = every one sim.cameras renders
+    vision_channels: int = Field(default=32, ge=1)  # conv channels of each camera's encoder
+    vision_feature: int = Field(default=64, ge=1)  # numbers each camera's encoder gives the head
+    vision_state: bool = True  # the state vector beside the image features
+    vision_chunk: int = Field(default=1, ge=1)  # actions predicted per decision (1: this step's)
+    augment_shift: int = Field(default=4, ge=0)  # training: random shift of each image by up to this many pixels
 
     @model_validator(mode="after")
     def _replan_within_chunk(self) -> PolicyConfig:
@@ -60,7 +71,21 @@ class PolicyConfig(Section):
 
     def actions(self) -> int:
         """Actions the policy predicts per decision (1: this step's only)."""
+        if self.kind == "vision":
+            return self.vision_chunk
         return self.chunk_size if self.kind == "chunk_transformer" else 1
+
+    def camera_views(self, rendered: tuple[str, ...]) -> tuple[str, ...]:
+        """The views a vision policy sees, of those the simulator renders (``sim.cameras``); () otherwise."""
+        if self.kind != "vision":
+            return ()
+        views = self.cameras or rendered
+        missing = [v for v in views if v not in rendered]
+        if missing or not views:
+            raise ValueError(f"policy.kind=vision sees cameras {list(views) or '(none)'} but sim.cameras renders "
+                             f"{list(rendered) or 'none'}: set sim.cameras (params.yaml or FLEETLOOP_SIM__CAMERAS) "
+                             f"to include {missing or ['scene']}")
+        return tuple(v for v in ("scene", "gripper") if v in views)
 
 
 class ShuffleConfig(Section):

@@ -3,6 +3,7 @@
     infos          one EpisodeInfo per episode (id, robot, task, label, policy, length): the
                    episodes table alone, no frames read
     frames(ids)    states and actions of the listed episodes, concatenated: the frames imitated
+    images(ids, k) their camera frames (key -> (N, H, W, 3) uint8), decoded: a vision policy's input
     load(ids)      whole episodes, for the few that are needed whole (the failures that query,
                    the successes that calibrate the divergence detector)
 
@@ -57,9 +58,19 @@ class Corpus(Protocol):
         """(states, actions) of the listed episodes, concatenated in the order listed (float32)."""
         ...
 
+    def images(self, ids: Sequence[str], keys: Sequence[str]) -> dict[str, np.ndarray]:
+        """Camera frames of the listed episodes, concatenated in the order listed, per key."""
+        ...
+
     def load(self, ids: Sequence[str]) -> list[Episode]:
         """The listed episodes, whole, in the order listed."""
         ...
+
+
+def _no_camera(episode_id: str, key: str, has: Sequence[str]) -> KeyError:
+    return KeyError(f"episode {episode_id} has no camera {key!r} (it has {list(has) or 'none'}): a vision policy "
+                    "(policy.kind: vision) trains on episodes collected with sim.cameras on; set policy.cameras "
+                    "to cameras every episode has, or re-collect")
 
 
 def info_of(episode: Episode) -> EpisodeInfo:
@@ -79,6 +90,14 @@ class EpisodeList:
         return (np.concatenate([ep.states for ep in picked]).astype(np.float32),
                 np.concatenate([ep.actions for ep in picked]).astype(np.float32))
 
+    def images(self, ids: Sequence[str], keys: Sequence[str]) -> dict[str, np.ndarray]:
+        picked = self.load(ids)
+        for ep in picked:
+            for key in keys:
+                if key not in ep.cameras:
+                    raise _no_camera(ep.episode_id, key, list(ep.cameras))
+        return {key: np.concatenate([ep.cameras[key] for ep in picked]) for key in keys}
+
     def load(self, ids: Sequence[str]) -> list[Episode]:
         return [self._episodes[i] for i in ids]
 
@@ -97,6 +116,18 @@ class DatasetCorpus:
     def frames(self, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         columns = self.dataset.episode_columns([self._index[i] for i in ids], (STATE, ACTION))
         return columns[STATE], columns[ACTION]
+
+    def images(self, ids: Sequence[str], keys: Sequence[str]) -> dict[str, np.ndarray]:
+        """Decoded in dataset order (each video file read on from where it stood, no seek per
+        episode), then laid out in the order listed."""
+        decoded: dict[str, dict[str, np.ndarray]] = {}
+        for episode_id in sorted(ids, key=lambda i: self._index[i]):
+            frames = self.dataset.camera_frames(self._index[episode_id], keys)
+            missing = [k for k in keys if k not in frames]
+            if missing:
+                raise _no_camera(episode_id, missing[0], list(frames))
+            decoded[episode_id] = frames
+        return {key: np.concatenate([decoded[i][key] for i in ids]) for key in keys}
 
     def load(self, ids: Sequence[str]) -> list[Episode]:
         return self.dataset.load_episodes([self._index[i] for i in ids]) if ids else []

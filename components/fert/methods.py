@@ -99,6 +99,7 @@ def build_training_set(
     encoder: WindowEncoder | None = None,
     failed: Sequence[Episode] | None = None,
     seed: int = 0,
+    cameras: Sequence[str] = (),
 ) -> MethodTrainingSet:
     """Frames and sampling weights for ``method``; ``episodes`` is everything ingested, in memory
     or as a corpus that reads only what is needed (fert/corpus.py: the successes' frames, and the
@@ -106,6 +107,8 @@ def build_training_set(
 
     ``failed`` picks which failures query (default: every failed episode in ``episodes``);
     fert methods need the segment store the episodes were embedded into, and its encoder.
+    ``cameras`` (dataset keys): the imitated frames' camera images come along (a vision policy);
+    retrieval still matches on the stored windows.
     """
     if method not in METHODS:
         raise ValueError(f"train.method={method!r} is unknown; choose one of {METHODS}")
@@ -113,9 +116,9 @@ def build_training_set(
     corpus = as_corpus(episodes)
     if method == "bc":
         demos = [info for info in corpus.infos if info.policy_version == DEMO_VERSION]
-        table = FrameTable.from_corpus(corpus, DEMO_VERSION, infos=demos)
+        table = FrameTable.from_corpus(corpus, DEMO_VERSION, infos=demos, cameras=cameras)
         return MethodTrainingSet(table.training_set(), _plain_report(method, table, start))
-    table = FrameTable.from_corpus(corpus, DEMO_VERSION, cfg.revisit_radius)
+    table = FrameTable.from_corpus(corpus, DEMO_VERSION, cfg.revisit_radius, cameras=cameras)
     if method == "filtered_bc":
         return MethodTrainingSet(table.uniform_set(), _plain_report(method, table, start))
 

@@ -38,6 +38,7 @@ class FrameTable:
     lengths: dict[str, int]
     is_demo: np.ndarray  # (N,) bool: frame of an expert demonstration
     imitated: np.ndarray | None = None  # (N,) bool: may be drawn (loop removal, fert/revisits.py); None = all
+    images: dict[str, np.ndarray] | None = None  # camera key -> (N, H, W, 3) uint8, for a vision policy
 
     @property
     def frame_in_episode(self) -> np.ndarray:
@@ -46,20 +47,22 @@ class FrameTable:
 
     def training_set(self, weights: np.ndarray | None = None) -> TrainingSet:
         """The frames with sampling ``weights`` (None = uniform) and their episode positions."""
-        return TrainingSet(self.states, self.actions, weights, self.frame_in_episode)
+        return TrainingSet(self.states, self.actions, weights, self.frame_in_episode, self.images)
 
     @classmethod
-    def from_episodes(cls, episodes: Sequence[Episode], demo_version: str, revisit_radius: float = 0.0) -> FrameTable:
+    def from_episodes(cls, episodes: Sequence[Episode], demo_version: str, revisit_radius: float = 0.0,
+                      cameras: Sequence[str] = ()) -> FrameTable:
         """Frames of the *successful* ones of ``episodes`` (see ``from_corpus``)."""
-        return cls.from_corpus(EpisodeList(episodes), demo_version, revisit_radius)
+        return cls.from_corpus(EpisodeList(episodes), demo_version, revisit_radius, cameras=cameras)
 
     @classmethod
     def from_corpus(cls, corpus: Corpus, demo_version: str, revisit_radius: float = 0.0,
-                    infos: Sequence[EpisodeInfo] | None = None) -> FrameTable:
+                    infos: Sequence[EpisodeInfo] | None = None, cameras: Sequence[str] = ()) -> FrameTable:
         """Frames of the *successful* episodes only (of ``infos``, default every one in
         ``corpus``); failed episodes are never imitated. Only these frames are read.
 
         ``revisit_radius > 0`` marks frames the episode later comes back to as not imitated.
+        ``cameras`` (dataset keys): their frames are decoded too, for a vision policy.
         """
         kept = [info for info in (corpus.infos if infos is None else infos) if info.success]
         if not kept:
@@ -77,6 +80,7 @@ class FrameTable:
             lengths={info.episode_id: info.length for info in kept},
             is_demo=np.repeat(np.array([info.policy_version == demo_version for info in kept], dtype=bool), lengths),
             imitated=imitated_frames(per_episode, revisit_radius) if revisit_radius > 0 else None,
+            images=corpus.images(ids, cameras) if cameras else None,
         )
 
     def __len__(self) -> int:

@@ -17,6 +17,7 @@ import torch
 from components.config import Settings
 from components.pipeline import collect, evaluate, ingest, steps
 from components.policy.factory import make_policy
+from components.policy.observation import configured_layout
 from components.training.checkpoint import state_digest
 
 BUILD_DIR = "build"
@@ -75,7 +76,7 @@ def stage_train(settings: Settings) -> None:
 def stage_evaluate(settings: Settings) -> None:
     build = _build_settings(settings)
     ws = steps.Workspace(build)
-    policy = make_policy(ws.obs_dim, ws.act_dim, build.policy)
+    policy = make_policy(ws.obs_dim, ws.act_dim, build.policy, configured_layout(ws.obs_dim, build.policy, build.sim))
     policy.load_state_dict(torch.load(build.root / "model" / "policy.pt", weights_only=True))
     report = evaluate.evaluate_policy(build, policy, "dvc-repro")
     metrics = settings.paths.metrics

@@ -67,6 +67,22 @@ def evaluate_on_test_robots(
     )
 
 
+def check_policy_cameras(policy: NormalizedPolicy, settings: Settings, version: str) -> None:
+    """A vision model needs the simulator to render the cameras it was trained on, at that size."""
+    from components.episodes.record import CAMERA_KEY_PREFIX
+
+    rendered = {CAMERA_KEY_PREFIX + view for view in settings.sim.cameras}
+    size = (settings.sim.camera.height, settings.sim.camera.width)
+    for cam in policy.layout.cameras:
+        if cam.key not in rendered or (cam.height, cam.width) != size:
+            raise PolicySimMismatch(
+                f"model {version} sees camera {cam.key} at {cam.width}x{cam.height} but the simulator renders "
+                f"{sorted(rendered) or 'no camera'} at {size[1]}x{size[0]}",
+                f"run it with FLEETLOOP_SIM__CAMERAS='[\"{cam.key.removeprefix(CAMERA_KEY_PREFIX)}\"]' and "
+                f"sim.camera.width/height = {cam.width}/{cam.height}",
+            )
+
+
 class PolicySimMismatch(ValueError):
     """A model's observation size is not the simulator's: it was trained in another one."""
 
@@ -84,12 +100,13 @@ def check_policy_fits_sim(policy: NormalizedPolicy, settings: Settings, version:
     from components.sim.factory import observation_dim
 
     ours = observation_dim(settings.sim)
-    if policy.obs_dim == ours:
+    check_policy_cameras(policy, settings, version)
+    if policy.state_dim == ours:
         return
     fits = [name for name in get_args(SimConfig.model_fields["name"].annotation)
-            if observation_dim(settings.sim.model_copy(update={"name": name})) == policy.obs_dim]
+            if observation_dim(settings.sim.model_copy(update={"name": name})) == policy.state_dim]
     raise PolicySimMismatch(
-        f"model {version} takes {policy.obs_dim}-dim observations but sim.name={settings.sim.name} gives {ours}",
+        f"model {version} takes {policy.state_dim}-dim states but sim.name={settings.sim.name} gives {ours}",
         f"evaluate it in the simulator it was trained in: FLEETLOOP_SIM__NAME={fits[0]}" if fits
         else "no simulator here gives that size: check the model URI",
     )

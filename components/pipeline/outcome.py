@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from components.config import Settings
-from components.episodes.record import Episode
+from components.episodes.record import Episode, camera_key
 from components.episodes.snapshot import read_snapshot
 from components.fert.corpus import DatasetCorpus, EpisodeList
 from components.fert.methods import MethodTrainingSet, build_training_set
@@ -29,6 +29,7 @@ from components.training.checkpoint import state_digest
 from components.training.expert_usage import plot_expert_usage, usage_record, usage_series
 from components.training.imitation import TrainResult
 from components.training.trainer import TrainRun
+
 
 def training_set(settings: Settings, ws: Workspace) -> MethodTrainingSet:
     """Frames to imitate (and how often) for ``train.method`` from everything stored; see
@@ -63,8 +64,9 @@ def method_training_set(settings: Settings, episodes: DatasetCorpus | Iterable[E
         raise RuntimeError(
             f"no successful episodes to train on in {settings.paths.episodes}; run `fleetloop ingest` with expert demos first"
         )
+    cameras = policy_camera_keys(settings)
     if method not in RETRIEVAL_METHODS:
-        return build_training_set(method, corpus, settings.fert)
+        return build_training_set(method, corpus, settings.fert, cameras=cameras)
     encoder = store.load_encoder() if store is not None else None
     if store is None or encoder is None:
         raise RuntimeError(f"train.method={method!r} needs the segment store: run `fleetloop ingest` first "
@@ -74,7 +76,13 @@ def method_training_set(settings: Settings, episodes: DatasetCorpus | Iterable[E
         mine = [info for info in failed if info.policy_version == f"v{champion}"]
         failed = mine or failed  # the champion has not run on the fleet yet: every failure queries
     queries = corpus.load([info.episode_id for info in failed])
-    return build_training_set(method, corpus, settings.fert, store, encoder, failed=queries, seed=settings.seed)
+    return build_training_set(method, corpus, settings.fert, store, encoder, failed=queries, seed=settings.seed,
+                              cameras=cameras)
+
+
+def policy_camera_keys(settings: Settings) -> tuple[str, ...]:
+    """Dataset keys of the cameras the configured policy sees (a vision policy's; () otherwise)."""
+    return tuple(camera_key(view) for view in settings.policy.camera_views(tuple(settings.sim.cameras)))
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,10 @@ def starting_policy(settings: Settings, ws: Workspace) -> NormalizedPolicy | Non
 def fine_tunable(settings: Settings, ws: Workspace, champion: NormalizedPolicy) -> NormalizedPolicy | None:
     """``champion`` when ``settings.policy`` has its architecture (it is then fine-tuned), else None."""
     from components.policy.factory import make_policy
+    from components.policy.observation import configured_layout
 
-    expected = make_policy(ws.obs_dim, ws.act_dim, settings.policy).state_dict()
+    layout = configured_layout(ws.obs_dim, settings.policy, settings.sim)
+    expected = make_policy(ws.obs_dim, ws.act_dim, settings.policy, layout).state_dict()
     state = champion.state_dict()
     if state.keys() != expected.keys() or any(state[k].shape != expected[k].shape for k in expected):
         return None  # another architecture (e.g. an MLP champion, an MoE policy): train from scratch

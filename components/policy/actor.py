@@ -10,6 +10,10 @@ actor which envs start a new episode through ``end_episodes`` (``sim/collect.py`
 A chunk policy (``policy.kind: chunk_transformer``) is queried only for the envs whose step is due
 (every ``policy.replan_every`` steps) and its chunks are executed with temporal ensembling
 (``policy/ensemble.ChunkEnsemble``); every env's window is still pushed every step.
+
+A vision policy (``policy.kind: vision``) says ``sees_cameras``, so the sim loops hand it the
+simulator's ``Dict`` observation; the actor packs the state and the frames of the cameras the
+policy was trained on into its one observation vector (``policy/observation.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torch import nn
 from components.config import PolicyConfig
 from components.policy.ensemble import ChunkEnsemble
 from components.policy.history import FrameHistory
+from components.policy.observation import ObservationLayout, sim_images
 
 
 class PolicyActor:
@@ -32,6 +37,8 @@ class PolicyActor:
         default: as the policy was built (``NormalizedPolicy.chunk_execution``)."""
         self.device = torch.device(device)
         self.policy = policy.to(self.device).eval()
+        self.layout: ObservationLayout | None = getattr(policy, "layout", None)
+        self.sees_cameras = bool(self.layout is not None and self.layout.cameras)
         history = int(getattr(policy, "history", 1))
         self.frames = FrameHistory(history) if history > 1 else None
         chunk = int(getattr(policy, "chunk", 1))
@@ -49,7 +56,17 @@ class PolicyActor:
             self.ensemble.restart(envs)
 
     @torch.no_grad()
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
+    def __call__(self, obs: np.ndarray | dict[str, np.ndarray]) -> np.ndarray:
+        if isinstance(obs, dict):  # a simulator's Dict observation (sim.cameras): state + frames
+            if not self.sees_cameras:
+                obs = obs["state"]
+            else:
+                assert self.layout is not None
+                obs = self.layout.pack(obs["state"], sim_images(obs))
+        elif self.sees_cameras:
+            assert self.layout is not None
+            raise ValueError(f"this vision policy sees cameras {list(self.layout.keys)} but the simulator renders none: "
+                             "set sim.cameras (FLEETLOOP_SIM__CAMERAS='[\"scene\", \"gripper\"]') to run it")
         obs = np.asarray(obs, dtype=np.float32)
         if self.frames is not None:
             obs = self.frames.push(obs)

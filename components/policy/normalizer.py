@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from components.policy.observation import PIXEL_SCALE, ObservationLayout
+
 # Dimensions with (almost) no spread keep unit scale instead of blowing up.
 MIN_STD = 1e-3
 
@@ -58,6 +60,32 @@ class NormalizedPolicy(nn.Module):
     def chunk_execution(self) -> tuple[int, float]:
         """(replan_every, ensemble_decay) a chunk core was built with (``policy/ensemble.py``)."""
         return int(getattr(self.core, "replan_every", 1)), float(getattr(self.core, "ensemble_decay", 0.0))
+
+    @property
+    def layout(self) -> ObservationLayout:
+        """Where the state and each camera's pixels sit in an observation (no cameras: the state alone)."""
+        return getattr(self.core, "layout", None) or ObservationLayout(self.obs_dim)
+
+    @property
+    def state_dim(self) -> int:
+        """Numbers of the robot's state in an observation (``obs_dim`` less any camera pixels)."""
+        return self.layout.state_dim
+
+    @property
+    def sees_cameras(self) -> bool:
+        """Whether the policy takes packed camera frames (``policy/observation.py``); read by the sim loops."""
+        return bool(self.layout.cameras)
+
+    @torch.no_grad()
+    def fit(self, states: torch.Tensor, actions: torch.Tensor) -> None:
+        """Fit the normalizers on a training set's states and actions; pixels get the fixed
+        0..255 -> [-1, 1] scale (``PIXEL_SCALE``), the same whatever the data."""
+        n = self.layout.state_dim
+        self.obs_norm.mean.fill_(PIXEL_SCALE)
+        self.obs_norm.std.fill_(PIXEL_SCALE)
+        self.obs_norm.mean[:n] = states.mean(dim=0)
+        self.obs_norm.std[:n] = states.std(dim=0).clamp_min(MIN_STD)
+        self.act_norm.fit(actions)
 
     @property
     def aux_loss(self) -> torch.Tensor:

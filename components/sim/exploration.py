@@ -35,6 +35,11 @@ def end_episodes(policy: Policy, envs: np.ndarray) -> None:
 class _Wrapper:
     policy: Policy
 
+    @property
+    def sees_cameras(self) -> bool:
+        """The wrapped policy's: a vision policy gets the simulator's Dict observation (sim/collect.py)."""
+        return bool(getattr(self.policy, "sees_cameras", False))
+
     def end_episodes(self, envs: np.ndarray) -> None:
         end_episodes(self.policy, envs)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from components.policy.normalizer import NormalizedPolicy
+from components.policy.observation import ObservationLayout
 
 ProgressFn = Callable[[int, int, float], None]  # (step, total_steps, loss)
 
@@ -24,6 +25,9 @@ class TrainingSet:
     # (N,) int64 each frame's index in its episode (episodes laid end to end): where a history
     # policy's windows start (policy/history.py); None = one continuous stream
     frame_in_episode: np.ndarray | None = None
+    # camera key -> (N, H, W, 3) uint8: each frame's decoded camera image, for a vision policy
+    # (policy/vision.py); None = a state-only training set
+    images: dict[str, np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         if self.states.ndim != 2 or self.actions.ndim != 2 or len(self.states) != len(self.actions):
@@ -38,6 +42,15 @@ class TrainingSet:
         positions = self.frame_in_episode
         if positions is not None and (positions.shape != (len(self.states),) or (positions < 0).any()):
             raise ValueError("training set: frame_in_episode must be (N,) non-negative frame indices")
+        for key, frames in (self.images or {}).items():
+            if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[0] != len(self.states) or frames.shape[3] != 3:
+                raise ValueError(f"training set: camera {key!r} frames {frames.shape} {frames.dtype} must be "
+                                 f"(N={len(self.states)}, H, W, 3) uint8")
+
+    @property
+    def layout(self) -> ObservationLayout:
+        """The observation a policy trained on this set sees: the state, then each camera (sorted keys)."""
+        return ObservationLayout.of(int(self.states.shape[1]), self.images)
 
 
 @dataclass

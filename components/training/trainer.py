@@ -31,7 +31,6 @@ import torch
 
 from components.config import SchedulerConfig, Settings
 from components.fsio import atomic_write_text
-from components.policy.factory import make_policy
 from components.policy.moe import StepUsage
 from components.policy.normalizer import NormalizedPolicy
 from components.scheduler.plan import Plan, plan_from_dict, plan_to_dict
@@ -104,7 +103,8 @@ class Trainer:
     @property
     def runtime(self) -> SchedulerRuntime:
         if self._runtime is None:
-            roles = Roles(chain=("sampler", "learner"), streaming={}, envs=1,
+            chain = ("sampler", "augmenter", "learner") if self.spec.sees_cameras else ("sampler", "learner")
+            roles = Roles(chain=chain, streaming={}, envs=1,
                           pinned_threads={"learner": self.spec.learner_threads})
             params = {k: v.detach().clone() for k, v in _initial_state(self.spec).items()}
             self._runtime = SchedulerRuntime(lambda m: train_workflow(self.spec, m), roles, self.cfg, self.spec,
@@ -194,7 +194,7 @@ class Trainer:
         losses = [x for i in sorted(per_iter) for x in per_iter[i]["losses"]]
         usage = [u for i in sorted(per_iter) for u in per_iter[i].get("expert_usage", [])]
         val = {k.version[0]: v["success_rate"] for k, v in result.records.items() if k.state == "valm"}
-        policy = make_policy(self.spec.obs_dim, self.spec.act_dim, self.spec.policy)
+        policy = self.spec.new_policy()
         policy.load_state_dict(result.final["params"])
         policy.eval()
         sent = int(per_iter[max(per_iter)].get("shuffle_bytes_sent", 0)) if per_iter else 0

@@ -13,6 +13,12 @@ One iteration ``i`` (``train.steps_per_iteration`` optimizer steps):
                                                                (stats: losses; MoE: expert usage per step)
     validate  valm@i                 <- params@i               rollouts of the weights on validation robots (side)
 
+A vision policy (``policy.kind: vision``) adds a stage between the two: ``sample`` gathers the
+batch's states and uint8 camera frames (``frames@i``), ``augment`` shifts each image by a seeded
+offset and packs state and pixels into the policy's observation vectors (``batch@i``,
+``training/augment.py``), and its validation rollouts render the robots' cameras. Like ``sample``,
+``augment`` depends on nothing but ``i``: a plan may run both ahead of the learner, elsewhere.
+
 ``sample`` depends on nothing but the iteration index, so a plan may run it ahead of the learner;
 ``validate`` only reads ``params@i``, so a plan may overlap it with the next learning steps (e.g.
 in its own process). The plan changes how long an iteration takes, never the weights.
@@ -32,7 +38,9 @@ from components.policy.factory import make_policy
 from components.policy.history import as_tensor_episode_ends, as_tensor_positions, gather_chunks, gather_windows
 from components.policy.moe import step_usage
 from components.policy.normalizer import NormalizedPolicy
+from components.policy.observation import ObservationLayout
 from components.scheduler.workflow import BuildContext, Component, OpSpec, StateSpec, Workflow
+from components.training.augment import augment_and_pack
 from components.training.bc import as_weights, batch_indices, bc_step, make_optimizer
 from components.training.imitation import TrainingSet
 
@@ -89,16 +97,28 @@ class TrainSpec:
     def act_dim(self) -> int:
         return int(self.data.actions.shape[1])
 
+    @property
+    def layout(self) -> ObservationLayout:
+        """What the policy observes: the state, plus the training set's cameras for a vision policy."""
+        return self.data.layout
+
+    @property
+    def sees_cameras(self) -> bool:
+        return self.policy.kind == "vision"
+
+    def new_policy(self) -> NormalizedPolicy:
+        """A fresh (unfitted) policy of this run's kind and observation layout."""
+        return make_policy(self.obs_dim, self.act_dim, self.policy, self.layout)
+
 
 def initial_policy(spec: TrainSpec) -> NormalizedPolicy:
     """The starting weights: ``init_state`` (fine-tuning), else fresh ones with normalizers fitted on the data."""
     torch.manual_seed(spec.seed)
-    policy = make_policy(spec.obs_dim, spec.act_dim, spec.policy)
+    policy = spec.new_policy()
     if spec.init_state is not None:
         policy.load_state_dict(spec.init_state)
     else:
-        policy.obs_norm.fit(torch.as_tensor(spec.data.states))
-        policy.act_norm.fit(torch.as_tensor(spec.data.actions))
+        policy.fit(torch.as_tensor(spec.data.states), torch.as_tensor(spec.data.actions))
     return policy
 
 
@@ -118,6 +138,9 @@ class Sampler:
         self.history = spec.policy.frames()
         self.chunk = spec.policy.actions()
         self.episode_ends = as_tensor_episode_ends(spec.data.frame_in_episode) if self.chunk > 1 else None
+        # a vision policy's camera frames, uint8, shared with the training set (no copy)
+        self.images = {key: torch.from_numpy(frames) for key, frames in (spec.data.images or {}).items()
+                       if spec.sees_cameras}
         rank, world = _world() if spec.expert_parallel is not None else (0, 1)
         if spec.batch_size % world:
             raise ValueError(f"train.batch_size={spec.batch_size} must be a multiple of the {world} ranks")
@@ -146,7 +169,13 @@ class Learner:
 class Validator:
     def __init__(self, spec: TrainSpec) -> None:
         self.spec = spec
-        self.policy = make_policy(spec.obs_dim, spec.act_dim, spec.policy)
+        self.policy = spec.new_policy()
+
+
+class Augmenter:
+    def __init__(self, spec: TrainSpec) -> None:
+        self.spec = spec
+        self.layout = spec.layout
 
 
 def op_sample(s: Sampler, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]:
@@ -155,7 +184,17 @@ def op_sample(s: Sampler, idx: dict[str, int], inp: dict[str, Any]) -> dict[str,
     rows = rows[:, s.local]
     targets, mask = gather_chunks(s.actions, s.episode_ends, rows, s.chunk)
     inputs = gather_windows(s.states, s.positions, rows, s.history)
-    return {"batch": (inputs, targets) if mask is None else (inputs, targets, mask)}
+    batch = (inputs, targets) if mask is None else (inputs, targets, mask)
+    if s.images:  # a vision policy: the frames go to ``augment``, which packs the batch
+        return {"frames": (batch, {key: frames[rows] for key, frames in s.images.items()})}
+    return {"batch": batch}
+
+
+def op_augment(a: Augmenter, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]:
+    i = idx["iteration"]
+    (states, *rest), frames = inp["frames"]
+    packed = augment_and_pack(states, frames, a.layout, a.spec.policy.augment_shift, a.spec.seed, i)
+    return {"batch": (packed, *rest)}
 
 
 def op_learn(ls: Learner, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]:
@@ -219,14 +258,23 @@ def _validator(ctx: BuildContext) -> Validator:
     return Validator(ctx.payload)
 
 
+def _augmenter(ctx: BuildContext) -> Augmenter:
+    return Augmenter(ctx.payload)
+
+
 def train_workflow(spec: TrainSpec, groups: int = 1) -> Workflow:
     """The training workflow (no env groups: ``groups`` is accepted for the runtime and ignored)."""
     del groups
     comps = [Component("sampler", _sampler), Component("learner", _learner, exclusive=True, memory_mb=4.0,
                                                        process_ok=spec.expert_parallel is None)]
     states = [StateSpec(n) for n in ("batch", "params", "stats")]
-    body = [
-        OpSpec("sample", "sampler", op_sample, reads=(), writes=("batch@iteration",)),
+    body = [OpSpec("sample", "sampler", op_sample, reads=(), writes=("batch@iteration",))]
+    if spec.sees_cameras:  # sample -> frames -> augment -> batch
+        comps.append(Component("augmenter", _augmenter))
+        states.append(StateSpec("frames"))
+        body = [OpSpec("sample", "sampler", op_sample, reads=(), writes=("frames@iteration",)),
+                OpSpec("augment", "augmenter", op_augment, reads=("frames@iteration",), writes=("batch@iteration",))]
+    body += [
         OpSpec("learn", "learner", op_learn, reads=("batch@iteration", "params@iteration"),
                writes=("params@iteration+1", "stats@iteration"), quota_invariant=False),
     ]
