@@ -15,6 +15,7 @@ is further than ``tolerance_s`` away; the tolerance is ``1 / fps - 1e-4`` (LeRob
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -51,6 +52,11 @@ def tolerance_s(fps: float) -> float:
 
 def frame_rate(fps: float) -> Fraction:
     return Fraction(fps).limit_denominator(FPS_DENOMINATOR_LIMIT)
+
+
+# SVT-AV1 prints its whole configuration to stderr at info level on every file it encodes (a demo
+# round writes hundreds): errors only, unless the user asked for more (SVT-AV1's own variable).
+os.environ.setdefault("SVT_LOG", "1")
 
 
 def _codec_options(cfg: VideoConfig) -> dict[str, str]:
