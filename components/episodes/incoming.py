@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from components.episodes.camera_files import episode_sidecars, without_camera_metadata
 from components.episodes.fingerprint import table_fingerprints
 from components.episodes.quarantine import QuarantinedFile, quarantine_file
 from components.episodes.reader import consecutive_runs
@@ -119,13 +120,16 @@ class EncodedCamera:
 
 
 def read_incoming(path: Path, quarantine_dir: Path) -> IncomingEpisode | QuarantinedFile:
-    """Read one incoming episode file; an unreadable one goes to quarantine with its reason.
+    """Read one incoming episode file, with its cameras (the sidecar videos beside it:
+    camera_files.py); an unreadable one goes to quarantine, sidecars and all, with its reason.
 
     Reading is the per-file part of ingest, so flows can fan it out (and cache it on the file's
-    content) before one writer validates and stores the batch with ``ingest_tables``.
+    content) before one writer validates and stores the batch with ``ingest_tables``, which
+    decodes and checks the sidecars (video_validation.py).
     """
     try:
         table = read_episode_file(path)
+        cameras = episode_sidecars(path, table)
     except (ValueError, pa.ArrowInvalid) as exc:
         error = EpisodeValidationError(
             str(path), WHOLE_FILE, f"unreadable ({exc})",
@@ -136,8 +140,7 @@ def read_incoming(path: Path, quarantine_dir: Path) -> IncomingEpisode | Quarant
         check_upload_columns(table, str(path))
     except EpisodeValidationError as error:
         return quarantine_file(path, error, quarantine_dir)
-    return IncomingEpisode(table=table, source=str(path), origin=Path(path))
-
+    return IncomingEpisode(table=without_camera_metadata(table), source=str(path), origin=Path(path), cameras=cameras)
 
 
 def schema_runs(tables: list[pa.Table]) -> list[list[int]]:

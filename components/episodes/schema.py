@@ -6,6 +6,7 @@ readers also accept variable-size lists (older LeRobot files). Episode-level fie
 constant columns. Beside them an episode may carry the ``OPTIONAL_COLUMNS`` (each with its one
 type) and LeRobot's ``BOOKKEEPING_COLUMNS``; a file with any other column is refused at both doors
 (``validation.check_upload_columns``). A LeRobot import carries the source's other features too.
+An episode file names its cameras in its schema metadata; their videos lie beside it (camera_files.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from components.config import EpisodesConfig
+from components.episodes.camera_files import with_camera_metadata, write_sidecars, write_table_last
 from components.episodes.record import STAGE_COLUMN, Episode, reached_stage
 
 EPISODE_ID = "episode_id"
@@ -232,12 +235,16 @@ def _whole_extra(column: pa.ChunkedArray) -> np.ndarray | None:
     return None
 
 
-def write_episode_file(ep: Episode, path: Path) -> Path:
-    """Write one episode as one Parquet file (one row per frame)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(episode_to_table(ep), path)
-    return path
+def write_episode_file(ep: Episode, path: Path, cfg: EpisodesConfig | None = None) -> Path:
+    """Write one episode as one Parquet file (one row per frame), naming its cameras in the
+    schema metadata; its camera streams, if any, go first into one mp4 each beside it, encoded
+    at ``cfg.fps`` with ``cfg.video`` (camera_files.py). The table is renamed into place last."""
+    if ep.cameras and cfg is None:
+        raise ValueError(f"episode {ep.episode_id} has cameras {sorted(ep.cameras)}: pass the dataset's "
+                         "EpisodesConfig (settings.episodes: fps, video) to write them beside its table")
+    if ep.cameras:
+        write_sidecars(ep, path, cfg)
+    return write_table_last(with_camera_metadata(episode_to_table(ep), ep.cameras), path)
 
 
 def episode_to_ipc(ep: Episode) -> bytes:

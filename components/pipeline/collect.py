@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.config import Settings
+from components.config import EpisodesConfig, Settings
 from components.episodes.record import Episode
 from components.episodes.schema import write_episode_file
 from components.pipeline.workspace import Workspace
@@ -39,12 +39,14 @@ class CollectResult:
         return dataclasses.replace(self, files=[self.folder]) if self.folder is not None else self
 
 
-def write_episodes(episodes: list[Episode], out_dir: Path) -> list[Path]:
-    """One Parquet file per episode: the same form a robot uploads."""
+def write_episodes(episodes: list[Episode], out_dir: Path, cfg: EpisodesConfig) -> list[Path]:
+    """One Parquet file per episode, the same form a robot uploads: its camera streams (if the
+    sim records any) beside it as ``<stem>.<camera key>.mp4``, encoded at the dataset's fps with
+    its encoder settings (``cfg``: ``settings.episodes``). Returns the Parquet files."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
     for ep in episodes:
-        files.append(write_episode_file(ep, out_dir / f"{ep.robot_id}_{ep.episode_id}.parquet"))
+        files.append(write_episode_file(ep, out_dir / f"{ep.robot_id}_{ep.episode_id}.parquet", cfg))
     return files
 
 
@@ -65,7 +67,7 @@ def collect_expert_demos(settings: Settings, out_dir: Path) -> CollectResult:
         make_expert(settings.sim), robots, settings.sim, settings.demo.expert_episodes_per_robot,
         seed=settings.seed, policy_version=EXPERT_VERSION,
     )
-    files = write_episodes(episodes, out_dir)
+    files = write_episodes(episodes, out_dir, settings.episodes)
     steps = sum(ep.length for ep in episodes)
     return CollectResult(files, len(episodes), sum(ep.success for ep in episodes), steps, time.perf_counter() - start,
                          EXPERT_VERSION, out_dir)
@@ -95,7 +97,7 @@ def collect_fleet(
     seed = settings.seed * 1000 + round_index
     actor = fleet_actor(settings, policy, seed, explore=True)
     result = collect(actor, robots, settings.sim, settings.fleet.steps_per_robot, seed=seed, policy_version=policy_version)
-    files = write_episodes(result.episodes, out_dir)
+    files = write_episodes(result.episodes, out_dir, settings.episodes)
     return CollectResult(
         files, len(result.episodes), sum(ep.success for ep in result.episodes), result.env_steps,
         time.perf_counter() - start, policy_version, out_dir,
