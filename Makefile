@@ -10,7 +10,7 @@ export MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT := true
 # first import writes the byte-code and later processes load it.
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: setup demo test bench ui clean deploy lock compat
+.PHONY: setup system demo test bench ui clean deploy lock compat
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,16 @@ lock: | $(BIN)/python
 	$(BIN)/uv pip compile -q pyproject.toml --extra test --python-version 3.11 --no-emit-package torch \
 		$(if $(FRESH),--upgrade,-c $(VENV)/lock-constraints.txt) -o requirements.lock
 
-setup: $(STAMP)
+# Meta-World renders its cameras offscreen through MuJoCo's OSMesa (sim.camera.mujoco_gl: osmesa):
+# Debian's libosmesa6, installed here when it is missing and this user may (root, as CI); otherwise
+# the command to run is printed and everything but Meta-World's cameras works.
+system:
+	@ldconfig -p | grep -q libOSMesa || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libosmesa6 >/dev/null; \
+	  else echo "make setup: Meta-World's cameras need OSMesa: sudo apt-get install libosmesa6"; fi; }
+
+setup: system $(STAMP)
 
 demo: setup
 	$(BIN)/fleetloop demo
