@@ -193,9 +193,18 @@ class FertConfig(Section):
     # retrieval
     top_k: int = Field(default=16, ge=1)
     max_distance_percentile: float = Field(default=95.0, gt=0, le=100)  # drop matches beyond this
-    encoder: Literal["normalized_state", "learned"] = "normalized_state"  # for stores FERT builds
-    learned_dim: int = Field(default=16, ge=1)
-    learned_epochs: int = Field(default=20, ge=1)
+    # the store's window encoder, fitted by the first ingest (components/fert/README.md, "Window encoders"):
+    # normalized_state | learned (states -> actions) | camera (camera frames -> actions, fert/camera_encoder.py)
+    encoder: Literal["normalized_state", "learned", "camera"] = "normalized_state"
+    learned_dim: int = Field(default=16, ge=1)  # code length of the learned and camera encoders
+    learned_epochs: int = Field(default=20, ge=1)  # their passes over the success windows
+    # camera encoder: needs episodes stored with their camera streams (sim.cameras)
+    camera_views: tuple[str, ...] = ()  # views it sees (scene, gripper); () = every camera stream the dataset stores
+    camera_size: int = Field(default=16, ge=4)  # frames block-averaged down to size x size (64 px: 4x4 blocks)
+    camera_frames: int = Field(default=3, ge=1)  # frames of a window it looks at, evenly spaced first..last
+    camera_channels: int = Field(default=8, ge=1)  # conv channels per view (keypoints = channels, spatial softmax)
+    camera_state: bool = False  # also the window's z-scored states (false: the vectors are the cameras' alone)
+    camera_max_windows: int = Field(default=8192, ge=1)  # success windows it fits on (seeded pick of episodes above)
     # priority w = 1 + alpha * sum_q exp(-d^2 / 2 sigma^2)
     alpha: float = Field(default=1.0, ge=0)
     sigma: float = Field(default=0.0, ge=0)  # 0 = median retrieved distance

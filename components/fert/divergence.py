@@ -25,7 +25,7 @@ import numpy as np
 
 from components.config import FertConfig, StoreConfig
 from components.episodes.record import Episode
-from components.store.encoder import WindowEncoder
+from components.store.encoder import WindowEncoder, encode_episodes
 from components.store.segment_store import SegmentStore
 from components.store.windows import cut_windows
 
@@ -84,7 +84,7 @@ def _episode_vectors(
     episode: Episode, encoder: WindowEncoder, store_cfg: StoreConfig
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     cut = cut_windows(episode.states, store_cfg.window, store_cfg.stride)
-    return cut.starts, cut.ends, encoder.encode(cut.windows)
+    return cut.starts, cut.ends, encode_episodes(encoder, [episode], [cut])  # camera windows too, if it reads them
 
 
 def calibrate_threshold(

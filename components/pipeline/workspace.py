@@ -46,9 +46,9 @@ class Workspace:
 
     @property
     def embedding_dim(self) -> int:
-        """The configured encoder's dim: the learned code (``fert.encoder: learned``) or, by
-        default, a flattened window of normalized states."""
-        if self.settings.fert.encoder == "learned":
+        """The configured encoder's dim: the learned code (``fert.encoder: learned`` or ``camera``)
+        or, by default, a flattened window of normalized states."""
+        if self.settings.fert.encoder in ("learned", "camera"):
             return self.settings.fert.learned_dim
         return self.settings.store.window * self.obs_dim
 

@@ -5,6 +5,12 @@ default without touching the store. An encoder's ``state_dict()`` is plain JSON-
 (numbers, strings, lists) with a ``"kind"`` key, so it can be saved beside a model checkpoint or
 in the store itself, and rebuilt with ``encoder_from_state_dict``.
 
+An encoder may also read the windows' camera frames: one with a non-empty ``cameras`` attribute
+(dataset keys, ``observation.images.<view>``) is called ``encode(windows, images=...)`` with each
+key's frames cut into the same windows ((N, W, H, W', 3) uint8). ``encode_episodes`` is the one
+place that decides, so the store and FERT's divergence detector embed the same way; encoders
+without ``cameras`` are called exactly as before.
+
 Default: ``NormalizedStateEncoder`` — per state dimension, subtract the mean and divide by the
 standard deviation fitted on data, then flatten the window (D = W * n). Distances between
 windows then weigh every state dimension equally instead of by its physical unit.
@@ -14,9 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
 import numpy as np
+
+from components.episodes.record import Episode
+from components.store.windows import Windows
 
 # A dimension whose std is below this is (nearly) constant in the data: divide by 1 instead of
 # blowing its noise up to unit scale.
@@ -39,7 +49,8 @@ class WindowEncoder(Protocol):
         ...
 
     def encode(self, windows: np.ndarray) -> np.ndarray:
-        """(N, W, n) windows -> (N, D) float32."""
+        """(N, W, n) windows -> (N, D) float32. An encoder with ``cameras`` (see the module doc)
+        also takes ``images``: key -> (N, W, H, W', 3) uint8, the same windows of each camera."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
@@ -135,6 +146,45 @@ class NormalizedStateEncoder:
 
 
 ENCODERS: dict[str, type[WindowEncoder]] = {NormalizedStateEncoder.kind: NormalizedStateEncoder}
+
+
+def encoder_cameras(encoder: WindowEncoder) -> tuple[str, ...]:
+    """The camera keys an encoder reads (() for a state-only encoder)."""
+    return tuple(getattr(encoder, "cameras", ()) or ())
+
+
+def camera_windows(frames: np.ndarray, starts: np.ndarray, window: int) -> np.ndarray:
+    """(T, H, W', 3) frames cut at ``starts`` like ``windows.cut_windows`` cuts states: (N, window, H, W', 3)
+    (an episode shorter than ``window``: one window, the front padded with its first frame)."""
+    frames = np.asarray(frames)
+    if len(frames) < window:
+        pad = np.repeat(frames[:1], window - len(frames), axis=0)
+        return np.concatenate([pad, frames])[None]
+    index = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(window)
+    return frames[index]
+
+
+def encode_episodes(encoder: WindowEncoder, episodes: Sequence[Episode], cuts: Sequence[Windows]) -> np.ndarray:
+    """The vectors of every window of ``cuts`` (``cut_windows`` of each episode's states), in order.
+    An encoder with ``cameras`` gets each episode's camera windows beside its state windows, one
+    episode at a time (its frames are large); any other encoder gets one call, as it always did."""
+    keys = encoder_cameras(encoder)
+    if not keys:
+        return np.asarray(encoder.encode(np.concatenate([c.windows for c in cuts], axis=0)))
+    parts = []
+    for ep, cut in zip(episodes, cuts, strict=True):
+        missing = [k for k in keys if k not in ep.cameras]
+        if missing:
+            raise ValueError(
+                f"episode {ep.episode_id} has no camera stream {missing[0]!r} (it has {sorted(ep.cameras) or 'none'}), "
+                f"but the store's window encoder ({encoder.kind}) embeds camera windows of {list(keys)}: read "
+                "episodes with their cameras (dataset.load_episodes(..., cameras=True)), collect with sim.cameras on, "
+                "or use a state encoder (fert.encoder)"
+            )
+        window = cut.windows.shape[1]
+        images = {k: camera_windows(ep.cameras[k], cut.starts, window) for k in keys}
+        parts.append(np.asarray(encoder.encode(cut.windows, images=images)))  # type: ignore[call-arg]
+    return np.concatenate(parts, axis=0)
 
 
 def encoder_from_state_dict(state: dict[str, Any]) -> WindowEncoder:

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from components.config import StoreConfig
 from components.episodes.record import Episode
-from components.store.encoder import WindowEncoder
+from components.store.encoder import WindowEncoder, encode_episodes
 from components.store.reports import UpsertReport
 from components.store.scan import vectors_of
 from components.store.schema import CONTENT_COLUMNS, VECTOR, segment_schema, sql_in
@@ -192,12 +192,12 @@ class SegmentWrites:
     ) -> pa.Table:
         cut = [cut_windows(e.states, self.cfg.window, self.cfg.stride) for e in episodes]
         counts = np.array([len(w) for w in cut], dtype=np.int64)
-        windows = np.concatenate([w.windows for w in cut], axis=0)
-        vectors = np.asarray(encoder.encode(windows))
-        if vectors.shape != (windows.shape[0], self.dim):
+        windows = int(counts.sum())
+        vectors = encode_episodes(encoder, episodes, cut)  # a camera encoder also gets each episode's camera windows
+        if vectors.shape != (windows, self.dim):
             raise ValueError(
                 f"encoder.encode returned shape {vectors.shape}, expected "
-                f"({windows.shape[0]}, {self.dim}) for column 'vector'; fix the encoder's dim"
+                f"({windows}, {self.dim}) for column 'vector'; fix the encoder's dim"
             )
         if not np.isfinite(vectors).all():
             raise ValueError("encoder.encode produced NaN/inf for column 'vector'; check its fit")
