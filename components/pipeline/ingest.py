@@ -7,6 +7,7 @@ and cache them on content, while the writes (dataset, snapshot, store) stay sing
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ from components.config import Settings
 from components.episodes.dataset import IncomingEpisode, IngestReport, read_incoming
 from components.episodes.dataset_head import SyncResult, publish_head, sync_dataset
 from components.episodes.quarantine import QuarantinedFile
-from components.episodes.record import Episode
+from components.episodes.record import Episode, camera_key
 from components.episodes.snapshot import (
     DvcRemote,
     Snapshot,
@@ -28,9 +29,11 @@ from components.episodes.snapshot import (
     read_snapshot,
     snapshot_dataset,
 )
+from components.fert.camera_encoder import CameraWindowEncoder, pick_successes
+from components.fert.corpus import episode_infos
 from components.fert.encoder import ActionPredictiveEncoder
 from components.pipeline.workspace import Workspace
-from components.store.encoder import NormalizedStateEncoder, WindowEncoder
+from components.store.encoder import NormalizedStateEncoder, WindowEncoder, encoder_cameras
 from components.store.segment_store import EmbedCursor, UpkeepReport, UpsertReport
 from components.store.windows import cut_windows
 
@@ -148,6 +151,8 @@ def store_encoder(settings: Settings, ws: Workspace | None = None) -> WindowEnco
     episodes = list(ws.dataset.episodes())
     if not episodes:
         raise RuntimeError(f"cannot fit the window encoder: {settings.paths.episodes} holds no episodes yet")
+    if settings.fert.encoder == "camera":
+        return _fit_camera_encoder(settings, ws)
     if settings.fert.encoder == "learned":
         if not any(ep.success for ep in episodes):
             raise RuntimeError(
@@ -160,6 +165,61 @@ def store_encoder(settings: Settings, ws: Workspace | None = None) -> WindowEnco
         )
     windows = [cut_windows(ep.states, cfg.window, cfg.stride).windows for ep in episodes]
     return NormalizedStateEncoder(window=cfg.window, state_dim=ws.obs_dim).fit(np.concatenate(windows))
+
+
+def camera_keys_for_encoder(settings: Settings, ws: Workspace) -> tuple[str, ...]:
+    """The dataset camera keys ``fert.encoder: camera`` embeds (``fert.camera_views``, or every stream
+    the dataset stores); a clear error when the dataset stores none of them."""
+    stored = tuple(ws.dataset.camera_keys)
+    wanted = tuple(camera_key(v) for v in settings.fert.camera_views) or stored
+    missing = [k for k in wanted if k not in stored]
+    if not wanted or missing:
+        raise RuntimeError(
+            f"fert.encoder=camera embeds camera windows, but {settings.paths.episodes} stores "
+            f"{'no camera streams' if not stored else 'no ' + repr(missing[0]) + ' stream (it has ' + str(list(stored)) + ')'}: "
+            "collect with sim.cameras (e.g. [scene, gripper]) so episodes carry their frames, set fert.camera_views "
+            "to stored views, or choose fert.encoder=learned / normalized_state"
+        )
+    return wanted
+
+
+def _fit_camera_encoder(settings: Settings, ws: Workspace) -> WindowEncoder:
+    """``CameraWindowEncoder`` on the stored successes' camera windows: episodes read (and their
+    frames decoded) a few at a time, up to ``fert.camera_max_windows`` windows (a seeded pick of
+    whole episodes above that)."""
+    keys = camera_keys_for_encoder(settings, ws)
+    cfg, fert = settings.store, settings.fert
+    successes = [(index, info) for index, info in episode_infos(ws.dataset) if info.success]
+    if not successes:
+        raise RuntimeError(
+            f"fert.encoder=camera needs successful episodes to learn from, and {settings.paths.episodes} has "
+            "none; ingest expert demos first or use fert.encoder=normalized_state"
+        )
+    picked = pick_successes([info.length for _, info in successes], cfg.window, cfg.stride,
+                            fert.camera_max_windows, settings.seed)
+    indices = [successes[i][0] for i in picked]
+    return CameraWindowEncoder.from_successes(
+        _with_cameras(ws, indices, keys), cfg.window, cfg.stride, keys, fert.learned_dim, fert.learned_epochs,
+        settings.seed, size=fert.camera_size, frames=fert.camera_frames, channels=fert.camera_channels,
+        use_state=fert.camera_state,
+    )
+
+
+def _with_cameras(ws: Workspace, indices: list[int], keys: tuple[str, ...], chunk: int = 32) -> Iterator[Episode]:
+    """The listed stored episodes with the ``keys`` camera frames decoded, read ``chunk`` at a time."""
+    for at in range(0, len(indices), chunk):
+        part = indices[at : at + chunk]
+        for index, ep in zip(part, ws.dataset.load_episodes(part), strict=True):
+            yield dataclasses.replace(ep, cameras=ws.dataset.camera_frames(index, keys) if keys else {})
+
+
+def _embedded_cameras(settings: Settings, ws: Workspace) -> tuple[str, ...]:
+    """Camera keys the store's encoder reads: the stored encoder's, or (a first ingest, nothing
+    stored yet) those ``fert.encoder: camera`` will fit on; () for a state encoder."""
+    stored = ws.store.load_encoder()
+    if stored is not None:
+        return encoder_cameras(stored)
+    return camera_keys_for_encoder(settings, ws) if settings.fert.encoder == "camera" else ()
 
 
 
@@ -175,9 +235,14 @@ def episodes_to_embed(settings: Settings, ws: Workspace | None = None) -> list[E
     ws = ws or step_workspace(settings)
     start = _cursor_start(ws, ws.store.embed_cursor())
     if start is not None:
-        return list(ws.dataset.episodes(start=start))
-    embedded = ws.store.episode_ids()
-    return [ep for ep in ws.dataset.episodes() if ep.episode_id not in embedded]
+        new = list(enumerate(ws.dataset.episodes(start=start), start))
+    else:
+        embedded = ws.store.episode_ids()
+        new = [(i, ep) for i, ep in enumerate(ws.dataset.episodes()) if ep.episode_id not in embedded]
+    keys = _embedded_cameras(settings, ws) if new else ()
+    if keys:  # a camera encoder embeds their camera windows: decoded here, each episode's own streams
+        return [dataclasses.replace(ep, cameras=ws.dataset.camera_frames(i, keys)) for i, ep in new]
+    return [ep for _, ep in new]
 
 
 def _cursor_start(ws: Workspace, cursor: EmbedCursor | None) -> int | None:
