@@ -9,6 +9,10 @@
                       stage_failures.{csv,json,png}: failures by stage in the fleet's episodes the
                       round trained on, and like for like on the same evaluation trials: the champion
                       before the round (the gate's paired evaluation) and the candidate after it
+                      frames/<group>-<page>-<failure>.png (when the episodes have camera streams): the
+                      failure's camera frames from its divergence on (red bar) above the frames of
+                      the success windows it retrieved (green bars), one row each, every view; the
+                      same strip is the last panel of the failure's row on the page
                       index.json: every file, what each page shows and what it left out
 
 Nothing is retrieved again here: the pictures show exactly the matches the trainer weighted.
@@ -22,7 +26,7 @@ import csv
 import json
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -39,6 +43,12 @@ PNG_METADATA = {"Software": None}  # no version string: the same inputs give the
 PANEL_INCHES = 2.3
 FAILURE_COLOR, MATCH_COLOR, PATH_COLOR = "tab:red", "tab:green", "0.6"
 BODY_STYLES = ("-", ":", "--", "-.")  # end effector, then the other moving bodies
+# camera thumbnails: frames of a window shown (evenly spaced, first and last), the white gap between
+# tiles and the colored bar left of each row (red: the failure, green: a retrieved success), in pixels
+THUMB_FRAMES, THUMB_GAP, THUMB_BAR = 4, 2, 4
+BAR_RGB = {FAILURE_COLOR: (214, 39, 40), MATCH_COLOR: (44, 160, 44)}
+
+CameraFrames = Callable[[str], Mapping[str, np.ndarray]]  # episode id -> camera key -> (T, H, W, 3) uint8
 
 
 # -- the stage table ---------------------------------------------------------------------------
@@ -256,17 +266,91 @@ def _match_panel(ax, match: MatchRecord, success: Episode, failed: Episode, wind
     _frame_axes(ax, view)
 
 
+def _window_frames(frames: np.ndarray, start: int, window: int) -> np.ndarray:
+    """``THUMB_FRAMES`` evenly spaced frames of [start, start + window) (clipped to the episode)."""
+    end = min(len(frames), start + window)
+    start = min(max(0, start), end - 1)
+    picks = np.unique(np.rint(np.linspace(start, end - 1, min(THUMB_FRAMES, end - start))).astype(np.int64))
+    return frames[picks]
+
+
+def thumbnail_strip(rows: Sequence[tuple[str, Mapping[str, np.ndarray], int]], keys: Sequence[str], window: int) -> np.ndarray:
+    """(H, W, 3) uint8: one row per (color, camera frames, first frame) window; per row, for each
+    camera key, ``THUMB_FRAMES`` of its frames side by side (white ``THUMB_GAP`` between tiles,
+    a ``THUMB_BAR``-wide bar of the row's color on the left). Tiles take the first key's frame size."""
+    first = next(frames[k] for _, frames, _ in rows for k in keys if k in frames)
+    h, w = first.shape[1:3]
+    tile_w, tile_h = w + THUMB_GAP, h + THUMB_GAP
+    strip = np.full((THUMB_GAP + len(rows) * tile_h, THUMB_BAR + THUMB_GAP + len(keys) * THUMB_FRAMES * tile_w, 3),
+                    255, dtype=np.uint8)
+    for r, (color, frames, start) in enumerate(rows):
+        y = THUMB_GAP + r * tile_h
+        strip[y : y + h, :THUMB_BAR] = BAR_RGB[color]
+        for v, key in enumerate(keys):
+            if key not in frames:
+                continue
+            for f, frame in enumerate(_window_frames(frames[key], start, window)):
+                x = THUMB_BAR + THUMB_GAP + (v * THUMB_FRAMES + f) * tile_w
+                strip[y : y + h, x : x + w] = frame[:h, :w]
+    return strip
+
+
+def _failure_strip(failure: FailureRecord, matches: Sequence[MatchRecord], window: int,
+                   frames_of: CameraFrames) -> np.ndarray | None:
+    """The thumbnail strip of a failure and its shown matches; None when the failure has no camera frames."""
+    mine = frames_of(failure.episode_id)
+    keys = sorted(mine)
+    if not keys:
+        return None
+    rows = [(FAILURE_COLOR, mine, failure.divergence_step)]
+    rows += [(MATCH_COLOR, frames_of(m.episode_id), m.start) for m in matches]
+    return thumbnail_strip(rows, keys, window)
+
+
+def _strip_panel(ax, strip: np.ndarray, keys: Sequence[str], rows: int) -> None:
+    ax.imshow(strip, interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    views = ", ".join(k.rsplit(".", 1)[-1] for k in keys)
+    ax.set_title(f"camera ({views}): failure from the divergence,\nthen the {rows - 1} windows it retrieved",
+                 fontsize=7)
+
+
 def _page(path: Path, title: str, failures: Sequence[FailureRecord], total: int, episodes: Mapping[str, Episode],
-          record: RetrievalRecord, stages: tuple[str, ...], view: WorkspaceView, cfg: ExplainConfig) -> None:
-    """One page: a row per failure (``failures``, already cut to explain.failures_per_page)."""
+          record: RetrievalRecord, stages: tuple[str, ...], view: WorkspaceView, cfg: ExplainConfig,
+          frames_of: CameraFrames) -> list[Path]:
+    """One page: a row per failure (``failures``, already cut to explain.failures_per_page), and,
+    when the failures have camera frames, each failure's thumbnail strip (the row's last panel, and
+    ``frames/<group>-<page>-<failure>.png`` at full resolution). Returns the strips written."""
     plt = _pyplot()
-    cols = 1 + cfg.windows_shown
+    shown = {f.episode_id: nearest_windows(record, f.episode_id, cfg.windows_shown) for f in failures}
+    strips = {f.episode_id: _failure_strip(f, shown[f.episode_id], record.window, frames_of) for f in failures}
+    cameras = any(strip is not None for strip in strips.values())
+    cols = 1 + cfg.windows_shown + (2 if cameras else 0)  # the strip spans two panels
     fig, axes = plt.subplots(len(failures), cols, figsize=(PANEL_INCHES * cols, PANEL_INCHES * len(failures) + 0.8),
                              dpi=cfg.dpi, squeeze=False, layout="constrained")
+    written = []
     for row, failure in zip(axes, failures, strict=True):
         failed = episodes[failure.episode_id]
         _failure_panel(row[0], failure, failed, stage_name(failed, stages), stages, view)
-        matches = nearest_windows(record, failure.episode_id, cfg.windows_shown)
+        matches = shown[failure.episode_id]
+        strip = strips[failure.episode_id]
+        if cameras:
+            grid = row[-1].get_gridspec()
+            for ax in row[-2:]:
+                ax.remove()
+            panel = fig.add_subplot(grid[list(axes[:, 0]).index(row[0]), cols - 2:])
+            row = row[:-2]
+            if strip is None:
+                panel.axis("off")
+                panel.text(0.5, 0.5, "no camera frames", ha="center", va="center", fontsize=7, transform=panel.transAxes)
+            else:
+                keys = sorted(frames_of(failure.episode_id))
+                _strip_panel(panel, strip, keys, 1 + len(matches))
+                target = path.parent.parent / "frames" / f"{path.parent.name}-{path.stem}-{_safe(failure.episode_id[:8])}.png"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _save_rgb(target, strip)
+                written.append(target)
         for ax, match in zip(row[1:], matches, strict=False):
             _match_panel(ax, match, episodes[match.episode_id], failed, record.window, view)
         for ax in row[1 + len(matches):]:
@@ -280,6 +364,18 @@ def _page(path: Path, title: str, failures: Sequence[FailureRecord], total: int,
                  f"dashed red: the failure's query window; * target", fontsize=8)
     fig.savefig(path, metadata=PNG_METADATA)
     plt.close(fig)
+    return written
+
+
+def _save_rgb(path: Path, image: np.ndarray) -> None:
+    """An (H, W, 3) uint8 image as a PNG of exactly that size (no resampling, no timestamp)."""
+    import matplotlib.image
+
+    matplotlib.image.imsave(path, image, metadata=PNG_METADATA)
+
+
+def _own_cameras(episodes: Mapping[str, Episode]) -> CameraFrames:
+    return lambda episode_id: episodes[episode_id].cameras
 
 
 def _ordered(failures: Sequence[FailureRecord]) -> list[FailureRecord]:
@@ -297,11 +393,14 @@ def explain(
     out_dir: Path,
     after: StageCounts | None = None,
     champion: StageCounts | None = None,
+    camera_frames: CameraFrames | None = None,
 ) -> Explanation:
     """Write the pages, the stage table and ``index.json`` under ``out_dir``; return what was written.
 
     ``training_episodes``: the episodes of the dataset the round trained on (every episode the
-    record names must be among them)."""
+    record names must be among them). ``camera_frames``: an episode's camera frames by id (e.g.
+    decoded from the dataset for the episodes shown only); default: the episodes' own
+    ``cameras``. Failures with frames get their thumbnail strips; without, the pages are as before."""
     episodes = {ep.episode_id: ep for ep in training_episodes}
     missing = sorted(record.episode_ids() - set(episodes))
     if missing:
@@ -311,6 +410,8 @@ def explain(
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     pages: list[Page] = []
+    frames_of = camera_frames or _own_cameras(episodes)
+    strips: list[Path] = []
 
     by_robot: dict[str, list[FailureRecord]] = {}
     for failure in record.failures:
@@ -327,11 +428,12 @@ def explain(
     for group, key, rel, members in groups:
         (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         shown = _ordered(members)[: cfg.failures_per_page]
-        _page(out_dir / rel, f"{group} {key}", shown, len(members), episodes, record, stages, view, cfg)
+        strips += _page(out_dir / rel, f"{group} {key}", shown, len(members), episodes, record, stages, view, cfg,
+                        frames_of)
         pages.append(Page(str(rel), group, key, [f.episode_id for f in shown], len(members)))
 
     table = stage_table(training_episodes, record, stages, after, champion)
-    written = [out_dir / p.path for p in pages] + list(write_stage_table(table, out_dir, cfg.dpi))
+    written = [out_dir / p.path for p in pages] + strips + list(write_stage_table(table, out_dir, cfg.dpi))
     result = Explanation(str(out_dir), record.method, len(record.failures), len(record.matches), pages, table,
                          [str(p.relative_to(out_dir)) for p in written] + ["index.json"], left_out)
     index = {**result.to_dict(), "out_dir": ".", "all_failures": {
