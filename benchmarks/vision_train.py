@@ -25,7 +25,9 @@ Rows (each runs the same iterations of the same training set):
   ``Dataset`` whose ``__getitem__`` returns one frame's images shifted by a seeded augmentation of
   its own (the product's ``augment_and_pack`` on that sample) packed with its state, a
   ``DataLoader`` (batch_size = train.batch_size, the product's batch rows, persistent workers), and
-  the product's ``bc_step`` loop at torch's default threads, validation inline each iteration. Not
+  the product's ``bc_step`` loop at the learner's thread count (``train.threads``, as ours: at torch's
+  default 2 threads the main process's learn and validation ran 10-20x slower on the loaded 2-core
+  host, an oversubscription no user would keep), validation inline each iteration. Not
   bit-identical to ours: its shifts come from a per-sample stream.
 
 The best baseline is the fastest of sequential, default-threads, coarse-processes and the
@@ -195,11 +197,11 @@ class DataLoaderRow:
 
         spec = self.spec
         before = torch.get_num_threads()
-        torch.set_num_threads(TORCH_DEFAULT_THREADS)  # the library default a user runs with
+        torch.set_num_threads(spec.learner_threads)  # our learner's count: bc_step's numerics as ours
         try:
             learner, validator = Learner(spec), Validator(spec)
             loader = torch.utils.data.DataLoader(FrameDataset(spec), batch_sampler=RunBatches(spec, iterations),
-                                                 num_workers=self.workers, persistent_workers=True)
+                                                 num_workers=self.workers, persistent_workers=self.workers > 0)
             batches = iter(loader)
             spans, iteration_s, losses, records = [], [], [], {}
             for i in range(iterations):
