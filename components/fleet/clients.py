@@ -1,7 +1,10 @@
 """httpx clients for the fleet services, as a robot (or the runtime) sees them.
 
 Network trouble never raises out of ``upload`` (it says "retry"); ``act`` raises
-``InferenceUnavailable`` so the robot can hold a safe action.
+``InferenceUnavailable`` so the robot can hold a safe action (``ObservationRefused``, one kind of
+it, when the served model wants another observation: frames, none, or other cameras).
+A robot with cameras sends its frames in camera_wire.py's binary body; ``upload`` labels a camera
+episode (camera_wire's episode body) as such.
 """
 
 from __future__ import annotations
@@ -9,8 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from collections.abc import Mapping
+
 import httpx
 import numpy as np
+
+from components.fleet.camera_wire import EPISODE_TYPE, OBS_TYPE, encode_obs, is_episode_body
 
 EPISODES_PATH = "/v1/episodes"
 STATS_PATH = "/v1/stats"
@@ -31,6 +38,14 @@ def _auth(token: str) -> dict[str, str]:
 
 class InferenceUnavailable(RuntimeError):
     """The inference service did not answer in time (or at all): hold a safe action."""
+
+
+class ObservationRefused(InferenceUnavailable):
+    """409/422 on the cameras: the served model wants another observation (ask ``policy()``)."""
+
+    def __init__(self, message: str, detail: dict) -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -63,13 +78,18 @@ class InferenceClient:
     def __init__(self, url: str, token: str, timeout_s: float) -> None:
         self._http = httpx.Client(base_url=url, headers=_auth(token), timeout=timeout_s)
 
-    def act(self, obs: np.ndarray) -> ActResult:
+    def act(self, obs: np.ndarray, images: Mapping[str, np.ndarray] | None = None) -> ActResult:
+        """``obs``: the state (or a window of states); ``images``: each camera's (H, W, 3) uint8 frame,
+        for a model that sees cameras (sent as camera_wire.py's binary body)."""
         try:
-            response = self._http.post(ACT_PATH, json={"obs": np.asarray(obs, dtype=np.float32).tolist()})
+            if images is None:
+                response = self._http.post(ACT_PATH, json={"obs": np.asarray(obs, dtype=np.float32).tolist()})
+            else:
+                response = self._http.post(ACT_PATH, content=encode_obs(obs, images), headers={"Content-Type": OBS_TYPE})
         except httpx.HTTPError as exc:
             raise InferenceUnavailable(f"{type(exc).__name__}") from None
         if response.status_code != 200:
-            raise InferenceUnavailable(f"HTTP {response.status_code}: {response.text[:200]}")
+            _raise_refusal(response)
         body = response.json()
         chunk = None if body.get("chunk") is None else np.asarray(body["chunk"], dtype=np.float32)
         return ActResult(np.asarray(body["action"], dtype=np.float32), int(body["version"]), str(body["alias"]), chunk)
@@ -79,8 +99,30 @@ class InferenceClient:
         response.raise_for_status()
         return response.json()
 
+    def cameras(self) -> dict[str, tuple[int, int]]:
+        """The cameras the model serving this robot sees: key -> (height, width); {} for a state
+        policy. ``InferenceUnavailable`` when the service does not answer."""
+        try:
+            cameras = self.policy().get("cameras", {})
+        except (httpx.HTTPError, ValueError) as exc:
+            raise InferenceUnavailable(f"{type(exc).__name__}") from None
+        return {str(key): (int(shape[0]), int(shape[1])) for key, shape in cameras.items()}
+
     def close(self) -> None:
         self._http.close()
+
+
+def _raise_refusal(response: httpx.Response) -> None:
+    """A non-200 answer to /v1/act as the exception the robot acts on."""
+    message = f"HTTP {response.status_code}: {response.text[:300]}"
+    if response.status_code in (409, 422):
+        try:
+            detail = response.json().get("detail", {})
+        except (ValueError, AttributeError):
+            detail = {}
+        if isinstance(detail, dict) and str(detail.get("field", "")).startswith("cameras"):
+            raise ObservationRefused(message, detail)
+    raise InferenceUnavailable(message)
 
 
 def _retry_after(response: httpx.Response) -> float:
@@ -97,7 +139,8 @@ class IngestClient:
 
     def upload(self, data: bytes) -> UploadResult:
         try:
-            response = self._http.post(EPISODES_PATH, content=data, headers={"Content-Type": ARROW_STREAM})
+            kind = EPISODE_TYPE if is_episode_body(data) else ARROW_STREAM
+            response = self._http.post(EPISODES_PATH, content=data, headers={"Content-Type": kind})
         except httpx.HTTPError as exc:
             return UploadResult("retry", 0, {"reason": type(exc).__name__})
         try:

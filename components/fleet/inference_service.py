@@ -6,6 +6,13 @@
       -> batcher: the first request opens a window of ``batch_window_ms``; everything queued by
          then (up to ``max_batch``) runs as one forward pass per alias, off the event loop
       <- {"action": [...], "version": 7, "alias": "champion"}   (version = registry version)
+    POST /v1/act, Content-Type application/x-fleetloop-obs (camera_wire.py): the state and each
+      camera's raw uint8 frame, for a vision champion (``policy.kind: vision``); validated against
+      the served model's ``ObservationLayout`` and packed with it in the batcher, at forward time,
+      so a request always meets the layout of the model that runs it. GET /v1/policy says which
+      cameras (key -> [H, W]) the model serving this robot sees ({} for a state policy). A state
+      request to a vision model, or frames to a state model: 409 with the fix; wrong camera keys,
+      shapes or dtypes: 422 naming the camera.
          a chunk policy (``policy.kind: chunk_transformer``) also sends {"chunk": [[...], ...]}: its
          next ``chunk_size`` actions, "action" being the first; the robot executes the chunk and
          re-plans (``robot_agent.py``, ``policy/ensemble.py``)
@@ -41,6 +48,7 @@ from torch import nn
 
 from components.config import Settings
 from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook
+from components.fleet.camera_wire import OBS_TYPE, WireError, decode_obs
 from components.registry.canary import assigned_alias
 from components.fleet.clients import ACT_PATH, POLICY_PATH, STATS_PATH
 from components.fleet.health import HealthProblem
@@ -58,6 +66,9 @@ from components.policy.history import fit_window
 log = logging.getLogger(__name__)
 
 MAX_ACT_BYTES = 64 * 1024
+# A camera request's body limit: the state and frames of a few cameras (four 256x256 ones fit).
+# A candidate for a runtime config knob (runtime.max_camera_act_bytes); a module constant for now.
+MAX_CAMERA_ACT_BYTES = 4 * 1024 * 1024
 MAX_WINDOW = 64  # frames a robot may send in one /v1/act (a history policy's window)
 MODEL_CACHE = 4  # loaded versions kept in memory (and on disk)
 MODEL_CACHE_DIR = "inference-cache"
@@ -223,11 +234,52 @@ class AliasWatcher:
             self._stop.wait(self.poll_s)
 
 
+class ObservationMismatch(Exception):
+    """A request whose observation does not fit the served model's layout (status, field, reason, fix)."""
+
+    def __init__(self, status: int, field: str, reason: str, fix: str) -> None:
+        super().__init__(status, field, reason, fix)
+        self.status, self.field, self.reason, self.fix = status, field, reason, fix
+
+
+def served_cameras(model: ServedModel | None) -> dict[str, list[int]]:
+    """The cameras ``model`` sees, key -> [height, width] (empty for a state policy)."""
+    layout = getattr(model.policy, "layout", None) if model is not None else None
+    return {c.key: [c.height, c.width] for c in layout.cameras} if layout is not None else {}
+
+
+def observation_mismatch(model: ServedModel, images: dict[str, np.ndarray] | None) -> ObservationMismatch | None:
+    """Why a request (state alone: ``images`` None; or with frames) cannot go to ``model``, or None."""
+    wanted = served_cameras(model)
+    if wanted and images is None:
+        return ObservationMismatch(
+            409, "cameras", f"the served model v{model.version} sees cameras {sorted(wanted)}; this request sends the state alone",
+            f"send the state and these cameras' frames as Content-Type {OBS_TYPE} (components/fleet/camera_wire.py); "
+            "GET /v1/policy lists them")
+    if not wanted and images is not None:
+        return ObservationMismatch(
+            409, "cameras", f"the served model v{model.version} is a state policy; it takes no camera frames",
+            'send the state alone as JSON {"obs": [numbers]}')
+    if images is None:
+        return None
+    if set(images) != set(wanted):
+        return ObservationMismatch(
+            422, "cameras", f"got cameras {sorted(images)}, the served model v{model.version} sees {sorted(wanted)}",
+            "send exactly the cameras GET /v1/policy lists (sim.cameras)")
+    for key, (height, width) in wanted.items():
+        if images[key].shape != (height, width, 3):
+            return ObservationMismatch(
+                422, f"cameras[{key}].shape", f"frames are {list(images[key].shape)}, the model was trained on "
+                f"{[height, width, 3]}", f"render this camera at sim.camera.height = {height}, width = {width}")
+    return None
+
+
 @dataclass
 class _Request:
     alias: str
     obs: np.ndarray
     future: asyncio.Future
+    images: dict[str, np.ndarray] | None = None  # camera key -> (H, W, 3) uint8: a vision model's frames
 
 
 class DynamicBatcher:
@@ -258,10 +310,11 @@ class DynamicBatcher:
         """The batching task runs (before start: not yet judged)."""
         return self._task is None or not self._task.done()
 
-    async def submit(self, alias: str, obs: np.ndarray) -> tuple[np.ndarray, ServedModel]:
+    async def submit(self, alias: str, obs: np.ndarray, images: dict[str, np.ndarray] | None = None
+                     ) -> tuple[np.ndarray, ServedModel]:
         assert self._queue is not None, "batcher not started"
         future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Request(alias, obs, future))
+        await self._queue.put(_Request(alias, obs, future, images))
         return await future
 
     async def _gather(self) -> list[_Request]:
@@ -312,13 +365,31 @@ class DynamicBatcher:
                 for i in rows:
                     results[i] = LookupError("no champion model is loaded yet")
                 continue
-            history = int(getattr(model.policy, "history", 1))  # each robot's frames as this model takes them
-            obs = torch.as_tensor(np.stack([fit_window(batch[i].obs, history) for i in rows]))
+            fitting = []
+            for i in rows:  # the model may have changed since the handler checked the request
+                mismatch = observation_mismatch(model, batch[i].images)
+                if mismatch is not None:
+                    results[i] = mismatch
+                else:
+                    fitting.append(i)
+            if not fitting:
+                continue
             with torch.no_grad():
-                actions = model.policy(obs).float().numpy()
-            for row, i in enumerate(rows):
+                actions = model.policy(packed_batch(model, [batch[i] for i in fitting])).float().numpy()
+            for row, i in enumerate(fitting):
                 results[i] = (actions[row], model)
         return results
+
+
+def packed_batch(model: ServedModel, requests: list[_Request]) -> torch.Tensor:
+    """The requests' observations as ``model`` takes them: each robot's frames fitted to its history
+    window; for a vision model, the states and frames packed with its layout (policy/observation.py)."""
+    history = int(getattr(model.policy, "history", 1))
+    obs = np.stack([fit_window(r.obs, history) for r in requests])
+    layout = getattr(model.policy, "layout", None)
+    if layout is not None and layout.cameras:
+        obs = layout.pack(obs, {key: np.stack([r.images[key] for r in requests]) for key in layout.keys})
+    return torch.as_tensor(obs)
 
 
 class _LazyRegistry:
@@ -362,6 +433,17 @@ def parse_obs(body: bytes, obs_dim: int, max_abs: float) -> np.ndarray:
             raise http_error(422, "obs", f"a window of {len(values)} frames; at most {MAX_WINDOW}", fix)
         return np.stack([_frame(v, f"obs[{t}]", obs_dim, max_abs, fix) for t, v in enumerate(values)])
     return _frame(values, "obs", obs_dim, max_abs, fix)
+
+
+def parse_camera_obs(body: bytes, obs_dim: int, max_abs: float) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """A camera body (camera_wire.py) -> the state (n,) float32, validated as ``parse_obs`` validates
+    one frame, and each camera's frame; a malformed body is a 422 naming the field."""
+    try:
+        values, images = decode_obs(body)
+    except WireError as exc:
+        raise http_error(422, exc.field, exc.reason, exc.fix) from None
+    fix = f"send the state as {obs_dim} finite numbers with |x| <= {max_abs:g} in the header's \"obs\""
+    return _frame(values, "obs", obs_dim, max_abs, fix), images
 
 
 def _frame(values: object, field: str, obs_dim: int, max_abs: float, fix: str) -> np.ndarray:
@@ -430,13 +512,32 @@ def create_inference_app(
         canary_live = slots.get(cfg.canary_alias) is not None
         return assigned_alias(principal.name, cfg.canary_share, canary_live, reg, cfg.canary_alias)
 
+    async def observation(request: Request, model: ServedModel | None) -> tuple[np.ndarray, dict | None]:
+        """The request's state (and frames, for a camera body), checked against ``model``'s layout."""
+        if request.headers.get("content-type", "").split(";")[0].strip() == OBS_TYPE:
+            body = await read_body_limited(request, MAX_CAMERA_ACT_BYTES)
+            obs, images = parse_camera_obs(body, obs_dim, cfg.max_abs_observation)
+        else:
+            obs = parse_obs(await read_body_limited(request, MAX_ACT_BYTES), obs_dim, cfg.max_abs_observation)
+            images = None
+        mismatch = observation_mismatch(model, images) if model is not None else None
+        if mismatch is not None:
+            raise http_error(mismatch.status, mismatch.field, mismatch.reason, mismatch.fix)
+        return obs, images
+
+    def served_for(alias: str) -> ServedModel | None:
+        return slots.get(alias) or slots.get(reg.champion_alias)
+
     @app.post(ACT_PATH)
     async def act(request: Request, principal: Principal = Depends(fleet_member)) -> JSONResponse:
-        obs = parse_obs(await read_body_limited(request, MAX_ACT_BYTES), obs_dim, cfg.max_abs_observation)
+        alias = alias_for(principal)
+        obs, images = await observation(request, served_for(alias))
         try:
-            action, model = await batcher.submit(alias_for(principal), obs)
+            action, model = await batcher.submit(alias, obs, images)
         except LookupError as exc:
             raise http_error(503, "model", str(exc), "promote a champion (fleetloop retrain --bootstrap)") from None
+        except ObservationMismatch as exc:  # the model moved between the check and the forward pass
+            raise http_error(409, exc.field, f"{exc.reason} (the served model changed)", f"{exc.fix}; then resend") from None
         if not np.isfinite(action).all():
             raise http_error(500, "action", "model produced a non-finite action", "roll back the champion")
         body = {"action": (action[0] if action.ndim == 2 else action).tolist(), "version": model.version,
@@ -448,9 +549,11 @@ def create_inference_app(
     @app.get(POLICY_PATH)
     async def policy(principal: Principal = Depends(fleet_member)) -> JSONResponse:
         served = slots.versions()
+        alias = alias_for(principal)
         return JSONResponse(
             {
-                "alias": alias_for(principal),
+                "alias": alias,
+                "cameras": served_cameras(served_for(alias)),  # key -> [H, W] this robot's frames must have
                 "champion": served.get(reg.champion_alias),
                 "canary": served.get(cfg.canary_alias),
                 "canary_share": cfg.canary_share,
