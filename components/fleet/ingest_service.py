@@ -1,9 +1,12 @@
 """The ingest service: robots upload finished episodes (Arrow IPC); stored exactly once.
 
-    POST /v1/episodes (robot token, body = one episode as an Arrow IPC stream or Parquet)
+    POST /v1/episodes (robot token, body = one episode as an Arrow IPC stream or Parquet, or with
+      its camera streams: camera_wire.py's episode body, the Arrow IPC table and each camera's
+      (T, H, W, 3) uint8 frames, told apart by its magic bytes)
       -> per-robot rate limit (429 + Retry-After) -> disk reserve (507 + Retry-After)
       -> read (size-capped, decoded-size-capped, buffers validated) -> same robot as the token?
-      -> validated alone against the episode contract (contract columns only) -> group commit:
+      -> validated alone against the episode contract (contract columns only; camera streams as
+         the file door checks them: one frame per row, the dataset's resolution) -> group commit:
          uploads arriving within ``commit_window_ms`` are stored by one
          ``EpisodeDataset.ingest_tables`` call; if that call fails, each upload is committed
          alone, so a bad member fails only itself
@@ -33,6 +36,7 @@ from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
@@ -50,7 +54,9 @@ from components.episodes.validation import (
     check_upload_columns,
     validate_episode_table,
 )
+from components.episodes.video_validation import validate_camera_streams
 from components.fleet.auth import ROBOT, SERVICE, Principal, TokenBook
+from components.fleet.camera_wire import WireError, decode_episode, is_episode_body
 from components.fleet.embedder import StoreEmbedder
 from components.fleet.clients import EPISODES_PATH, STATS_PATH
 from components.fleet.health import HealthProblem, disk_problem, is_no_space
@@ -100,6 +106,23 @@ def read_upload(data: bytes, max_decoded_bytes: int, source: str) -> pa.Table:
         raise EpisodeValidationError(source, WHOLE_FILE, f"unreadable ({type(exc).__name__}: {str(exc)[:200]})", UNREADABLE_FIX) from None
 
 
+def read_episode_upload(data: bytes, max_decoded_bytes: int, source: str) -> tuple[pa.Table, dict[str, np.ndarray]]:
+    """An upload -> its table and camera streams (camera_wire.py's episode body), or just its table
+    (Arrow IPC / Parquet, no cameras); EpisodeValidationError naming the field otherwise."""
+    if not is_episode_body(data):
+        return read_upload(data, max_decoded_bytes, source), {}
+    try:
+        table_bytes, cameras = decode_episode(data)
+    except WireError as exc:
+        raise EpisodeValidationError(source, exc.field, exc.reason, exc.fix) from None
+    return read_upload(table_bytes, max_decoded_bytes, source), cameras
+
+
+def camera_resolutions(dataset: EpisodeDataset) -> dict[str, tuple[int, int]]:
+    """(height, width) the dataset stores for each camera (what its info.json says)."""
+    return {key: tuple(f["shape"][:2]) for key, f in dataset.features.items() if f.get("dtype") == "video"}
+
+
 def claimed_robots(table: pa.Table) -> set[str] | None:
     """The robot ids an upload claims, or None when the column is missing or not text (validation judges)."""
     if ROBOT_ID not in table.column_names:
@@ -110,15 +133,18 @@ def claimed_robots(table: pa.Table) -> set[str] | None:
         return None
 
 
-def prevalidate(table: pa.Table, known: set[str], dataset: EpisodeDataset, source: str) -> str:
+def prevalidate(table: pa.Table, known: set[str], dataset: EpisodeDataset, source: str,
+                cameras: dict[str, np.ndarray] | None = None) -> str:
     """Validate alone, before queueing (so one bad upload never fails a group commit); returns the id.
 
-    The columns are judged as ``fleetloop ingest`` judges a file (``check_upload_columns``): one
-    contract for both doors.
+    The columns are judged as ``fleetloop ingest`` judges a file (``check_upload_columns``), the
+    camera streams as its sidecars are (``validate_camera_streams``): one contract for both doors.
     """
     check_upload_columns(table, source)
     try:
         episode = validate_episode_table(table, known, dataset.state_dim, dataset.action_dim, source)
+        if cameras:
+            validate_camera_streams(cameras, episode, dataset.fps, camera_resolutions(dataset), source)
     except EpisodeValidationError:
         raise
     except Exception as exc:  # noqa: BLE001 - a table odd enough to trip the validator is still a 4xx
@@ -334,7 +360,7 @@ def create_ingest_app(settings: Settings, book: TokenBook) -> FastAPI:
         source = f"upload:{principal.name}:{upload_id}"
         name = _quarantine_name(source)
         try:
-            table = await asyncio.to_thread(read_upload, data, cfg.max_upload_bytes * MAX_DECODE_RATIO, source)
+            table, cameras = await asyncio.to_thread(read_episode_upload, data, cfg.max_upload_bytes * MAX_DECODE_RATIO, source)
         except EpisodeValidationError as error:
             kept = await asyncio.to_thread(quarantine_upload, data, error, name)
             log.warning("quarantined unreadable upload from %s: %s", principal.name, error.reason)
@@ -347,12 +373,12 @@ def create_ingest_app(settings: Settings, book: TokenBook) -> FastAPI:
                 "upload with the token of the robot that recorded the episode",
             )
         try:
-            episode_id = await asyncio.to_thread(prevalidate, table, {principal.name} & known, dataset, source)
+            episode_id = await asyncio.to_thread(prevalidate, table, {principal.name} & known, dataset, source, cameras)
         except EpisodeValidationError as error:
             kept = await asyncio.to_thread(quarantine_upload, data, error, name)
             log.warning("quarantined upload from %s: field %s: %s", principal.name, error.field, error.reason)
             return _rejection(error, kept, 422)
-        incoming = IncomingEpisode(table=table, source=source)
+        incoming = IncomingEpisode(table=table, source=source, cameras=cameras)
         outcome: StoreOutcome = await asyncio.wrap_future(state["writer"].submit(incoming, episode_id, data))
         if outcome.status == "rejected" and outcome.error is not None:
             return _rejection(outcome.error, outcome.quarantined, 422)

@@ -5,6 +5,11 @@
       (a chunk policy: the service answers the next k actions; the robot executes them with temporal
        ensembling and asks again every ``policy.replan_every`` steps: ``RemotePolicy``)
       (inference times out mid-episode: hold a safe action, end the episode as interrupted)
+      (cameras, ``sim.cameras``: the env returns the Dict observation; the robot asks GET /v1/policy
+       which cameras the model serving it sees and sends their frames with the state in
+       camera_wire.py's binary body -- none for a state model; a 409/422 on the cameras (the
+       champion changed kind) makes it ask again and resend once. The episode keeps every
+       camera's frames and is spooled and uploaded as camera_wire.py's episode body)
     -> spool it (write-ahead, fsync) -> the uploader thread sends pending episodes with retries
        and exponential backoff + jitter (at least the service's Retry-After on 429) until the
        ingest service says stored, or rejects it (4xx: set aside in rejected/ with the reason)
@@ -28,14 +33,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from components.config import Settings
-from components.episodes.record import Episode, new_episode_id
+from components.episodes.record import Episode, camera_key, new_episode_id
+from components.episodes.rows import camera_hash
 from components.episodes.schema import episode_to_table, table_to_ipc
+from components.fleet.camera_wire import encode_episode
 from components.fleet.clients import (
     CoordinatorClient,
     HeartbeatThread,
     InferenceClient,
     InferenceUnavailable,
     IngestClient,
+    ObservationRefused,
     UploadResult,
     base_url,
 )
@@ -43,7 +51,9 @@ from components.fleet.layout import RuntimeLayout
 from components.fleet.spool import Spool, content_hash
 from components.policy.ensemble import ChunkEnsemble
 from components.policy.history import FrameHistory
+from components.policy.observation import sim_images
 from components.sim.factory import action_dim, make_env, make_exploration
+from components.sim.camera import STATE_KEY
 from components.sim.pickplace import GRIPPER_ACTION
 from components.sim.profile import stable_robot_hash
 
@@ -52,6 +62,13 @@ log = logging.getLogger(__name__)
 EPISODE_STREAM = 11  # salt: per-episode seeds, apart from the sim's own streams
 OPEN_JAW = -1.0
 UNAVAILABLE_VERSION = "unavailable"
+
+
+def split_observation(obs: np.ndarray | dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """An env observation -> the state (1, n) and its frames keyed as the dataset keys them ({} without cameras)."""
+    if isinstance(obs, dict):
+        return obs[STATE_KEY], sim_images(obs, STATE_KEY)
+    return obs, {}
 
 
 def episode_seed(seed: int, robot_id: str, index: int, epoch: int = 0) -> int:
@@ -68,17 +85,19 @@ class RemotePolicy:
     -- restarts the ensemble). Between queries the robot needs no answer from the service.
     """
 
-    def __init__(self, inference: InferenceClient, settings: Settings) -> None:
+    def __init__(self, inference: InferenceClient, settings: Settings, cameras: dict | None = None) -> None:
         self.inference, self.cfg = inference, settings.policy
         self.frames = FrameHistory(settings.policy.frames())  # this episode's window (policy/history.py)
         self.ensemble: ChunkEnsemble | None = None
         self.versions: list[str] = []  # the version that answered each query
+        self.cameras = dict(cameras or {})  # the cameras the serving model sees (GET /v1/policy)
 
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        window = self.frames.push(obs)[0] if self.frames.history > 1 else obs[0]
+    def __call__(self, obs: np.ndarray | dict[str, np.ndarray]) -> np.ndarray:
+        state, images = split_observation(obs)
+        window = self.frames.push(state)[0] if self.frames.history > 1 else state[0]
         if self.ensemble is not None and not self.ensemble.due(1)[0]:
             return self.ensemble.act()
-        result = self.inference.act(window)
+        result = self._ask(window, images)
         self.versions.append(result.policy_version)
         if result.chunk is None:
             self.ensemble = None
@@ -89,6 +108,20 @@ class RemotePolicy:
             self.ensemble.due(1)  # a fresh buffer at this step
         self.ensemble.add(result.chunk[None], np.ones(1, dtype=bool))
         return self.ensemble.act()
+
+    def _ask(self, window: np.ndarray, images: dict[str, np.ndarray]):
+        try:
+            return self.inference.act(window, self._frames_for(images))
+        except ObservationRefused as exc:  # the served model changed kind or cameras: ask, resend once
+            log.info("inference wants another observation (%s); asking which cameras", exc.detail.get("reason"))
+            self.cameras = self.inference.cameras()
+            return self.inference.act(window, self._frames_for(images))
+
+    def _frames_for(self, images: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """This step's frame of each camera the serving model sees; None for a state model."""
+        if not self.cameras:
+            return None
+        return {key: images[key][0] for key in self.cameras if key in images}
 
 
 def safe_action(act_dim: int, jaw: float) -> np.ndarray:
@@ -210,16 +243,30 @@ class RobotAgent:
         self.report = RobotReport(robot_id)
         self.policy_version = UNAVAILABLE_VERSION  # the version that chose the last episode's first action
         self.serving = UNAVAILABLE_VERSION  # the version that answered this robot's latest /v1/act
+        self.cameras: dict[str, tuple[int, int]] = {}  # what the serving model sees (GET /v1/policy)
 
     def wait_for_inference(self, stop: threading.Event, obs_dim: int) -> bool:
-        """Hold still until the inference service answers (True) or ``stop`` is set."""
+        """Hold still until the inference service answers (True) or ``stop`` is set; learns which
+        cameras the serving model sees, and waits while this robot renders not all of them."""
         backoff = Backoff(self.cfg.retry_initial_s, self.cfg.retry_max_s, stable_robot_hash(self.robot_id) % 2**31)
         while not stop.is_set():
             try:
-                self.serving = self.inference.act(np.zeros(obs_dim, dtype=np.float32)).policy_version
-                return True
+                self.cameras = self.inference.cameras()
+                if self._can_see(self.cameras):
+                    probe = {key: np.zeros((h, w, 3), np.uint8) for key, (h, w) in self.cameras.items()}
+                    self.serving = self.inference.act(np.zeros(obs_dim, dtype=np.float32), probe or None).policy_version
+                    return True
             except InferenceUnavailable:
-                stop.wait(backoff.next_delay())
+                pass
+            stop.wait(backoff.next_delay())
+        return False
+
+    def _can_see(self, cameras: dict[str, tuple[int, int]]) -> bool:
+        rendered = {camera_key(view) for view in self.settings.sim.cameras}
+        if set(cameras) <= rendered:
+            return True
+        log.error("%s: the served model sees cameras %s, this robot renders %s; set sim.cameras to include them "
+                  "(holding still until then)", self.robot_id, sorted(cameras), sorted(rendered))
         return False
 
     def run_episode(self, index: int) -> Episode:
@@ -227,13 +274,14 @@ class RobotAgent:
         sim = self.settings.sim
         seed = episode_seed(self.settings.seed, self.robot_id, index, self.spool.epoch)
         env = make_env(sim, [self.robot_id], seed)
-        remote = RemotePolicy(self.inference, self.settings)
+        remote = RemotePolicy(self.inference, self.settings, self.cameras)
         versions = remote.versions
 
         # explores as the pipeline's collection does (jaw sampled, sim.motion_noise_std on motion)
         policy = make_exploration(sim, remote, seed) if self.settings.fleet.sample_gripper else remote
         obs, _ = env.reset()
         states, actions = [], []
+        frames: dict[str, list[np.ndarray]] = {}  # camera key -> one frame per row (sim.cameras)
         success = interrupted = False
         jaw = OPEN_JAW
         for _ in range(sim.max_steps):
@@ -241,13 +289,13 @@ class RobotAgent:
                 action = np.asarray(policy(obs), dtype=np.float32)
             except InferenceUnavailable as exc:
                 log.warning("%s: inference unavailable (%s); holding a safe action, episode interrupted", self.robot_id, exc)
-                states.append(obs[0].copy())
+                _record(obs, states, frames)
                 actions.append(safe_action(self.act_dim, jaw))
                 interrupted = True
                 break
             if versions:
                 self.serving = versions[-1]  # the version that answered this robot's latest /v1/act
-            states.append(obs[0].copy())
+            _record(obs, states, frames)
             actions.append(action[0].copy())
             jaw = float(action[0, GRIPPER_ACTION])
             obs, _, terminated, truncated, info = env.step(action)
@@ -269,14 +317,28 @@ class RobotAgent:
             interrupted=interrupted,
             # the version that chose this episode's first action (what the canary gate counts)
             policy_version=versions[0] if versions else UNAVAILABLE_VERSION,
+            cameras={key: np.stack(images) for key, images in frames.items()},
         )
 
     def finish(self, index: int, episode: Episode) -> None:
-        """Write-ahead: the episode is durable locally before anyone tries to upload it."""
+        """Write-ahead: the episode is durable locally before anyone tries to upload it; with its
+        camera frames in the same spool entry (camera_wire.py's episode body), hashed as the
+        dataset hashes them, so the ledger still names exactly what was stored."""
         table = episode_to_table(episode)
-        self.spool.write(index, episode.episode_id, content_hash(table), table_to_ipc(table))
+        data, digest = table_to_ipc(table), content_hash(table)
+        if episode.cameras:
+            data, digest = encode_episode(data, episode.cameras), camera_hash(digest, episode.cameras)
+        self.spool.write(index, episode.episode_id, digest, data)
         self.report.episodes += 1
         self.report.interrupted += int(episode.interrupted)
+
+
+def _record(obs: np.ndarray | dict[str, np.ndarray], states: list, frames: dict[str, list[np.ndarray]]) -> None:
+    """One row of the episode: the state and every camera's frame of this step."""
+    state, images = split_observation(obs)
+    states.append(state[0].copy())
+    for key, image in images.items():
+        frames.setdefault(key, []).append(image[0].copy())
 
 
 def run_robot(settings: Settings, robot_id: str, token: str, stop: threading.Event | None = None) -> int:
