@@ -341,7 +341,8 @@ class DynamicBatcher:
             try:
                 # Inline on the event loop: for fleet-sized policies one forward (~0.2-2 ms) costs
                 # less than the two thread hand-offs an executor needs, which on a busy machine
-                # were measured at ~20 ms each (benchmarks/fleet_load.py).
+                # were measured at ~20 ms each (benchmarks/fleet_load.py). A vision batch too: in a
+                # thread it measured no better on 2 shared cores (benchmarks/vision_inference.py).
                 results = self._forward(batch)
             except Exception as exc:  # noqa: BLE001 - every waiting request gets the error (503)
                 log.exception("forward pass failed for a batch of %d", len(batch))
