@@ -27,6 +27,12 @@ Transformations (all plan rewrites; the workflow never changes):
   advantages starts as each group's rollout ends);
 * ``hoist:<op>`` — exempt an op from the iteration barrier so it runs in the previous iteration's
   tail (next resets, retrieval/batch prefetch, weight sync with resets);
+* ``prefetch:<a>+<b>`` / ``prefetch_process:<a>+<b>`` — the prefetch chain (``prefetch_chain``: the
+  main-chain ops that depend on nothing but the iteration index, e.g. sample → augment) on a worker
+  thread (or process) of its own *and* hoisted, in one step, so iteration ``i+1``'s inputs are made
+  while iteration ``i`` learns. Neither half gains alone (on the learner's worker a hoisted op still
+  waits for the learner; on its own worker an unhoisted one still waits for the barrier), and
+  hoisting a chain op without its producers deadlocks, so greedy single steps never reach it;
 * ``double_buffer:<state>`` — a second buffer for an in-place state (costs its memory), which
   makes more hoists legal.
 """
@@ -42,7 +48,7 @@ from components.scheduler.executor import GROUP_LOOP, check_schedule, plan_workf
 from components.scheduler.graph import LegalityError, build_graph
 from components.scheduler.plan import Plan, WorkerSpec
 from components.scheduler.profiler import Timeline
-from components.scheduler.workflow import Workflow, WorkflowError
+from components.scheduler.workflow import ITERATION, StateRef, Workflow, WorkflowError
 
 
 @dataclass(frozen=True)
@@ -211,6 +217,89 @@ def _rollout_process_rewrites(workflow: Workflow, plan: Plan, rollout: tuple[str
     return out
 
 
+PREFETCH_WORKER = "prefetch"
+
+
+def prefetch_chain(workflow: Workflow) -> tuple[str, ...]:
+    """The ops (body order) that depend on nothing but the iteration index and feed the rest: the
+    learner's input prefix, e.g. the vision trainer's sample → augment.
+
+    An op belongs if it is at iteration scope, not ``side`` (side work has its own rewrites), every
+    read is a same-iteration version (``name@iteration``) of a state that only chain ops write, every
+    write is a same-iteration version, and its component runs no op outside the chain (the rewrite
+    moves whole components). The largest such set: grown from the ops that read nothing, then the
+    components that also run other ops are dropped and it is grown again, until it is stable. Empty
+    when there is none, when it feeds no other op, or when it is every component."""
+    ops = [op for op, _ in workflow.ops_with_scope()]
+    scope = dict((op.name, sc) for op, sc in workflow.ops_with_scope())
+    refs = {op.name: ([StateRef.parse(t, f"op {op.name!r}") for t in op.reads],
+                      [StateRef.parse(t, f"op {op.name!r}") for t in op.writes]) for op in ops}
+    writers: dict[str, set[str]] = {}
+    for op in ops:
+        for ref in refs[op.name][1]:
+            writers.setdefault(ref.name, set()).add(op.name)
+
+    def this_iteration(ref: StateRef) -> bool:
+        return ref.loop == ITERATION and ref.offset == 0 and ref.absolute is None and ref.part is None
+
+    allowed = {op.name for op in ops if scope[op.name] == (ITERATION,) and not op.side
+               and all(this_iteration(r) for r in refs[op.name][0] + refs[op.name][1])}
+    while True:
+        chain: set[str] = set()
+        grown = True
+        while grown:  # least fixpoint: reads produced only by ops already in the chain
+            more = {n for n in allowed - chain if all(writers.get(r.name) and writers[r.name] <= chain
+                                                       for r in refs[n][0])}
+            grown = bool(more)
+            chain |= more
+        shared = {op.component for op in ops if op.name not in chain}
+        keep = {n for n in chain if workflow.op(n).component not in shared}
+        if keep == chain:
+            break
+        allowed = keep
+    made = {r.name for n in chain for r in refs[n][1]}
+    feeds = any(r.name in made for op in ops if op.name not in chain for r in refs[op.name][0])
+    comps = {workflow.op(n).component for n in chain}
+    if not chain or not feeds or comps == {c.name for c in workflow.components}:
+        return ()
+    return tuple(op.name for op in ops if op.name in chain)
+
+
+def prefetch_plan(workflow: Workflow, plan: Plan, chain: tuple[str, ...], kind: str = "thread") -> Plan | None:
+    """``plan`` with the ``chain``'s components on one worker of their own (``kind``: thread or
+    process) and every chain op hoisted, so the next iteration's chain runs beside this iteration's
+    consumers; their quotas kept. None if there is no chain, a component may not go to a process
+    (``process_ok``) or is replicated, or the plan already runs the chain that way."""
+    if not chain:
+        return None
+    comps = tuple(dict.fromkeys(workflow.op(n).component for n in chain))
+    if kind == "process" and not all(workflow.component(c).process_ok for c in comps):
+        return None
+    if any(len(plan.hosts(c)) != 1 for c in comps):
+        return None
+    host = plan.hosts(comps[0])[0]
+    if set(chain) <= plan.hoist and set(host.components) == set(comps) and host.kind == kind:
+        return None
+    rest = _workers_without(plan, comps)
+    taken = {w.name for w in rest}
+    name = next(n for n in (PREFETCH_WORKER, *(f"{PREFETCH_WORKER}{k}" for k in range(1, len(taken) + 2)))
+                if n not in taken)
+    return plan.with_(workers=(*rest, WorkerSpec(name, comps, kind=kind)),  # type: ignore[arg-type]
+                      hoist=plan.hoist | frozenset(chain))
+
+
+def _prefetch_rewrites(workflow: Workflow, plan: Plan) -> list[Transformation]:
+    """``prefetch:<chain>`` on a thread and ``prefetch_process:<chain>`` in a process, where legal to build."""
+    chain = prefetch_chain(workflow)
+    label = "+".join(chain)
+    out: list[Transformation] = []
+    for kind, prefix in (("thread", "prefetch"), ("process", "prefetch_process")):
+        if prefetch_plan(workflow, plan, chain, kind) is not None:
+            out.append(Transformation(f"{prefix}:{label}",
+                                      lambda p, kind=kind: prefetch_plan(workflow, p, chain, kind) or p))
+    return out
+
+
 def candidate_transformations(workflow: Workflow, plan: Plan, replicas: int = 2,
                               rollout: tuple[str, ...] = (), stages: tuple[int, ...] = ()) -> list[Transformation]:
     """Every rewrite Rose may try on ``plan`` (legality is checked separately); ``replicas``: how
@@ -250,6 +339,7 @@ def candidate_transformations(workflow: Workflow, plan: Plan, replicas: int = 2,
                 def split(p: Plan, c: str = c) -> Plan:
                     return p.with_(workers=(*_workers_without(p, (c,)), WorkerSpec(c, (c,))))
                 out.append(Transformation(f"split:{c}", split))
+    out += _prefetch_rewrites(workflow, plan)
     for op, _ in workflow.ops_with_scope():
         if op.name not in plan.hoist:
             out.append(Transformation(f"hoist:{op.name}", lambda p, n=op.name: p.with_(hoist=p.hoist | {n})))
