@@ -15,13 +15,16 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings as hsettings, strategies as st
 
 from components.config import PolicyConfig, SimConfig
 from components.episodes.dataset import EpisodeDataset
 from components.episodes.record import camera_key
 from components.episodes.schema import episode_to_table, table_to_ipc
 from components.fleet.auth import TokenBook, issue_tokens
-from components.fleet.camera_wire import OBS_MAGIC, OBS_TYPE, decode_episode, encode_episode, encode_obs
+from components.fleet.camera_wire import (
+    EPISODE_MAGIC, OBS_MAGIC, OBS_TYPE, WireError, decode_episode, decode_obs, encode_episode, encode_obs,
+)
 from components.fleet.clients import IngestClient, InferenceClient, ObservationRefused
 from components.fleet.inference_service import create_inference_app
 from components.fleet.layout import RuntimeLayout
@@ -247,6 +250,35 @@ def test_a_spooled_camera_episode_survives_a_kill_and_a_bad_one_is_quarantined_w
     assert rejected.detail["quarantined_as"] and rejected.detail["fix"]
     garbled = ingest.upload(encode_episode(b"not arrow", bad.cameras)[:-7])
     assert garbled.status == "rejected" and garbled.http_status == 400 and garbled.detail["quarantined_as"]
+    renamed = ingest.upload(encode_episode(table_to_ipc(episode_to_table(bad)), {"observation.state": bad.cameras[KEYS[0]]}))
+    assert renamed.status == "rejected" and renamed.detail["field"] == "observation.state"
     ingest.close()
     kept = {p.name for p in settings.paths.quarantine.rglob("*")}
-    assert {rejected.detail["quarantined_as"], garbled.detail["quarantined_as"]} <= kept
+    assert {rejected.detail["quarantined_as"], garbled.detail["quarantined_as"], renamed.detail["quarantined_as"]} <= kept
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200), st.sampled_from([OBS_MAGIC, EPISODE_MAGIC]))
+def test_the_wire_decoder_never_fails_but_with_a_wire_error(tail: bytes, magic: bytes):
+    """Untrusted bytes after a valid magic: decoded, or refused with the field named (never a crash)."""
+    for body in (magic + tail, magic + struct.pack("<I", len(tail)) + tail):
+        try:
+            (decode_obs if magic == OBS_MAGIC else decode_episode)(body)
+        except WireError as exc:
+            assert exc.field and exc.reason and exc.fix
+
+
+_VALID = encode_obs(np.arange(3, dtype=np.float32), {KEYS[0]: np.zeros((2, 2, 3), np.uint8)})
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(_VALID) - 1), st.integers(0, 255)), min_size=1, max_size=4),
+       st.integers(0, len(_VALID)))
+def test_a_mutated_camera_body_decodes_or_is_refused_with_the_field(edits, cut: int):
+    body = bytearray(_VALID)
+    for position, value in edits:
+        body[position] = value
+    try:
+        decode_obs(bytes(body[:cut]) if cut < len(body) else bytes(body))
+    except WireError as exc:
+        assert exc.field and exc.reason and exc.fix

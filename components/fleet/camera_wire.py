@@ -21,6 +21,7 @@ a problem raises ``WireError`` naming the field and the fix (the services answer
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -74,7 +75,7 @@ def decode(magic: bytes, body: bytes, what: str) -> Framed:
         raise WireError("header", f"declares {head_len} bytes; the body has {len(body) - _PREFIX} after the prefix")
     try:
         header = json.loads(body[_PREFIX: _PREFIX + head_len])
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise WireError("header", f"not JSON ({exc})") from None
     if not isinstance(header, dict):
         raise WireError("header", f"a JSON {type(header).__name__}, not an object")
@@ -97,7 +98,7 @@ def _frames(cameras: object, body: bytes, offset: int) -> tuple[dict[str, np.nda
         key, shape = _camera_entry(entry, i)
         if key in frames:
             raise WireError(f"cameras[{i}].key", f"camera {key!r} twice", "send each camera once")
-        size = int(np.prod(shape, dtype=np.int64))
+        size = math.prod(shape)  # Python ints: a forged shape cannot overflow past the check
         if size > len(body) - offset:
             raise WireError(f"cameras[{key}].shape", f"{shape} needs {size} bytes; {len(body) - offset} are left",
                             "send each camera's frames whole, in the header's order")

@@ -47,6 +47,7 @@ from fastapi.responses import JSONResponse
 from components.config import Settings
 from components.episodes.dataset import EpisodeDataset, IncomingEpisode
 from components.episodes.quarantine import QuarantinedFile
+from components.episodes.record import CAMERA_KEY_PREFIX
 from components.episodes.schema import PARQUET_MAGIC, ROBOT_ID
 from components.episodes.validation import (
     WHOLE_FILE,
@@ -115,6 +116,10 @@ def read_episode_upload(data: bytes, max_decoded_bytes: int, source: str) -> tup
         table_bytes, cameras = decode_episode(data)
     except WireError as exc:
         raise EpisodeValidationError(source, exc.field, exc.reason, exc.fix) from None
+    for key in cameras:  # never a column's name: the dataset stores each key as a video feature
+        if not key.startswith(CAMERA_KEY_PREFIX):
+            raise EpisodeValidationError(source, key, "not a camera key",
+                                         f"name each camera {CAMERA_KEY_PREFIX}<view> (episodes.record.camera_key)")
     return read_upload(table_bytes, max_decoded_bytes, source), cameras
 
 

@@ -1,6 +1,8 @@
 """A robot's write-ahead spool: every finished episode is on local disk before it is uploaded.
 
     finish episode k -> pending/<k>.<episode_id>.<content_hash>.arrow   (temp + fsync + rename)
+                        (an episode with cameras: camera_wire.py's episode body, its table and
+                         frames in one file, so they are durable and uploaded together)
     upload answered "stored" -> ledger.jsonl line (fsync; when it was spooled and acked) -> pending file removed
     upload answered 4xx      -> rejected/<file> + <file>.reason.json (kept for the operator)
     pending file unreadable  -> unreadable/<file> + <file>.reason.json (kept; the uploader goes on)
