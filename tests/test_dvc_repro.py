@@ -48,6 +48,8 @@ ELSEWHERE = {
     "a fine-tuned FERT version after the data moved on, a mismatch, a refusal)",
     ".venv/bin/fleetloop explain champion --out explain-champion": "tests/test_explain.py (a fert version through the "
     "retrain flow, then `fleetloop explain VERSION --out DIR`; a bc version's one-line error)",
+    "FLEETLOOP_SIM__CAMERAS='[\"scene\",\"gripper\"]' FLEETLOOP_POLICY__KIND=vision FLEETLOOP_FERT__ENCODER=camera .venv/bin/fleetloop demo":
+    "tests/test_camera_loop.py runs it verbatim in a scratch root (smaller sizes beside it), then reproduces a version",
     ".venv/bin/fleetloop stage train": "tests/test_multinode.py runs it verbatim as node 0 of two hosts on loopback",
     ".venv/bin/fleetloop train-node --node-rank 1": "tests/test_multinode.py runs it verbatim as node 1 beside node 0",
 }

@@ -127,7 +127,7 @@ class FleetRuntimeConfig(Section):
     batch_window_ms: float = Field(default=2.0, ge=0)  # wait this long for more requests after the first
     max_batch: int = Field(default=64, ge=1)
     alias_poll_s: float = Field(default=1.0, gt=0)  # how often the registry aliases are checked
-    torch_threads: int = Field(default=1, ge=0)  # per service process; 0 = torch's default
+    torch_threads: int = Field(default=1, ge=0)  # per service process and for the loop's rollouts (PolicyActor); 0 = torch's default
     # timeouts and retries (robot agent)
     inference_timeout_s: float = Field(default=1.0, gt=0)  # past this the robot holds a safe action
     upload_timeout_s: float = Field(default=10.0, gt=0)

@@ -11,6 +11,7 @@ server, or a shared path) ``push_snapshot`` sends what the remote lacks of a sna
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,7 +110,13 @@ def ensure_dvc_repo(root: Path) -> None:
     from dvc.repo import Repo
 
     if not (root / ".dvc").exists():
-        Repo.init(str(root), no_scm=not (root / ".git").exists())
+        quiet = logging.getLogger("dvc")  # DVC logs "Initialized DVC repository." at INFO to stdout,
+        level = quiet.level               # which would break a `--json` answer (fleetloop reproduce)
+        quiet.setLevel(logging.WARNING)
+        try:
+            Repo.init(str(root), no_scm=not (root / ".git").exists())
+        finally:
+            quiet.setLevel(level)
     ensure_dvcignore(root)
     repair_dvc_rwlock(root)
 

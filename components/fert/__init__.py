@@ -1,5 +1,10 @@
 """FERT: failure-guided experience retrieval fine-tuning, and its baselines. See README.md."""
 
+# The room's window encoders register themselves with the store's encoder table on import, so a
+# store they embedded can be opened by anything that imports fert (reproduce, explain, the fleet).
+import components.fert.camera_encoder  # noqa: F401
+import components.fert.encoder  # noqa: F401
+
 from components.fert.divergence import (
     DivergenceThreshold,
     FailureContext,

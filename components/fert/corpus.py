@@ -107,8 +107,9 @@ class DatasetCorpus:
     in), leaving out interrupted ones (a FATS robot stopped mid-episode: neither imitated nor
     queried); ``stop`` keeps only the first ``stop`` in dataset order (a pin of the fleet trainer)."""
 
-    def __init__(self, dataset: EpisodeDataset, stop: int | None = None) -> None:
+    def __init__(self, dataset: EpisodeDataset, stop: int | None = None, cameras: bool = False) -> None:
         self.dataset = dataset
+        self.cameras = cameras  # ``load`` decodes each episode's camera streams (a camera window encoder reads them)
         stored = episode_infos(dataset, 0, stop)
         self._index = {info.episode_id: index for index, info in stored}  # episode id -> episode_index
         self.infos = sorted((info for _, info in stored if not info.interrupted), key=lambda info: info.episode_id)
@@ -130,7 +131,7 @@ class DatasetCorpus:
         return {key: np.concatenate([decoded[i][key] for i in ids]) for key in keys}
 
     def load(self, ids: Sequence[str]) -> list[Episode]:
-        return self.dataset.load_episodes([self._index[i] for i in ids]) if ids else []
+        return self.dataset.load_episodes([self._index[i] for i in ids], cameras=self.cameras) if ids else []
 
 
 def episode_infos(dataset: EpisodeDataset, start: int = 0, stop: int | None = None) -> list[tuple[int, EpisodeInfo]]:

@@ -140,7 +140,3 @@ class ActionPredictiveEncoder:
 
 # The store rebuilds encoders by kind (store.load_encoder()); make this one known to it.
 ENCODERS.setdefault(ActionPredictiveEncoder.kind, ActionPredictiveEncoder)
-
-# The camera window encoder (fert.encoder: camera) registers itself the same way; importing it here
-# makes every reader that knows the learned encoder know it too.
-import components.fert.camera_encoder  # noqa: E402, F401

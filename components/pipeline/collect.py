@@ -53,7 +53,7 @@ def write_episodes(episodes: list[Episode], out_dir: Path, cfg: EpisodesConfig) 
 def fleet_actor(settings: Settings, policy: NormalizedPolicy, seed: int, explore: bool, motion: bool = True) -> Policy:
     """The policy as the fleet executes it: exploring (jaw sampled; motion noise unless ``motion``
     is False), or thresholded (the deployed policy)."""
-    actor = PolicyActor(policy)
+    actor = PolicyActor(policy, threads=settings.runtime.torch_threads)
     if explore and settings.fleet.sample_gripper:
         return make_exploration(settings.sim, actor, seed, motion=motion)
     return make_thresholded(settings.sim, actor)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from components.config import Settings
 from components.episodes.record import Episode
-from components.fert.explorer import Explanation, StageCounts, explain
+from components.fert.explorer import CameraFrames, Explanation, StageCounts, explain
 from components.fert.retrieval_record import ARTIFACT as RETRIEVAL_ARTIFACT
 from components.fert.retrieval_record import RetrievalRecord
 from components.pipeline.promote import CHAMPION_EVALUATION_ARTIFACT
@@ -80,7 +80,16 @@ def explain_version(settings: Settings, version: str | int, out_dir: Path | None
                        for name in ("evaluation.json", CHAMPION_EVALUATION_ARTIFACT))
     episodes = trained_episodes(ws, mv.lineage, mv.version)
     return explain(record, episodes, stages(settings.sim), workspace_view(settings.sim), settings.explain,
-                   out_dir or default_out_dir(settings, mv.version), after, champion)
+                   out_dir or default_out_dir(settings, mv.version), after, champion, stored_camera_frames(ws, episodes))
+
+
+def stored_camera_frames(ws: Workspace, episodes: list[Episode]) -> CameraFrames | None:
+    """An episode's camera frames decoded from the dataset, only for the episodes a page shows
+    (None when the dataset stores no camera streams: the pages are drawn without strips)."""
+    if not ws.dataset.camera_keys:
+        return None
+    index = {ep.episode_id: i for i, ep in enumerate(episodes)}  # the first episodes of the dataset, in order
+    return lambda episode_id: ws.dataset.camera_frames(index[episode_id])
 
 
 def _stage_counts(evaluation: dict | None) -> StageCounts | None:

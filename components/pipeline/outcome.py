@@ -36,7 +36,7 @@ def training_set(settings: Settings, ws: Workspace) -> MethodTrainingSet:
     ``method_training_set``."""
     champion = ws.registry.champion() if settings.fert.failures_from == "champion" else None
     store = ws.store if settings.train.method in RETRIEVAL_METHODS else None
-    return method_training_set(settings, DatasetCorpus(ws.dataset), store, champion.version if champion else None)
+    return method_training_set(settings, DatasetCorpus(ws.dataset, cameras=reads_cameras(settings)), store, champion.version if champion else None)
 
 
 RETRIEVAL_METHODS = ("fert", "fert_uniform")  # the methods that query the segment store
@@ -78,6 +78,12 @@ def method_training_set(settings: Settings, episodes: DatasetCorpus | Iterable[E
     queries = corpus.load([info.episode_id for info in failed])
     return build_training_set(method, corpus, settings.fert, store, encoder, failed=queries, seed=settings.seed,
                               cameras=cameras)
+
+
+def reads_cameras(settings: Settings) -> bool:
+    """Whether FERT's window encoder reads camera frames (``fert.encoder: camera``): the failures
+    that query and the successes that calibrate are then loaded with their camera streams."""
+    return settings.fert.encoder == "camera"
 
 
 def policy_camera_keys(settings: Settings) -> tuple[str, ...]:

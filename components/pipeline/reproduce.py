@@ -31,6 +31,7 @@ from components.episodes.snapshot import (
     write_snapshot_file,
 )
 from components.fert.corpus import DatasetCorpus
+from components.pipeline.outcome import reads_cameras
 from components.pipeline.recipe import SETTINGS_ARTIFACT, STORE_TAG
 from components.pipeline.steps import (
     RETRIEVAL_METHODS,
@@ -97,7 +98,7 @@ def reproduce_version(settings: Settings, version: str, scratch: Path,
     store = kept_store(settings, build, mv.version, lineage) if build.train.method in RETRIEVAL_METHODS else None
     champion = lineage.champion_version if lineage.champion_version >= 0 else None
     failures_of = champion if build.fert.failures_from == "champion" else None
-    built = method_training_set(build, DatasetCorpus(dataset), store, failures_of)
+    built = method_training_set(build, DatasetCorpus(dataset, cameras=reads_cameras(build)), store, failures_of)
     init = fine_tunable(build, Workspace(build), registry.load(champion)) if champion is not None else None
     log(f"v{mv.version}: training {build.train.method} on {len(built.data.states)} frames"
         + (f", fine-tuning v{champion}" if init is not None else ""))
