@@ -76,7 +76,7 @@ def _rose(durations: dict[str, float], kappa: float = 1.0) -> tuple[RoseOptimize
     return opt, sequential_plan(wf, threads=1)
 
 
-VISION_LIKE = {"sample": 0.007, "augment": 0.090, "learn": 0.375, "validate": 0.400}  # benchmarks/vision_train --quick
+VISION_LIKE = {"sample": 0.007, "augment": 0.090, "learn": 0.375, "validate": 0.400}  # vision_train --quick at 70523ea
 
 
 def test_prefetch_chain_is_the_index_only_prefix_and_needs_both_halves():
