@@ -130,6 +130,7 @@ class Plan:
     ablation: bool
     sim_overrides: dict = field(default_factory=dict)
     fert_overrides: dict = field(default_factory=dict)
+    policy_overrides: dict = field(default_factory=dict)  # e.g. kind=vision (with sim cameras=[scene,gripper])
     methods: tuple[str, ...] = FLEET_METHODS
     max_epochs: int = 0  # cap on passes over a round's training set (0 = none): few frames, few steps
     # non-empty: every fert round of every cell writes the failure explorer (components/fert/explorer.py)
@@ -494,11 +495,12 @@ def log_cell_policies(settings: Settings, plan: Plan, rows: list[RunRow]) -> Non
 
 
 def plan_settings(plan: Plan, base: Settings | None = None) -> Settings:
-    """params.yaml (or ``base``) with the plan's simulator and its sim / FERT overrides."""
+    """params.yaml (or ``base``) with the plan's simulator and its sim / FERT / policy overrides."""
     settings = base or load_settings()
     settings = settings.model_copy(update={
         "sim": settings.sim.model_copy(update={"name": plan.sim, **plan.sim_overrides}),
         "fert": settings.fert.model_copy(update=plan.fert_overrides),
+        "policy": settings.policy.model_copy(update=plan.policy_overrides),
     })
     task = {"metaworld": {"task": "pick-place-v3", "max_steps": 150}, "pack": {"task": "pack"}}.get(plan.sim)
     if task:
@@ -800,6 +802,8 @@ def main() -> None:
     parser.add_argument("--no-ablation", action="store_true")
     parser.add_argument("--sim-set", nargs="*", default=[], metavar="KEY=VALUE", help="override sim: fields")
     parser.add_argument("--fert-set", nargs="*", default=[], metavar="KEY=VALUE", help="override fert: fields")
+    parser.add_argument("--policy-set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="override policy: fields (cameras: --sim-set 'cameras=[\"scene\",\"gripper\"]' --policy-set kind=vision)")
     parser.add_argument("--methods", nargs="+", help="fleet methods (default filtered_bc fert)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="seeds run at once, one process each (same figures; default: one per core)")
@@ -832,6 +836,8 @@ def main() -> None:
         updates["sim_overrides"] = {k: _value(v) for k, v in (item.split("=", 1) for item in args.sim_set)}
     if args.fert_set:
         updates["fert_overrides"] = {k: _value(v) for k, v in (item.split("=", 1) for item in args.fert_set)}
+    if args.policy_set:
+        updates["policy_overrides"] = {k: _value(v) for k, v in (item.split("=", 1) for item in args.policy_set)}
     if args.methods:
         updates["methods"] = tuple(args.methods)
     if args.no_ablation:
@@ -852,7 +858,9 @@ def main() -> None:
         write_docs(result)
 
 
-def _value(text: str) -> float | int | str:
+def _value(text: str) -> float | int | str | list:
+    if text.startswith("["):  # a list, as JSON: cameras=["scene","gripper"]
+        return json.loads(text)
     for cast in (int, float):
         try:
             return cast(text)
@@ -906,7 +914,8 @@ def render_section(result: dict) -> str:
         f"{plan['heldout_robots']} robots × {plan['trials_per_robot']} trials per seed "
         f"({plan['heldout_robots'] * plan['trials_per_robot'] * seeds} pooled per cell). "
         f"Motion exploration noise (collection): {result['settings']['sim'].get('motion_noise_std', plan.get('motion_noise', 0.0))}; "
-        f"sim overrides: {plan.get('sim_overrides') or 'none'}; FERT overrides: {plan.get('fert_overrides') or 'none'}.",
+        f"sim overrides: {plan.get('sim_overrides') or 'none'}; FERT overrides: {plan.get('fert_overrides') or 'none'}; "
+        f"policy overrides: {plan.get('policy_overrides') or 'none'}.",
         "",
         "Held-out success, % [Wilson 95% CI of pooled trials] and (min–max over seeds). "
         "*Thresholded* = the deployed policy (jaw command thresholded); *sampled* = jaw sampled as in collection "

@@ -106,7 +106,7 @@ def check_policy_fits_sim(policy: NormalizedPolicy, settings: Settings, version:
     fits = [name for name in get_args(SimConfig.model_fields["name"].annotation)
             if observation_dim(settings.sim.model_copy(update={"name": name})) == policy.state_dim]
     raise PolicySimMismatch(
-        f"model {version} takes {policy.state_dim}-dim states but sim.name={settings.sim.name} gives {ours}",
+        f"model {version} takes {policy.state_dim}-dim observations but sim.name={settings.sim.name} gives {ours}",
         f"evaluate it in the simulator it was trained in: FLEETLOOP_SIM__NAME={fits[0]}" if fits
         else "no simulator here gives that size: check the model URI",
     )
