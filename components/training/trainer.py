@@ -3,7 +3,8 @@
     make_trainer(settings, data, init) ──TrainSpec──► Trainer
        .choose()  the plan: scheduler.plan, or ``auto``: cached per machine and workload shape, else
                   profile → M2Flow plan → Rose → kept only if its whole task (start-up + the task's
-                  iterations, measured) is faster than sequential's
+                  iterations, measured) is faster than sequential's (coarse process pipelining is
+                  measured beside them)
        .run()     the iterations (``workflow.train_workflow``) under that plan ──► TrainRun
                   (policy, per-step losses, per-iteration time and validation, plan, time split)
 
@@ -42,7 +43,7 @@ from components.training.workflow import TrainSpec, ValidationSpec, train_workfl
 
 Log = Callable[[str], None]
 IterationFn = Callable[[int, dict[str, Any]], None]  # (iteration, recorded states), from a worker thread
-PLAN_CACHE_VERSION = 2  # 2: auto decides on the train task's time (start-up + its iterations)
+PLAN_CACHE_VERSION = 3  # 2: auto decides on the train task's time (start-up + its iterations); 3: coarse processes measured too
 
 
 @dataclass(frozen=True)
@@ -128,13 +129,18 @@ class Trainer:
         return choice
 
     def _measure_auto(self) -> PlanChoice:
-        """Planner + Rose propose; one interleaved measurement against sequential decides."""
+        """Planner + Rose propose; one interleaved measurement against sequential, and against
+        coarse process pipelining (every component in its own process: the baseline a user would
+        write), decides. The cost model can misjudge a workflow whose side op is its longest (the
+        vision workflow's camera validation: Rose predicted no gain from prefetching where the
+        coarse split measured faster), so the baseline is measured, never assumed slower."""
         rt = self.runtime
         planned = rt.plan().best.plan
         sequential = rt.sequential()
         sequential = sequential.with_(predicted_s=rt.predict(sequential))  # logged beside the measured time
         optimized = rt.optimize(planned).plan
-        plans = [sequential] + [p for p in (planned, optimized) if not _serial(p)]
+        proposed = [p for p in (planned, optimized, rt.coarse_processes()) if not _serial(p)]
+        plans = [sequential] + [p for i, p in enumerate(proposed) if p.name not in {q.name for q in proposed[:i]}]
         costs = dict(zip((p.name for p in plans), rt.measure_costs(plans), strict=True))
         task = {n: c.task_s(self.spec.iterations) for n, c in costs.items()}
         chosen = plans[fastest_task(list(task.values()), self.cfg.accept_margin)]
