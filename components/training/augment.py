@@ -1,7 +1,8 @@
 """Image augmentation for a vision policy's training batches: a seeded random shift, bit-reproducible.
 
     frames (steps, B, H, W, 3) uint8 per camera ─ shift each image by (dy, dx) in [-s, s]
-    (edge pixels repeated: DrQ's pad-and-crop) ─ pack with the states ─► (steps, B, dim) float32
+    (edge pixels repeated: DrQ's pad-and-crop) ─► CameraBatch (states, uint8 pixels)
+    ─ the learner's step k ─► packed (B, dim) float32
 
 The shifts of iteration ``i`` come from a generator seeded by ``(seed, i)`` alone (the batch
 sampler's rule, ``bc.iteration_seed``, on a stream of its own), and a shift is pure integer
@@ -11,6 +12,8 @@ makes small-data visuomotor learning work (DrQ, Kostrikov et al. 2020; diffusion
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -35,12 +38,37 @@ def shift_images(frames: Tensor, shift: int, generator: torch.Generator) -> Tens
     return picked.reshape(*lead, h, w, c)
 
 
+@dataclass(frozen=True)
+class CameraBatch:
+    """An iteration's observations before packing: the states (float) and every camera's shifted
+    pixels side by side (uint8, the layout's order). Kept uint8 until the learner takes a step, so a
+    batch that crosses to another process carries a quarter of the bytes of packed float32."""
+
+    states: Tensor  # (steps, B, n)
+    pixels: Tensor  # (steps, B, sum of H*W*3) uint8
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def to(self, device: torch.device | str) -> CameraBatch:
+        return CameraBatch(self.states.to(device), self.pixels.to(device))
+
+    def step(self, k: int) -> Tensor:
+        """Step ``k``'s packed observations (B, ``layout.dim``) float32: what the policy takes."""
+        return torch.cat([self.states[k].float(), self.pixels[k].float()], dim=-1)
+
+
+def augment(states: Tensor, frames: dict[str, Tensor], layout: ObservationLayout, shift: int, seed: int,
+            iteration: int) -> CameraBatch:
+    """Iteration ``iteration``'s batches, each image shifted (one draw per camera, layout order)."""
+    generator = torch.Generator().manual_seed(iteration_seed(seed, iteration, AUGMENT_STREAM))
+    lead = states.shape[:-1]
+    pixels = [shift_images(frames[cam.key], shift, generator).reshape(*lead, cam.size) for cam in layout.cameras]
+    return CameraBatch(states, torch.cat(pixels, dim=-1))
+
+
 def augment_and_pack(states: Tensor, frames: dict[str, Tensor], layout: ObservationLayout, shift: int,
                      seed: int, iteration: int) -> Tensor:
     """The policy's packed observations (..., ``layout.dim``) of iteration ``iteration``'s batches."""
-    generator = torch.Generator().manual_seed(iteration_seed(seed, iteration, AUGMENT_STREAM))
-    parts = [states.float()]
-    for cam in layout.cameras:  # one draw per camera, in the layout's order
-        shifted = shift_images(frames[cam.key], shift, generator)
-        parts.append(shifted.reshape(*states.shape[:-1], cam.size).float())
-    return torch.cat(parts, dim=-1)
+    batch = augment(states, frames, layout, shift, seed, iteration)
+    return torch.cat([batch.states.float(), batch.pixels.float()], dim=-1)

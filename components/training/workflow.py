@@ -15,8 +15,9 @@ One iteration ``i`` (``train.steps_per_iteration`` optimizer steps):
 
 A vision policy (``policy.kind: vision``) adds a stage between the two: ``sample`` gathers the
 batch's states and uint8 camera frames (``frames@i``), ``augment`` shifts each image by a seeded
-offset and packs state and pixels into the policy's observation vectors (``batch@i``,
-``training/augment.py``), and its validation rollouts render the robots' cameras. Like ``sample``,
+offset (``batch@i``: a ``CameraBatch``, pixels still uint8, ``training/augment.py``), the learner
+packs each step's state and pixels into the policy's observation vectors, and the validation
+rollouts render the robots' cameras. Like ``sample``,
 ``augment`` depends on nothing but ``i``: a plan may run both ahead of the learner, elsewhere.
 
 ``sample`` depends on nothing but the iteration index, so a plan may run it ahead of the learner;
@@ -40,7 +41,7 @@ from components.policy.moe import step_usage
 from components.policy.normalizer import NormalizedPolicy
 from components.policy.observation import ObservationLayout
 from components.scheduler.workflow import BuildContext, Component, OpSpec, StateSpec, Workflow
-from components.training.augment import augment_and_pack
+from components.training.augment import CameraBatch, augment
 from components.training.bc import as_weights, batch_indices, bc_step, make_optimizer
 from components.training.imitation import TrainingSet
 
@@ -193,8 +194,7 @@ def op_sample(s: Sampler, idx: dict[str, int], inp: dict[str, Any]) -> dict[str,
 def op_augment(a: Augmenter, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]:
     i = idx["iteration"]
     (states, *rest), frames = inp["frames"]
-    packed = augment_and_pack(states, frames, a.layout, a.spec.policy.augment_shift, a.spec.seed, i)
-    return {"batch": (packed, *rest)}
+    return {"batch": (augment(states, frames, a.layout, a.spec.policy.augment_shift, a.spec.seed, i), *rest)}
 
 
 def op_learn(ls: Learner, idx: dict[str, int], inp: dict[str, Any]) -> dict[str, Any]:
@@ -205,7 +205,8 @@ def op_learn(ls: Learner, idx: dict[str, int], inp: dict[str, Any]) -> dict[str,
     targets = ls.policy.act_norm.normalize(actions)
     losses, usage = [], []
     for k in range(len(states)):
-        losses.append(bc_step(ls.policy, ls.optimizer, states[k], targets[k], ls.spec.batch_size, ls.group, ls.dense,
+        obs = states.step(k) if isinstance(states, CameraBatch) else states[k]  # a vision batch packs here
+        losses.append(bc_step(ls.policy, ls.optimizer, obs, targets[k], ls.spec.batch_size, ls.group, ls.dense,
                               mask[0][k] if mask else None))
         usage.append(step_usage(ls.policy))
     ls.version = i + 1
