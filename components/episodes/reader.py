@@ -318,12 +318,14 @@ class DatasetReader:
             self._readers.pop(next(iter(self._readers))).close()
         return reader
 
-    def load_episodes(self, episode_indices: Sequence[int], cameras: bool = False) -> list[Episode]:
+    def load_episodes(self, episode_indices: Sequence[int], cameras: bool | Sequence[str] = False) -> list[Episode]:
         """The listed episodes (``episode_index`` values) in the order listed; each data file that
         holds one of them is read once. For the few episodes a consumer needs whole.
-        ``cameras``: with their camera frames decoded (``camera_frames``)."""
+        ``cameras``: with their camera frames decoded (``camera_frames``): True every camera's, a
+        sequence of keys those cameras' only."""
         if cameras:
-            return [dataclasses.replace(ep, cameras=self.camera_frames(i))
+            keys = None if cameras is True else list(cameras)
+            return [dataclasses.replace(ep, cameras=self.camera_frames(i, keys))
                     for i, ep in zip(episode_indices, self.load_episodes(episode_indices))]
         spans = self._spans(episode_indices)
         out: list[Episode | None] = [None] * len(spans)

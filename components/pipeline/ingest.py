@@ -209,8 +209,7 @@ def _with_cameras(ws: Workspace, indices: list[int], keys: tuple[str, ...], chun
     """The listed stored episodes with the ``keys`` camera frames decoded, read ``chunk`` at a time."""
     for at in range(0, len(indices), chunk):
         part = indices[at : at + chunk]
-        for index, ep in zip(part, ws.dataset.load_episodes(part), strict=True):
-            yield dataclasses.replace(ep, cameras=ws.dataset.camera_frames(index, keys) if keys else {})
+        yield from ws.dataset.load_episodes(part, cameras=keys)
 
 
 def _embedded_cameras(settings: Settings, ws: Workspace) -> tuple[str, ...]:

@@ -53,9 +53,13 @@ class CameraBatch:
     def to(self, device: torch.device | str) -> CameraBatch:
         return CameraBatch(self.states.to(device), self.pixels.to(device))
 
+    def packed(self) -> Tensor:
+        """The packed observations (..., ``layout.dim``) float32: what the policy takes."""
+        return torch.cat([self.states.float(), self.pixels.float()], dim=-1)
+
     def step(self, k: int) -> Tensor:
-        """Step ``k``'s packed observations (B, ``layout.dim``) float32: what the policy takes."""
-        return torch.cat([self.states[k].float(), self.pixels[k].float()], dim=-1)
+        """Step ``k``'s packed observations (B, ``layout.dim``)."""
+        return CameraBatch(self.states[k], self.pixels[k]).packed()
 
 
 def augment(states: Tensor, frames: dict[str, Tensor], layout: ObservationLayout, shift: int, seed: int,
@@ -70,5 +74,4 @@ def augment(states: Tensor, frames: dict[str, Tensor], layout: ObservationLayout
 def augment_and_pack(states: Tensor, frames: dict[str, Tensor], layout: ObservationLayout, shift: int,
                      seed: int, iteration: int) -> Tensor:
     """The policy's packed observations (..., ``layout.dim``) of iteration ``iteration``'s batches."""
-    batch = augment(states, frames, layout, shift, seed, iteration)
-    return torch.cat([batch.states.float(), batch.pixels.float()], dim=-1)
+    return augment(states, frames, layout, shift, seed, iteration).packed()

@@ -139,8 +139,11 @@ class Trainer:
         sequential = rt.sequential()
         sequential = sequential.with_(predicted_s=rt.predict(sequential))  # logged beside the measured time
         optimized = rt.optimize(planned).plan
-        proposed = [p for p in (planned, optimized, rt.coarse_processes()) if not _serial(p)]
-        plans = [sequential] + [p for i, p in enumerate(proposed) if p.name not in {q.name for q in proposed[:i]}]
+        proposed: dict[str, Plan] = {}  # by name: a plan proposed twice is measured once
+        for plan in (planned, optimized, rt.coarse_processes()):
+            if not _serial(plan):
+                proposed.setdefault(plan.name, plan)
+        plans = [sequential, *proposed.values()]
         costs = dict(zip((p.name for p in plans), rt.measure_costs(plans), strict=True))
         task = {n: c.task_s(self.spec.iterations) for n, c in costs.items()}
         chosen = plans[fastest_task(list(task.values()), self.cfg.accept_margin)]

@@ -186,7 +186,7 @@ def op_sample(s: Sampler, idx: dict[str, int], inp: dict[str, Any]) -> dict[str,
     targets, mask = gather_chunks(s.actions, s.episode_ends, rows, s.chunk)
     inputs = gather_windows(s.states, s.positions, rows, s.history)
     batch = (inputs, targets) if mask is None else (inputs, targets, mask)
-    if s.images:  # a vision policy: the frames go to ``augment``, which packs the batch
+    if s.images:  # a vision policy: the frames go to ``augment``, which shifts them
         return {"frames": (batch, {key: frames[rows] for key, frames in s.images.items()})}
     return {"batch": batch}
 
