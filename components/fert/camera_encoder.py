@@ -32,8 +32,8 @@ from torch import nn
 
 from components.episodes.record import Episode
 from components.policy.vision import CameraEncoder
-from components.store.encoder import STD_FLOOR, ENCODERS, camera_windows
-from components.store.windows import cut_windows, window_count
+from components.store.encoder import ENCODERS, STD_FLOOR
+from components.store.windows import camera_windows, cut_windows, window_count
 
 HIDDEN = 64
 FEATURE = 16  # numbers per frame and view (the CameraEncoder's projection)

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 import numpy as np
 
 from components.episodes.record import Episode
-from components.store.windows import Windows
+from components.store.windows import Windows, camera_windows
 
 # A dimension whose std is below this is (nearly) constant in the data: divide by 1 instead of
 # blowing its noise up to unit scale.
@@ -151,17 +151,6 @@ ENCODERS: dict[str, type[WindowEncoder]] = {NormalizedStateEncoder.kind: Normali
 def encoder_cameras(encoder: WindowEncoder) -> tuple[str, ...]:
     """The camera keys an encoder reads (() for a state-only encoder)."""
     return tuple(getattr(encoder, "cameras", ()) or ())
-
-
-def camera_windows(frames: np.ndarray, starts: np.ndarray, window: int) -> np.ndarray:
-    """(T, H, W', 3) frames cut at ``starts`` like ``windows.cut_windows`` cuts states: (N, window, H, W', 3)
-    (an episode shorter than ``window``: one window, the front padded with its first frame)."""
-    frames = np.asarray(frames)
-    if len(frames) < window:
-        pad = np.repeat(frames[:1], window - len(frames), axis=0)
-        return np.concatenate([pad, frames])[None]
-    index = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(window)
-    return frames[index]
 
 
 def encode_episodes(encoder: WindowEncoder, episodes: Sequence[Episode], cuts: Sequence[Windows]) -> np.ndarray:

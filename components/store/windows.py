@@ -73,6 +73,18 @@ def cut_windows(states: np.ndarray, window: int, stride: int) -> Windows:
     return Windows(starts=starts, ends=starts + window, windows=windows)
 
 
+def camera_windows(frames: np.ndarray, starts: np.ndarray, window: int) -> np.ndarray:
+    """(T, H, W', 3) frames cut at ``starts`` (``window_starts``) as ``cut_windows`` cuts states:
+    (N, window, H, W', 3); an episode shorter than ``window``: one window, the front padded with
+    its first frame."""
+    frames = np.asarray(frames)
+    if len(frames) < window:
+        pad = np.repeat(frames[:1], window - len(frames), axis=0)
+        return np.concatenate([pad, frames])[None]
+    index = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(window)
+    return frames[index]
+
+
 def episode_windows(episode: Episode, window: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
     """``(starts (N,), windows (N, W, n))`` of an episode's ``observation.state``."""
     cut = cut_windows(episode.states, window, stride)
