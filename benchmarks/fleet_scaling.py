@@ -3,7 +3,7 @@
     python -m benchmarks.fleet_scaling                   # built-in pick-place task (9 seeds, ~45 min of one core)
     python -m benchmarks.fleet_scaling --sim pack        # the 7-stage pack task (4 seeds, ~45 min, 2 workers)
     python -m benchmarks.fleet_scaling --sim metaworld   # Meta-World pick-place-v3 (smaller plan, see PLANS)
-    python -m benchmarks.fleet_scaling --cells DIR       # keep each finished seed in DIR: a stopped run resumes
+    python -m benchmarks.fleet_scaling --cells DIR       # keep each finished cell and seed in DIR: a stopped run resumes
     python -m benchmarks.fleet_scaling --cells DIR --finished-only   # report the seeds DIR holds
     python -m benchmarks.fleet_scaling --sim pack --tuning --seeds 2 --fleet-sizes 96   # on tuning robots: to choose a setting
     python -m benchmarks.fleet_scaling --quick           # smoke run (< 1 min; --sim metaworld --quick ~1 min)
@@ -508,11 +508,32 @@ def plan_settings(plan: Plan, base: Settings | None = None) -> Settings:
     return settings
 
 
+def cell_file(scratch: Path, seed: int, method: str, fleet: int) -> Path:
+    return scratch / "cells-done" / f"seed-{seed}-{method}-{fleet}.json"
+
+
+def finished_cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, scratch: Path
+                     ) -> tuple[RunRow, Score]:
+    """``cel_run``, kept in ``scratch`` as it finishes: a cell already there is read back, not run again,
+    so a study stopped inside a seed (a camera seed is hours of one core) resumes at its next cell."""
+    done = cell_file(scratch, seed, method, fleet)
+    if done.exists():
+        initial, (row,) = _seed_from_json(json.loads(done.read_text()))
+        log(f"seed {seed}: {method}/{fleet} finished earlier ({done}): read back")
+        return row, initial
+    row, initial = cel_run(settings, plan, method, fleet, seed, scratch)
+    done.parent.mkdir(parents=True, exist_ok=True)
+    partial = done.with_suffix(".part")
+    partial.write_text(json.dumps(_seed_json((initial, [row])), indent=1) + "\n")
+    partial.replace(done)  # atomic: a kill leaves no half-written cell
+    return row, initial
+
+
 def run_seed(settings: Settings, plan: Plan, seed: int, scratch: Path) -> tuple[Score, list[RunRow]]:
     """One seed of the study: the ``bc`` line and every (method, fleet) cell, each from the same bootstrap."""
     torch.set_num_threads(1)
     rows: list[RunRow] = []
-    bc, initial = cel_run(settings, plan, "bc", plan.fleet_sizes[0], seed, scratch)  # it never sees the fleet
+    bc, initial = finished_cel_run(settings, plan, "bc", plan.fleet_sizes[0], seed, scratch)  # never sees the fleet
     rows += [replace(bc, fleet=fleet) for fleet in plan.fleet_sizes]
     log(f"seed {seed}: initial policy {initial.rate:.1%} on {plan.robots} robots (sampled {initial.sampled_rate:.1%}); "
         f"bc (demos only) {bc.score.rate:.1%}")
@@ -520,7 +541,7 @@ def run_seed(settings: Settings, plan: Plan, seed: int, scratch: Path) -> tuple[
     if plan.ablation and seed == 0:  # ablations: largest fleet, first seed only (time)
         methods += [("fert_uniform", plan.fleet_sizes[-1]), ("fert_learned", plan.fleet_sizes[-1])]
     for method, fleet in methods:
-        row, start = cel_run(settings, plan, method, fleet, seed, scratch)
+        row, start = finished_cel_run(settings, plan, method, fleet, seed, scratch)
         if (start.successes, start.trials) != (initial.successes, initial.trials):
             raise RuntimeError(f"seed {seed}: cell {method}/{fleet} bootstrapped a different policy than the bc cell; "
                                "the bootstrap must be deterministic")

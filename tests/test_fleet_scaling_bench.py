@@ -241,6 +241,7 @@ def test_a_stopped_study_resumes_from_its_finished_seeds_and_can_report_them(stu
     def no_run(*args, **kwargs):
         raise AssertionError("a kept seed was run again")
 
+    run_seed = fs.run_seed
     monkeypatch.setattr(fs, "run_seed", no_run)
     monkeypatch.setattr(fs, "RESULTS", studies.results)
     again = fs.run(plan, "again", settings=_small(studies.tiny_root.parent / "again"), log_models=False, cells=cells)
@@ -253,6 +254,18 @@ def test_a_stopped_study_resumes_from_its_finished_seeds_and_can_report_them(stu
     assert one["seeds_reported"] == [0] and one["plan"]["seeds"] == 2
     assert one["test_population_seeds"] == studies.alone["test_population_seeds"][:1]
     assert "1 seeds (of 2 planned; seeds [0])" in fs.render_section(one)
+
+    # stopped inside seed 1 after its last cell: every finished cell is read back, none is run again
+    assert len(list((cells / "cells-done").glob("seed-1-*.json"))) == len(plan.methods) * len(plan.fleet_sizes) + 1
+
+    def no_cell(*args, **kwargs):
+        raise AssertionError("a kept cell was run again")
+
+    monkeypatch.setattr(fs, "run_seed", run_seed)
+    monkeypatch.setattr(fs, "cel_run", no_cell)
+    resumed = fs.run(plan, "resumed", settings=_small(studies.tiny_root.parent / "resumed"), log_models=False,
+                     cells=cells)
+    assert resumed["results"] == studies.alone["results"] and resumed["seeds_reported"] == [0, 1]
 
 
 def test_pack_targets_judge_the_gap_with_its_seed_level_interval_and_growth_after_8_robots():
