@@ -329,11 +329,19 @@ def round_info(cell: Settings, plan: Plan, label: str, done: loop.Retrain,
             "validation_kept": kept, "version": version.version}
     if done.ingested is not None:
         info["episodes_added"] = len(done.ingested.report.added)
+    # what the cell keeps on disk after this round: the episode dataset (tables + camera videos) and
+    # the segment store (the cell's root is deleted after its last round, so it is counted here)
+    info["stored_bytes"] = {"episodes": tree_bytes(cell.paths.episodes), "store": tree_bytes(cell.paths.store)}
     summary = done.outcome.summary
     if summary is not None and summary.method.startswith("fert"):
         info.update({k: summary.fert.get(k) for k in ("queries", "matches", "matched_robots", "retrieved_frames",
                                                        "retrieved_mass", "sigma", "fallback_rate")})
     return info
+
+
+def tree_bytes(folder: Path) -> int:
+    """Bytes of every file under ``folder`` (0 when it does not exist)."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.exists() else 0
 
 
 def bootstrap_cell(cell: Settings, plan: Plan, validated: dict[int, EvaluationReport]) -> tuple[CollectResult, loop.Retrain]:

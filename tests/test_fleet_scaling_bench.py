@@ -153,6 +153,10 @@ def test_tiny_study_writes_consistent_results(studies):
     for run in result["runs"]:  # validation selection: the kept policy's score never goes down
         kept = [r["validation_kept"] for r in run["rounds"]]
         assert kept == sorted(kept), run["method"]
+    for run in fert_rounds:  # what a cell stored: a fleet round adds episodes (and their segments) to disk
+        stored = [r["stored_bytes"] for r in run]
+        assert all(s["episodes"] > 0 and s["store"] > 0 for s in stored)
+        assert [s["episodes"] for s in stored] == sorted(s["episodes"] for s in stored)
 
 
 def test_seeds_run_in_worker_processes_give_the_same_study(studies, tmp_path):
