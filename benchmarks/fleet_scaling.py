@@ -432,7 +432,8 @@ def run(plan: Plan, out_name: str, workers: int = 1, settings: Settings | None =
         if cells is None:
             shutil.rmtree(scratch, ignore_errors=True)
     initial = [score for score, _ in per_seed]
-    result = summarize_run(plan, settings, rows, initial, time.perf_counter() - started, min(workers, plan.seeds))
+    result = summarize_run(plan, settings, rows, initial, time.perf_counter() - started, min(workers, plan.seeds),
+                           initial_seeds=seeds)
     result["seeds_reported"] = seeds
     if command:
         result["command"] = command
@@ -576,7 +577,9 @@ def pooled(scores: list[Score], confidence: float, sampled: bool = False) -> dic
 
 def summarize_run(
     plan: Plan, settings: Settings, rows: list[RunRow], initial: list[Score], seconds: float, workers: int = 1,
+    initial_seeds: list[int] | None = None,
 ) -> dict:
+    """The run's JSON; ``initial_seeds``: the seed of each ``initial`` score (adds FERT − initial per fleet size)."""
     conf = settings.evaluation.confidence
     methods = sorted({r.method for r in rows}, key=["bc", "filtered_bc", "fert", "fert_uniform", "fert_learned"].index)
     table = {}
@@ -589,7 +592,9 @@ def summarize_run(
                     "failures_by_stage": _sum_dicts([s.failures_by_stage for s in scores]),
                 }
     init = pooled(initial, conf)
-    by_fleet = seed_level(rows, plan.fleet_sizes, settings)
+    start_rows = [RunRow(seed, "initial", n, score) for seed, score in zip(initial_seeds or [], initial)
+                  for n in plan.fleet_sizes]
+    by_fleet = seed_level(rows + start_rows, plan.fleet_sizes, settings)
     targets = study_targets(TARGETS[plan.sim], table, by_fleet, init, plan.fleet_sizes, conf)
     return {
         "benchmark": "fleet_scaling",
@@ -624,11 +629,13 @@ def summarize_run(
 def seed_level(rows: list[RunRow], fleet_sizes, settings: Settings) -> dict:
     """Per fleet size, the method differences with seeds as the unit (both methods of a seed share
     its bootstrap and test robots: paired): FERT − filtered BC, and FERT's step from the previous
-    fleet size. Points; ``ci95`` is the paired t-interval over seeds (None with one seed),
-    ``bootstrap_ci95`` the hierarchical bootstrap over seeds then test robots."""
+    fleet size, and (rows of method ``initial``: each seed's bootstrap policy) FERT − the initial policy.
+    Points; ``ci95`` is the paired t-interval over seeds (None with one seed), ``bootstrap_ci95`` the
+    hierarchical bootstrap over seeds then test robots."""
     out: dict[str, dict] = {}
     for i, n in enumerate(fleet_sizes):
-        comparisons = {"fert_minus_filtered_bc": (("fert", n), ("filtered_bc", n))}
+        comparisons = {"fert_minus_filtered_bc": (("fert", n), ("filtered_bc", n)),
+                       "fert_minus_initial": (("fert", n), ("initial", n))}
         if i > 0:
             comparisons["fert_step_from_previous_fleet"] = (("fert", n), ("fert", fleet_sizes[i - 1]))
         level = {name: _seed_difference(rows, a, b, settings) for name, (a, b) in comparisons.items()}

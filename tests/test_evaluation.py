@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -174,3 +176,20 @@ def test_test_robots_are_fresh_per_study_seed():
     assert len(set(seeds)) == 3 and 0 not in seeds  # never the original (tuning-era) population
     gains = [RobotProfile.from_id("test-0000", SIM.model_copy(update={"population_seed": p})).action_gain for p in seeds]
     assert not np.array_equal(gains[0], gains[1]) and not np.array_equal(gains[1], gains[2])
+
+
+def test_welch_seed_interval_matches_scipy_and_needs_two_seeds_a_side():
+    """Two unpaired studies' per-seed rates: Welch's interval, as scipy's unequal-variance t-test has it."""
+    from scipy import stats
+
+    from components.evaluation.intervals import welch_seed_interval
+
+    a, b = [0.91, 0.95, 0.93, 0.97], [0.98, 0.99, 0.985, 0.975, 0.99]
+    d = welch_seed_interval(a, b, 0.95)
+    ref = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert d.mean == pytest.approx(sum(a) / 4 - sum(b) / 5)
+    assert (d.low, d.high) == (pytest.approx(ref.low), pytest.approx(ref.high)) and d.seeds == (4, 5)
+    one = welch_seed_interval([0.9], b)
+    assert one.low == -math.inf and one.high == math.inf  # one seed has no spread to judge
+    with pytest.raises(ValueError, match="at least one seed"):
+        welch_seed_interval([], b)

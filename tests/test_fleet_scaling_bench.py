@@ -128,6 +128,9 @@ def test_tiny_study_writes_consistent_results(studies):
     assert gap["mean"] == pytest.approx(100 * (result["results"]["fert"]["2"]["thresholded"]["rate"]
                                                - result["results"]["filtered_bc"]["2"]["thresholded"]["rate"]))
     assert "fert_step_from_previous_fleet" in result["by_fleet"]["2"]["seed_level"]
+    start = result["by_fleet"]["2"]["seed_level"]["fert_minus_initial"]  # the fleet's lift over the bootstrap
+    assert start["mean"] == pytest.approx(100 * (result["results"]["fert"]["2"]["thresholded"]["rate"]
+                                                 - result["initial"]["thresholded"]["rate"]))
     assert result["test_population_seeds"] == [_small().fleet.test_population_seed(0)]
     for run in result["runs"]:  # per-robot outcomes, on test robots only
         assert sorted(run["successes_by_robot"]) == ["test-0000", "test-0001"]

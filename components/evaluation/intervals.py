@@ -3,7 +3,7 @@
 Trial level (one cell, pooled trials): ``wilson_interval``, ``difference_interval`` (Newcombe).
 Seed level (method comparisons, seeds as the unit of replication): ``paired_seed_interval``,
 ``hierarchical_bootstrap`` (seeds, then robots), and ``seeds_needed`` (sample size at the
-observed variance).
+observed variance); ``welch_seed_interval`` for two studies whose seeds are not paired.
 """
 
 from __future__ import annotations
@@ -110,6 +110,36 @@ def paired_seed_interval(a: Sequence[float], b: Sequence[float], confidence: flo
     sd = float(d.std(ddof=1))
     half = float(student_t.ppf(0.5 + confidence / 2, len(d) - 1)) * sd / math.sqrt(len(d))
     return SeedDifference(tuple(d.tolist()), mean, sd, mean - half, mean + half, confidence)
+
+
+@dataclass(frozen=True)
+class TwoSampleDifference:
+    """``mean(a) − mean(b)`` of two unpaired samples of per-seed rates, with Welch's t-interval."""
+
+    mean: float
+    low: float
+    high: float
+    seeds: tuple[int, int]
+    confidence: float
+
+
+def welch_seed_interval(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> TwoSampleDifference:
+    """Welch's t-interval of ``mean(a) − mean(b)`` for per-seed rates of two studies that share no
+    seeds (e.g. the camera study against the state study): unequal variances, Welch-Satterthwaite
+    degrees of freedom. Fewer than two seeds on a side: (-inf, inf)."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if not len(x) or not len(y):
+        raise ValueError("welch_seed_interval needs at least one seed on each side")
+    mean = float(x.mean() - y.mean())
+    if len(x) < 2 or len(y) < 2:
+        return TwoSampleDifference(mean, -math.inf, math.inf, (len(x), len(y)), confidence)
+    va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    se = math.sqrt(va + vb)
+    if se == 0.0:
+        return TwoSampleDifference(mean, mean, mean, (len(x), len(y)), confidence)
+    df = (va + vb) ** 2 / (va ** 2 / (len(x) - 1) + vb ** 2 / (len(y) - 1))
+    half = float(student_t.ppf(0.5 + confidence / 2, df)) * se
+    return TwoSampleDifference(mean, mean - half, mean + half, (len(x), len(y)), confidence)
 
 
 @dataclass(frozen=True)
