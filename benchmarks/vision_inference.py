@@ -234,6 +234,8 @@ def measure_inference(robots: int = 96, hz: float = 10.0, seconds: float = 20.0,
         "cpu_cores": {"service": service_cpu_s / window_s, "clients": load.get("client_cpu_s", 0.0) / window_s,
                       "machine": os.cpu_count()},
         "batches": {"mean": stats["mean_batch"], "max": stats["max_batch_seen"], "sizes": stats["batch_sizes"]},
+        # the service's own view of the tail (components/fleet/loop_health.py): loop stalls, GC, forward passes
+        "service_side": {k: stats[k] for k in ("loop_lag", "gc_pauses", "forward")},
         "wire": wire_sizes(model),
         "forward_ms_per_request": forward_ms,  # by batch size, one process, no HTTP
         "load_average_at_end": list(os.getloadavg()),

@@ -92,6 +92,10 @@ def test_concurrent_requests_are_batched_and_batching_changes_no_result(fleet):
         f"{service_url(settings, 'inference')}/v1/stats", headers={"Authorization": f"Bearer {tokens.service}"}
     ).json()
     assert stats["max_batch_seen"] > 1 and stats["requests"] >= 16
+    # where a tail would go: every batch's forward pass is timed, the loop is probed, GC is watched
+    assert stats["forward"]["count"] == stats["batches"] and stats["forward"]["max_ms"] >= stats["forward"]["p50_ms"] > 0
+    assert stats["loop_lag"]["count"] > 0 and stats["loop_lag"]["p50_ms"] >= 0
+    assert stats["gc_pauses"]["count"] >= 0 and set(stats["gc_pauses"]) >= {"p99_ms", "max_ms"}
 
 
 def test_hot_swap_when_the_champion_moves_without_failing_requests(fleet):

@@ -52,6 +52,7 @@ from components.fleet.camera_wire import OBS_TYPE, WireError, decode_obs
 from components.registry.canary import assigned_alias
 from components.fleet.clients import ACT_PATH, POLICY_PATH, STATS_PATH
 from components.fleet.health import HealthProblem
+from components.fleet.loop_health import Durations, GcPauses, LoopLag
 from components.fleet.http_server import (
     NO_API_DOCS,
     add_health,
@@ -291,6 +292,7 @@ class DynamicBatcher:
         self.window_s = window_s
         self.max_batch = max_batch
         self.batch_sizes: Counter[int] = Counter()
+        self.forward = Durations()  # each batch's forward pass (and packing), on the event loop
         self._queue: asyncio.Queue[_Request] | None = None
         self._task: asyncio.Task | None = None
 
@@ -343,7 +345,9 @@ class DynamicBatcher:
                 # less than the two thread hand-offs an executor needs, which on a busy machine
                 # were measured at ~20 ms each (benchmarks/fleet_load.py). A vision batch too: in a
                 # thread it measured no better on 2 shared cores (benchmarks/vision_inference.py).
+                began = time.perf_counter()
                 results = self._forward(batch)
+                self.forward.add(time.perf_counter() - began)
             except Exception as exc:  # noqa: BLE001 - every waiting request gets the error (503)
                 log.exception("forward pass failed for a batch of %d", len(batch))
                 results = [exc] * len(batch)
@@ -482,6 +486,7 @@ def create_inference_app(
     cache = ModelCache(RuntimeLayout.of(settings).state / MODEL_CACHE_DIR)
     watcher = AliasWatcher(aliases_fn, load_fn, slots, (reg.champion_alias, cfg.canary_alias), cfg.alias_poll_s, cache)
     batcher = DynamicBatcher(slots, reg.champion_alias, cfg.batch_window_ms / 1000.0, cfg.max_batch)
+    lag = LoopLag()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -495,7 +500,12 @@ def create_inference_app(
                 log.exception("initial alias poll failed")
         watcher.start()
         batcher.start()
+        lag.start()
+        pauses = GcPauses()
+        app.state.gc_pauses = pauses
         yield
+        pauses.close()
+        await lag.stop()
         await batcher.stop()
         await asyncio.to_thread(watcher.stop)
 
@@ -576,6 +586,10 @@ def create_inference_app(
                 "mean_batch": requests / batches if batches else None,
                 "max_batch_seen": max(sizes) if sizes else 0,
                 "batch_sizes": {str(k): v for k, v in sorted(sizes.items())},
+                # where a tail goes: how late the loop woke a 10 ms timer, GC pauses, forward passes
+                "loop_lag": lag.summary(),
+                "gc_pauses": app.state.gc_pauses.summary() if hasattr(app.state, "gc_pauses") else None,
+                "forward": batcher.forward.summary(),
             }
         )
 
