@@ -128,6 +128,10 @@ class FleetRuntimeConfig(Section):
     max_batch: int = Field(default=64, ge=1)
     alias_poll_s: float = Field(default=1.0, gt=0)  # how often the registry aliases are checked
     torch_threads: int = Field(default=1, ge=0)  # per service process and for the loop's rollouts (PolicyActor); 0 = torch's default
+    # inference: after start-up, move every object built so far out of the garbage collector's
+    # generations (gc.freeze), so a full collection no longer walks FastAPI, MLflow and torch:
+    # its 200 ms pauses were the service's longest stalls (benchmarks/vision_inference.py --gc-ab)
+    gc_freeze: bool = True
     # timeouts and retries (robot agent)
     inference_timeout_s: float = Field(default=1.0, gt=0)  # past this the robot holds a safe action
     upload_timeout_s: float = Field(default=10.0, gt=0)

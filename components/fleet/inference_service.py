@@ -28,6 +28,7 @@ the registry is down). With no champion yet the service answers 503 and robots h
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import json
 import logging
@@ -498,6 +499,8 @@ def create_inference_app(
                 await asyncio.to_thread(watcher.poll_once)  # serve the champion from the first request
             except Exception:  # noqa: BLE001 - the watcher thread retries
                 log.exception("initial alias poll failed")
+        if cfg.gc_freeze:  # what start-up built lives as long as the service: no full collection walks it
+            gc.freeze()
         watcher.start()
         batcher.start()
         lag.start()
@@ -589,6 +592,7 @@ def create_inference_app(
                 # where a tail goes: how late the loop woke a 10 ms timer, GC pauses, forward passes
                 "loop_lag": lag.summary(),
                 "gc_pauses": app.state.gc_pauses.summary() if hasattr(app.state, "gc_pauses") else None,
+                "gc_frozen_objects": gc.get_freeze_count(),  # runtime.gc_freeze: start-up's objects, never walked
                 "forward": batcher.forward.summary(),
             }
         )
