@@ -46,11 +46,11 @@ TARGET_P99_MS = 100.0  # the issue's target, clients on the same machine
 TIMEOUT_S = 5.0
 
 
-def _camera_settings(root: Path, robots: int, size: int, window_ms: float, gc_freeze: bool = True) -> Settings:
+def _camera_settings(root: Path, robots: int, size: int, window_ms: float, runtime: dict | None = None) -> Settings:
     sim = SimConfig(cameras=VIEWS)
     sim = sim.model_copy(update={"camera": sim.camera.model_copy(update={"width": size, "height": size})})
     base = Settings(root=root, device="cpu", fleet=FleetConfig(num_robots=robots), sim=sim, policy=PolicyConfig(kind="vision"))
-    return with_free_ports(base, batch_window_ms=window_ms, max_batch=robots, gc_freeze=gc_freeze)
+    return with_free_ports(base, batch_window_ms=window_ms, max_batch=robots, **(runtime or {}))
 
 
 def _register_vision_champion(settings: Settings) -> tuple[dict, object]:
@@ -204,13 +204,13 @@ def _summary(results: list[dict], robots: int, hz: float, seconds: float) -> dic
 
 
 def measure_inference(robots: int = 96, hz: float = 10.0, seconds: float = 20.0, size: int = 64,
-                      processes: int | None = None, window_ms: float = 2.0, gc_freeze: bool = True) -> dict:
+                      processes: int | None = None, window_ms: float = 2.0, runtime: dict | None = None) -> dict:
     """Start the real service with a vision champion and drive it as ``robots`` camera robots at ``hz``."""
     import psutil
 
     processes = processes or max(1, min(os.cpu_count() or 1, robots))
     with tempfile.TemporaryDirectory(prefix="fleetloop-vision-inference-") as tmp:
-        settings = _camera_settings(Path(tmp), robots, size, window_ms, gc_freeze)
+        settings = _camera_settings(Path(tmp), robots, size, window_ms, runtime)
         robot_ids = settings.fleet.robot_ids()
         book = issue_tokens(RuntimeLayout.of(settings).ensure().token_file, robot_ids)
         print(f"[{NAME}] registering a vision champion ({size}x{size}, cameras {VIEWS}) ...", flush=True)
@@ -227,7 +227,9 @@ def measure_inference(robots: int = 96, hz: float = 10.0, seconds: float = 20.0,
     window_s = seconds + WARMUP_S  # the clients' paced run (their start-up CPU is not in client_cpu_s)
     return {
         "benchmark": NAME, "robots": robots, "hz": hz, "seconds": seconds, "size": size, "cameras": list(VIEWS),
-        "client_processes": processes, "batch_window_ms": window_ms, "gc_freeze": gc_freeze, "model": model,
+        "client_processes": processes, "batch_window_ms": window_ms,
+        "service_stack": {k: getattr(settings.runtime, k) for k in ("event_loop", "http_parser", "gc_freeze")},
+        "model": model,
         "transport": "HTTP/1.1 keep-alive over loopback, camera_wire binary body, httpx InferenceClient per robot, "
                      "one thread per robot in separate processes, paced at hz",
         **load,
@@ -283,23 +285,32 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def gc_freeze_ab(pairs: int, robots: int, hz: float, seconds: float, size: int, processes: int | None,
-                 window_ms: float) -> dict:
-    """``pairs`` x (gc_freeze off, then on), alternating so load drifts hit both: per run p50/p99 and the
-    service's longest GC pause; the medians over runs and the p99 ratio (off / on) per pair."""
+# --ab: each change to the serving stack against what it replaced, alternating runs side by side
+AB = {
+    "gc_freeze": {"off": {"gc_freeze": False}, "on": {"gc_freeze": True}},
+    "stack": {"asyncio+h11": {"event_loop": "asyncio", "http_parser": "h11"},
+              "uvloop+httptools": {"event_loop": "uvloop", "http_parser": "httptools"}},
+}
+
+
+def ab_runs(name: str, pairs: int, robots: int, hz: float, seconds: float, size: int, processes: int | None,
+            window_ms: float) -> dict:
+    """``pairs`` x (variant A, then B) of ``AB[name]``, alternating so load drifts hit both: per run
+    p50/p99 and the service's longest GC pause and busy loop time; medians, and the p99 ratio A / B per pair."""
     keep = ("p50_ms", "p99_ms", "late_fraction", "achieved_per_s")
-    runs: dict[str, list[dict]] = {"off": [], "on": []}
+    runs: dict[str, list[dict]] = {label: [] for label in AB[name]}
     for pair in range(pairs):
-        for label, freeze in (("off", False), ("on", True)):
-            print(f"[{NAME}] gc_freeze {label}, pair {pair + 1} of {pairs}", flush=True)
-            run = measure_inference(robots, hz, seconds, size, processes, window_ms, gc_freeze=freeze)
-            runs[label].append({**{k: run[k] for k in keep},
-                                "gc_max_ms": run["service_side"]["gc_pauses"]["max_ms"],
-                                "loop_lag_max_ms": run["service_side"]["loop_lag"]["max_ms"]})
-    medians = {label: {k: statistics.median(r[k] for r in rs) for k in (*keep, "gc_max_ms")} for label, rs in runs.items()}
-    ratios = [off["p99_ms"] / on["p99_ms"] for off, on in zip(runs["off"], runs["on"], strict=True)]
-    return {"pairs": pairs, "runs": runs, "medians": medians, "p99_off_over_on_per_pair": ratios,
-            "p99_off_over_on_median": statistics.median(ratios)}
+        for label, runtime in AB[name].items():
+            print(f"[{NAME}] {name}: {label}, pair {pair + 1} of {pairs}", flush=True)
+            run = measure_inference(robots, hz, seconds, size, processes, window_ms, runtime=runtime)
+            side = run["service_side"]
+            runs[label].append({**{k: run[k] for k in keep}, "service_cores": run["cpu_cores"]["service"],
+                                "gc_max_ms": side["gc_pauses"]["max_ms"], "loop_lag_total_ms": side["loop_lag"]["total_ms"]})
+    a, b = AB[name]
+    medians = {label: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for label, rs in runs.items()}
+    ratios = [x["p99_ms"] / y["p99_ms"] for x, y in zip(runs[a], runs[b], strict=True)]
+    return {"variants": AB[name], "pairs": pairs, "runs": runs, "medians": medians,
+            f"p99_{a}_over_{b}_per_pair": ratios, f"p99_{a}_over_{b}_median": statistics.median(ratios)}
 
 
 def main() -> None:
@@ -312,8 +323,9 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=None, help="client processes (default: the CPU count)")
     parser.add_argument("--window-ms", type=float, default=2.0, help="dynamic batching window")
     parser.add_argument("--sweep", default="", help="also these fleet sizes, e.g. 24,48 (where p99 crosses the target)")
-    parser.add_argument("--gc-ab", type=int, default=0, metavar="PAIRS",
-                        help="also PAIRS alternating runs with runtime.gc_freeze off / on, side by side")
+    parser.add_argument("--ab", choices=sorted(AB), nargs="*", default=[],
+                        help="also these serving-stack comparisons, --pairs alternating runs each (AB)")
+    parser.add_argument("--pairs", type=int, default=3)
     args = parser.parse_args()
     robots, seconds = (16, 5.0) if args.quick else (args.robots, args.seconds)
     result = measure_inference(robots, args.hz, seconds, args.size, args.processes, args.window_ms)
@@ -321,9 +333,8 @@ def main() -> None:
              for n in args.sweep.split(",") if n.strip()]
     summary = ("robots", "achieved_per_s", "p50_ms", "p99_ms", "errors", "late_fraction", "cpu_cores", "batches")
     result["sweep"] = [{k: run.get(k) for k in summary} for run in sweep]
-    if args.gc_ab:
-        result["gc_freeze_ab"] = gc_freeze_ab(args.gc_ab, robots, args.hz, seconds, args.size, args.processes,
-                                              args.window_ms)
+    result["ab"] = {name: ab_runs(name, args.pairs, robots, args.hz, seconds, args.size, args.processes, args.window_ms)
+                    for name in args.ab}
     RESULTS.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if args.quick else ""
     (RESULTS / f"{NAME}{suffix}.json").write_text(json.dumps(result, indent=2))

@@ -130,8 +130,13 @@ class FleetRuntimeConfig(Section):
     torch_threads: int = Field(default=1, ge=0)  # per service process and for the loop's rollouts (PolicyActor); 0 = torch's default
     # inference: after start-up, move every object built so far out of the garbage collector's
     # generations (gc.freeze), so a full collection no longer walks FastAPI, MLflow and torch:
-    # its 200 ms pauses were the service's longest stalls (benchmarks/vision_inference.py --gc-ab)
+    # its 200 ms pauses were the service's longest stalls (benchmarks/vision_inference.py --ab gc_freeze)
     gc_freeze: bool = True
+    # every service's event loop and HTTP parser: auto = uvloop and httptools (C, installed with the
+    # project: at 96 camera robots they cut the inference loop's busy time ~45%, benchmarks/
+    # vision_inference.py --ab stack); asyncio / h11 = the pure-Python ones, an operator's fallback
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    http_parser: Literal["auto", "httptools", "h11"] = "auto"
     # timeouts and retries (robot agent)
     inference_timeout_s: float = Field(default=1.0, gt=0)  # past this the robot holds a safe action
     upload_timeout_s: float = Field(default=10.0, gt=0)

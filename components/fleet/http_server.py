@@ -76,11 +76,30 @@ def add_health(app: FastAPI, info: Callable[[], dict] = dict, problem: Callable[
         return JSONResponse({"ok": True, **info()})
 
 
-def serve(app: FastAPI, host: str, port: int, max_connections: int, access_log: bool = True) -> None:
+def serve(app: FastAPI, host: str, port: int, max_connections: int, access_log: bool = True,
+          event_loop: str = "auto", http_parser: str = "auto") -> None:
     """Run ``app`` until SIGINT/SIGTERM (503 past ``max_connections`` at once). Logging is the
-    caller's (tokens redacted), not uvicorn's."""
+    caller's (tokens redacted), not uvicorn's. ``event_loop`` / ``http_parser``: runtime.event_loop
+    and runtime.http_parser (auto: uvloop and httptools when importable)."""
     config = uvicorn.Config(
-        app, host=host, port=port, log_config=None, access_log=access_log, lifespan="on", limit_concurrency=max_connections
+        app, host=host, port=port, log_config=None, access_log=access_log, lifespan="on", limit_concurrency=max_connections,
+        http=http_parser,
     )
     server = uvicorn.Server(config)
-    asyncio.run(server.serve())
+    with asyncio.Runner(loop_factory=event_loop_factory(event_loop)) as runner:
+        runner.run(server.serve())
+
+
+def event_loop_factory(kind: str = "auto"):
+    """uvloop's loop for ``uvloop`` (and ``auto`` when it is installed): a C event loop, less of a
+    service's core per request; None (asyncio's own) for ``asyncio``."""
+    if kind == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if kind == "uvloop":
+            raise RuntimeError("runtime.event_loop: uvloop is not installed; pip install uvloop, or set "
+                               "runtime.event_loop: asyncio") from None
+        return None
+    return uvloop.new_event_loop
