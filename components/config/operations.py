@@ -130,11 +130,13 @@ class FleetRuntimeConfig(Section):
     torch_threads: int = Field(default=1, ge=0)  # per service process and for the loop's rollouts (PolicyActor); 0 = torch's default
     # inference: after start-up, move every object built so far out of the garbage collector's
     # generations (gc.freeze), so a full collection no longer walks FastAPI, MLflow and torch:
-    # its 200 ms pauses were the service's longest stalls (benchmarks/vision_inference.py --ab gc_freeze)
+    # its ~250 ms pauses were the service's longest stalls; p99 at 96 camera robots 2.9x lower with it
+    # (benchmarks/vision_inference.py --ab gc_freeze)
     gc_freeze: bool = True
     # every service's event loop and HTTP parser: auto = uvloop and httptools (C, installed with the
-    # project: at 96 camera robots they cut the inference loop's busy time ~45%, benchmarks/
-    # vision_inference.py --ab stack); asyncio / h11 = the pure-Python ones, an operator's fallback
+    # project; at 96 camera robots the inference loop was busy 14% less and the service used 0.88
+    # cores vs 0.90, but p99 did not move measurably: benchmarks/vision_inference.py --ab stack);
+    # asyncio / h11 = the pure-Python ones, an operator's fallback
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     http_parser: Literal["auto", "httptools", "h11"] = "auto"
     # timeouts and retries (robot agent)

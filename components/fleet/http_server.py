@@ -91,8 +91,8 @@ def serve(app: FastAPI, host: str, port: int, max_connections: int, access_log: 
 
 
 def event_loop_factory(kind: str = "auto"):
-    """uvloop's loop for ``uvloop`` (and ``auto`` when it is installed): a C event loop, less of a
-    service's core per request; None (asyncio's own) for ``asyncio``."""
+    """uvloop's loop for ``uvloop`` (and ``auto`` when it is installed): a C event loop, a little less
+    of a service's core per request; None (asyncio's own) for ``asyncio``."""
     if kind == "asyncio":
         return None
     try:
