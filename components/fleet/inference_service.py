@@ -53,7 +53,7 @@ from components.fleet.camera_wire import OBS_TYPE, WireError, decode_obs
 from components.registry.canary import assigned_alias
 from components.fleet.clients import ACT_PATH, POLICY_PATH, STATS_PATH
 from components.fleet.health import HealthProblem
-from components.fleet.loop_health import Durations, GcPauses, LoopLag
+from components.fleet.loop_health import Durations, GcPauses, LoopLag, cancel_and_wait
 from components.fleet.http_server import (
     NO_API_DOCS,
     add_health,
@@ -302,12 +302,7 @@ class DynamicBatcher:
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     def alive(self) -> bool:
         """The batching task runs (before start: not yet judged)."""

@@ -20,6 +20,17 @@ import numpy as np
 KEEP = 20_000  # recent samples per series (a minute of 10 ms loop probes, ~20k batches)
 
 
+async def cancel_and_wait(task: asyncio.Task | None) -> None:
+    """Cancel a background task of the loop and wait until it has stopped."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+
+
 class Durations:
     """Recent durations (seconds), summarized in milliseconds. Thread-safe appends (deque)."""
 
@@ -51,12 +62,7 @@ class LoopLag(Durations):
         self._task = asyncio.get_running_loop().create_task(self._probe())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     async def _probe(self) -> None:
         loop = asyncio.get_running_loop()
