@@ -391,6 +391,8 @@ def cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, 
         collected = {} if got is None else {"episodes": got.episodes, "collected_success": got.success_rate,
                                             "failed": got.episodes - got.successes}
         rounds.append({"round": r, **collected, **round_info(cell, plan, f"round-{r}", done, validated)})
+        log(f"seed {seed}: {method}/{fleet} round {r}/{plan.rounds}: validation {rounds[-1]['validation']:.1%} "
+            f"({'kept' if rounds[-1]['accepted'] else 'not kept'}), {time.perf_counter() - start:.0f}s into the cell")
     final = registry.champion()
     policy = registry.load(final.version)
     score = evaluate(settings, plan, policy, seed)
