@@ -103,3 +103,25 @@ def test_auto_weighs_a_plans_start_up_against_what_it_saves_over_the_task():
     assert fastest_task(tasks([sequential, side_process], 1000), 0.02) == 1
     # faster, but by less than the accept margin: sequential stays
     assert fastest_task(tasks([sequential, RunCost(iteration_s=0.199, fixed_s=0.3)], 1000), 0.02) == 0
+
+
+def test_the_learner_goes_where_params_device_says(tmp_path):
+    """``device`` (params.yaml) places the one trainer's learner: auto = CUDA when present (here: the
+    CPU), cpu = the CPU; cuda without a GPU is refused with the setting to change. The plan cache
+    keys on it: a plan measured with the learner on the CPU is not reused on a GPU."""
+    import pytest
+
+    from components.training.imitation import TrainingSet
+    from components.training.trainer import make_trainer, train_spec
+
+    data = TrainingSet(np.zeros((64, 11), np.float32), np.zeros((64, 4), np.float32))
+    settings = small_settings(tmp_path)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert train_spec(settings.model_copy(update={"device": "auto"}), data).device == expected
+    assert train_spec(settings.model_copy(update={"device": "cpu"}), data).device == "cpu"
+    cpu_key = make_trainer(settings.model_copy(update={"device": "cpu"}), data).shape_key()
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="set device: auto or cpu"):
+            train_spec(settings.model_copy(update={"device": "cuda"}), data)
+    else:
+        assert make_trainer(settings.model_copy(update={"device": "cuda"}), data).shape_key() != cpu_key

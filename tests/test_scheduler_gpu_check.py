@@ -57,7 +57,7 @@ def test_gpu_checks_name_a_python_that_cannot_import_the_project_and_the_fix(tmp
 
 @pytest.mark.slow
 def test_gpu_check_cpu_smoke_runs_its_python_steps(tmp_path):
-    r = subprocess.run(["bash", str(SCRIPT), "--cpu-smoke"], capture_output=True, text=True, timeout=280,
+    r = subprocess.run(["bash", str(SCRIPT), "--cpu-smoke"], capture_output=True, text=True, timeout=420,
                        env=_env(GPU_CHECK_OUT=str(tmp_path)))
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     assert "gpu_check: NVML available:" in r.stdout and "the GPU path itself was NOT run" in r.stdout
@@ -71,6 +71,12 @@ def test_gpu_check_cpu_smoke_runs_its_python_steps(tmp_path):
     bound = result["work_bound"]  # the ceiling of any speed-up claim, from the reference's measured CPU work
     assert 0 < bound["floor_ms"] <= result["iteration_ms"]["sequential"]
     assert set(bound["max_speedup"]) == {k for k in result["iteration_ms"] if k.startswith("sequential")}
+    # step 4: the camera train workflow through the product's trainer, learner on the device it names
+    # (here the CPU): each row's weights equal the CPU reference's after the same iterations
+    camera = json.loads((tmp_path / "vision_gpu_smoke.json").read_text())
+    assert camera["device"] == "cpu" and set(camera["max_weight_gap_vs_cpu"].values()) == {0.0}
+    assert all(row["frames_per_s"] > 0 for row in camera["rows"].values())
+    assert "camera workflow CPU smoke done" in r.stdout
 
 
 def test_work_bound_is_the_reference_cpu_work_spread_over_every_core():

@@ -38,6 +38,7 @@ from components.scheduler.plan import Plan, plan_from_dict, plan_to_dict
 from components.scheduler.profiler import Timeline
 from components.scheduler.runtime import Roles, SchedulerRuntime
 from components.training.bc import total_steps
+from components.training.determinism import resolve_device
 from components.training.imitation import TrainingSet
 from components.training.workflow import TrainSpec, ValidationSpec, train_workflow
 
@@ -162,7 +163,7 @@ class Trainer:
             "weighted": s.data.weights is not None,  # not the frame count: drawing a batch costs the same
             "validation": None if s.validation is None else [s.validation.sim.name, s.validation.sim.max_steps,
                                                              len(s.validation.robot_ids), s.validation.episodes_per_robot],
-            "learner_threads": s.learner_threads, "scheduler": self.cfg.model_dump(mode="json", exclude={"plan", "iterations"}),
+            "learner_threads": s.learner_threads, "device": s.device, "scheduler": self.cfg.model_dump(mode="json", exclude={"plan", "iterations"}),
             "machine": [platform.machine(), os.cpu_count(), platform.python_version(), torch.__version__],
         }
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
@@ -246,6 +247,7 @@ def train_spec(settings: Settings, data: TrainingSet, init: NormalizedPolicy | N
         steps_per_iteration=t.steps_per_iteration,
         init_state=None if init is None else {k: v.detach().clone() for k, v in init.state_dict().items()},
         validation=validation, learner_threads=max(1, t.threads),
+        device=str(resolve_device(settings.device)),  # params.yaml `device`: auto = the learner on CUDA when present
     )
 
 
