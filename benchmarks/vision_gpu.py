@@ -15,7 +15,8 @@ on the host's cores). Rows, each ``--iterations`` measured iterations after one 
 
 Reports training frames/s per row, the stage split, the GPU over CPU ratio, and how far the CUDA
 weights are from the CPU weights after the same iterations (not bit-identical: different kernels;
-each device reproduces itself). Also run by ``benchmarks/gpu_check.sh``.
+and nothing forces deterministic CUDA kernels, so the gap between the two CUDA rows, the same
+iterations under two plans, is reported too). Also run by ``benchmarks/gpu_check.sh``.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def measure(size: Size, device: str, iterations: int) -> dict:
         "rows": {k: {x: v for x, v in r.items() if x != "weights"} for k, r in rows.items()},
         "accelerator_over_cpu": reference["median_iteration_s"] / fastest["median_iteration_s"],
         "max_weight_gap_vs_cpu": gaps,
+        # the same iterations under two plans on the accelerator: 0 when its kernels are deterministic
+        "max_weight_gap_between_accelerator_rows": weight_gap(*(r["weights"] for k, r in rows.items() if k != REFERENCE)),
     }
 
 

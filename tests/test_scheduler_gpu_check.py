@@ -75,6 +75,7 @@ def test_gpu_check_cpu_smoke_runs_its_python_steps(tmp_path):
     # (here the CPU): each row's weights equal the CPU reference's after the same iterations
     camera = json.loads((tmp_path / "vision_gpu_smoke.json").read_text())
     assert camera["device"] == "cpu" and set(camera["max_weight_gap_vs_cpu"].values()) == {0.0}
+    assert camera["max_weight_gap_between_accelerator_rows"] == 0.0
     assert all(row["frames_per_s"] > 0 for row in camera["rows"].values())
     assert "camera workflow CPU smoke done" in r.stdout
 
