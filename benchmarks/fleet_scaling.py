@@ -15,7 +15,7 @@ depend on it.
 Targets per task (``TARGETS``) are issue 16's, stated before the runs (docs/results.md). Sizes
 (``PLANS``) are cut to fit the shared machine and written into the JSON. Built-in task: 9
 seeds (3 until the FERT - filtered BC gap's interval was seen to straddle its target; seeds 0-1
-chose the FERT settings, 2-8 never did) x 6 rounds of 200 steps per robot, 16 held-out robots x 12
+chose the FERT settings, 2-8 never did) x 6 rounds of 1200 steps per robot, 16 held-out robots x 12
 trials per seed, ablations (fert_uniform, fert_learned) at 96 robots on the first seed, 16
 validation robots x 12 trials for per-round selection. Meta-World: 2 seeds x 1 round, 12 x 4
 trials, no per-round selection, robots' action bias widened to 0.15 (at the default quirks BC from
@@ -156,13 +156,17 @@ class Plan:
         return list(range(self.first_seed, self.first_seed + self.seeds))
 
 
+# steps_per_robot: from b1d88c9 (2026-12-01, cells drive the product) until 2026-12-07 the cells collected
+# fleet.steps_per_robot (params.yaml: 1200) and the plan's number (then 200) was only written into the
+# JSON. Every pick-place and pack figure since was collected at 1200 steps per robot per round, so
+# that is the plans' number now, and cell_settings applies it (journal 2026-12-07-camera-study-and-inference-tail)
 PLANS = {
-    "pickplace": Plan("pickplace", 9, 6, (1, 8, 32, 96), 200, 600, 16, 12, True),
+    "pickplace": Plan("pickplace", 9, 6, (1, 8, 32, 96), 1200, 600, 16, 12, True),
     # the multi-stage task (components/sim/pack.py); FERT settings frozen as params.yaml has them. Collection
     # noise 0.25 (params.yaml: 0.35, chosen on pick-place) was chosen on pack's tuning robots
     # (fleet_scaling_pack_tuning_*.json); seeds 4-7: seeds 0-3 (test populations 1000-1003) were measured
     # at 0.35 before that choice, so the re-measurement takes fresh test populations (1004-1007)
-    "pack": Plan("pack", 4, 6, (1, 8, 32, 96), 200, 600, 16, 12, False, {"motion_noise_std": 0.25}, first_seed=4),
+    "pack": Plan("pack", 4, 6, (1, 8, 32, 96), 1200, 600, 16, 12, False, {"motion_noise_std": 0.25}, first_seed=4),
     "metaworld": Plan("metaworld", 2, 1, (1, 8, 32, 96), 150, 300, 12, 4, False,
                       {"bias_spread": 0.15, "motion_noise_std": 0.0}, validation_robots=0),
 }
@@ -271,7 +275,8 @@ def cell_settings(settings: Settings, plan: Plan, method: str, root: Path, seed:
                                                    "validation_robots": 0}),
         # the product gate evaluates fleet.heldout_ids(): in a cell those are the validation robots
         "fleet": settings.fleet.model_copy(update={"heldout_prefix": settings.fleet.validation_prefix,
-                                                   "num_heldout_robots": validation}),
+                                                   "num_heldout_robots": validation,
+                                                   "steps_per_robot": plan.steps_per_robot}),
         "evaluation": settings.evaluation.model_copy(update={"trials_per_robot": plan.validation_trials, "trials_per_task": 1}),
         "registry": settings.registry.model_copy(update={"gate_alpha": GATE_ALPHA if plan.validation_robots > 0 else 1.0}),
         "scheduler": settings.scheduler.model_copy(update={"plan": "sequential"}),

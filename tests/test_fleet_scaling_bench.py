@@ -231,6 +231,7 @@ def test_cells_drive_the_product_and_gate_on_validation_robots(tmp_path):
     assert cell.root == tmp_path / "cell" and cell.seed == 4
     assert cell.train.method == "fert" and cell.fert.encoder == "learned"
     assert cell.fleet.heldout_ids() == ["validation-0000", "validation-0001", "validation-0002"]
+    assert cell.fleet.steps_per_robot == plan.steps_per_robot  # the plan's collection time is what the fleet runs
     assert not set(cell.fleet.heldout_ids()) & set(settings.fleet.test_ids(plan.heldout_robots))
     assert cell.evaluation.trials_for(3) == 2
     from components.registry.gate import two_proportion_gate
