@@ -5,9 +5,9 @@
 The study itself is ``benchmarks/fleet_scaling.py`` on cameras, the command in
 ``docs/journal/2026-12-07-camera-study-criteria.md`` (its ``--cells`` folder keeps every finished
 cell, so it resumes across sessions); it writes ``fleet_scaling_pickplace_camera.json``. This
-module only reads that JSON and the state study's (``fleet_scaling_pickplace_96_confirm.json``:
-FERT at 96 robots on state, 26 seeds) and states, per criterion, its figure, its seed-level interval
-and whether it holds:
+module only reads that JSON and the state run of the same plan and seeds
+(``fleet_scaling_pickplace_state200.json``, the criteria's addendum; ``--state`` names another) and
+states, per criterion, its figure, its seed-level interval and whether it holds:
 
 1. the fleet teaches a camera policy: FERT at 96 robots − the initial policy, paired over seeds;
 2. FERT on pixels beats success filtering: FERT − filtered BC at 96 robots, paired;
@@ -33,7 +33,7 @@ from components.evaluation.intervals import welch_seed_interval
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CAMERA = "fleet_scaling_pickplace_camera"
-STATE = "fleet_scaling_pickplace_96_confirm"
+STATE = "fleet_scaling_pickplace_state200"  # the same plan, seeds and 200 steps a robot, on state (criteria addendum)
 NAME = "camera_study"
 CRITERIA_FILE = "docs/journal/2026-12-07-camera-study-criteria.md"
 FIRST_SEEDS, MAX_SEEDS = 4, 12  # the stopping rule, as committed with the criteria
