@@ -27,6 +27,9 @@ def test_a_blocking_call_on_the_loop_shows_as_lag_of_its_length():
 
 def test_gc_pauses_are_timed_until_closed():
     pauses = GcPauses()
+    gc.collect()
+    assert pauses.count == 0  # not started: nothing installed
+    pauses.start()
     try:
         gc.collect()
         gc.collect()

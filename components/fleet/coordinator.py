@@ -479,8 +479,7 @@ def run_coordinator(settings: Settings, book: TokenBook) -> None:
     coordinator = Coordinator(settings)
     write_pid_file(layout.coordinator_pid_file)
     try:
-        serve(create_coordinator_app(coordinator, book), settings.runtime.host, settings.runtime.coordinator_port,
-              settings.runtime.max_connections, event_loop=settings.runtime.event_loop, http_parser=settings.runtime.http_parser)
+        serve(create_coordinator_app(coordinator, book), settings.runtime, settings.runtime.coordinator_port)
     finally:  # reached on SIGINT or a start-up error (SIGTERM is handled by the lifespan)
         coordinator.stop()
         remove_pid_file_if_mine(layout.coordinator_pid_file)

@@ -14,6 +14,7 @@ import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
+from components.config.operations import FleetRuntimeConfig
 from components.fleet.auth import AuthError, Principal, TokenBook
 from components.fleet.health import HealthProblem
 
@@ -76,17 +77,16 @@ def add_health(app: FastAPI, info: Callable[[], dict] = dict, problem: Callable[
         return JSONResponse({"ok": True, **info()})
 
 
-def serve(app: FastAPI, host: str, port: int, max_connections: int, access_log: bool = True,
-          event_loop: str = "auto", http_parser: str = "auto") -> None:
-    """Run ``app`` until SIGINT/SIGTERM (503 past ``max_connections`` at once). Logging is the
-    caller's (tokens redacted), not uvicorn's. ``event_loop`` / ``http_parser``: runtime.event_loop
-    and runtime.http_parser (auto: uvloop and httptools when importable)."""
+def serve(app: FastAPI, cfg: FleetRuntimeConfig, port: int, access_log: bool = True) -> None:
+    """Run ``app`` on ``cfg.host``:``port`` until SIGINT/SIGTERM (503 past ``cfg.max_connections`` at
+    once), on ``cfg.event_loop`` with ``cfg.http_parser`` (auto: uvloop and httptools when importable).
+    Logging is the caller's (tokens redacted), not uvicorn's."""
     config = uvicorn.Config(
-        app, host=host, port=port, log_config=None, access_log=access_log, lifespan="on", limit_concurrency=max_connections,
-        http=http_parser,
+        app, host=cfg.host, port=port, log_config=None, access_log=access_log, lifespan="on",
+        limit_concurrency=cfg.max_connections, http=cfg.http_parser,
     )
     server = uvicorn.Server(config)
-    with asyncio.Runner(loop_factory=event_loop_factory(event_loop)) as runner:
+    with asyncio.Runner(loop_factory=event_loop_factory(cfg.event_loop)) as runner:
         runner.run(server.serve())
 
 

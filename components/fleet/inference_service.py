@@ -482,7 +482,7 @@ def create_inference_app(
     cache = ModelCache(RuntimeLayout.of(settings).state / MODEL_CACHE_DIR)
     watcher = AliasWatcher(aliases_fn, load_fn, slots, (reg.champion_alias, cfg.canary_alias), cfg.alias_poll_s, cache)
     batcher = DynamicBatcher(slots, reg.champion_alias, cfg.batch_window_ms / 1000.0, cfg.max_batch)
-    lag = LoopLag()
+    lag, pauses = LoopLag(), GcPauses()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -499,8 +499,7 @@ def create_inference_app(
         watcher.start()
         batcher.start()
         lag.start()
-        pauses = GcPauses()
-        app.state.gc_pauses = pauses
+        pauses.start()
         yield
         pauses.close()
         await lag.stop()
@@ -586,7 +585,7 @@ def create_inference_app(
                 "batch_sizes": {str(k): v for k, v in sorted(sizes.items())},
                 # where a tail goes: how late the loop woke a 10 ms timer, GC pauses, forward passes
                 "loop_lag": lag.summary(),
-                "gc_pauses": app.state.gc_pauses.summary() if hasattr(app.state, "gc_pauses") else None,
+                "gc_pauses": pauses.summary(),
                 "gc_frozen_objects": gc.get_freeze_count(),  # runtime.gc_freeze: start-up's objects, never walked
                 "forward": batcher.forward.summary(),
             }

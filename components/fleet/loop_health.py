@@ -73,13 +73,16 @@ class LoopLag(Durations):
 
 
 class GcPauses(Durations):
-    """Every garbage collection's duration, by ``gc.callbacks`` (installed until ``close``)."""
+    """Every garbage collection's duration, by ``gc.callbacks`` (installed from ``start`` until ``close``)."""
 
     def __init__(self, keep: int = KEEP) -> None:
         super().__init__(keep)
         self._started: dict[int, float] = {}
         self._lock = threading.Lock()
-        gc.callbacks.append(self._callback)
+
+    def start(self) -> None:
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
 
     def _callback(self, phase: str, info: dict) -> None:
         now, thread = time.perf_counter(), threading.get_ident()

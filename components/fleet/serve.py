@@ -50,14 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         from components.fleet.http_server import serve
         from components.fleet.ingest_service import create_ingest_app
 
-        serve(create_ingest_app(settings, book), cfg.host, cfg.ingest_port, cfg.max_connections,
-              event_loop=cfg.event_loop, http_parser=cfg.http_parser)
+        serve(create_ingest_app(settings, book), cfg, cfg.ingest_port)
     elif args.role == "inference":
         from components.fleet.http_server import serve
         from components.fleet.inference_service import create_inference_app
 
-        serve(create_inference_app(settings, book), cfg.host, cfg.inference_port, cfg.max_connections, access_log=False,
-              event_loop=cfg.event_loop, http_parser=cfg.http_parser)  # one access line per control step: off
+        serve(create_inference_app(settings, book), cfg, cfg.inference_port, access_log=False)  # one access line per control step: off
     elif args.role == "coordinator":
         from components.fleet.coordinator import CoordinatorAlreadyRunning, run_coordinator
 
