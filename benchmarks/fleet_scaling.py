@@ -88,6 +88,7 @@ from components.evaluation.intervals import (
 )
 from components.evaluation.populations import evaluate_test, evaluate_tuning
 from components.fert.corpus import episode_infos
+from components.fsio import atomic_write_text
 from components.pipeline import loop
 from components.pipeline.collect import CollectResult
 from components.pipeline.evaluate import evaluate_policy
@@ -539,9 +540,7 @@ def finished_cel_run(settings: Settings, plan: Plan, method: str, fleet: int, se
         return row, initial
     row, initial = cel_run(settings, plan, method, fleet, seed, scratch)
     done.parent.mkdir(parents=True, exist_ok=True)
-    partial = done.with_suffix(".part")
-    partial.write_text(json.dumps(_seed_json((initial, [row])), indent=1) + "\n")
-    partial.replace(done)  # atomic: a kill leaves no half-written cell
+    atomic_write_text(done, json.dumps(_seed_json((initial, [row])), indent=1) + "\n")  # a kill leaves no half cell
     return row, initial
 
 
