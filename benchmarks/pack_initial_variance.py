@@ -2,6 +2,8 @@
 
     python -m benchmarks.pack_initial_variance           # 8 seeds x 24 fresh populations (+ tuning, heldout), ~3 min, 2 workers
     python -m benchmarks.pack_initial_variance --quick   # smoke run (2 seeds x 2 populations, tiny budgets)
+    python -m benchmarks.pack_initial_variance --policy-class history_transformer --pack goal_radius=0.06 \
+        --population-base 2100 --name pack_initial_variance_retuned   # a class and difficulty on other fresh populations
 
 Issue 16's pack line "initial policy in 55-75 %" is judged per study on 16 test robots of a population
 drawn fresh for each seed, so a study's seed changes two things at once: the bootstrap (demos,
@@ -16,7 +18,8 @@ A two-way random-effects decomposition (no replication: one cell per seed x popu
 cell rates' variance into a seed part, a population part and a residual (interaction + trial noise;
 the binomial part of it is printed beside it). The grand mean over the fresh populations is the
 task's difficulty for this recipe; each fixed set's mean is placed against the spread of population
-means. Nothing here chooses a setting. Writes benchmarks/results/pack_initial_variance.json + .png.
+means, and so is the representative tuning set ``pack_retune`` tunes on (``tuning_representative``:
+16 ``tuning-*`` robots of each of its tuning populations). Nothing here chooses a setting. Writes benchmarks/results/pack_initial_variance.json + .png.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import os
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,8 +42,9 @@ from benchmarks.pack_difficulty import (
     SEED_STRIDE,
     bootstrap_policy,
     commit,
-    pack_settings,
 )
+from benchmarks.pack_retune import TUNING_POPULATIONS, cell_settings, parse_candidate
+from benchmarks.policy_ceiling import classes
 from components.config import EvaluationConfig, load_settings
 from components.evaluation.heldout import EvaluationReport, summarize
 from components.evaluation.populations import evaluate_test, evaluate_tuning
@@ -49,7 +53,7 @@ from components.sim.factory import make_thresholded
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DIAGNOSTIC_POPULATION_BASE = 2000  # studies use 1000 + seed (seeds < 1000): these populations are nobody's test set
-FIXED_SETS = ("tuning", "heldout")
+FIXED_SETS = ("tuning", "heldout", "tuning_representative")
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,12 @@ class Grid:
     robots: int
     trials: int
     train_steps: int | None = None  # None: the bootstrap's own budget (params.yaml); --quick shortens it
+    population_base: int = DIAGNOSTIC_POPULATION_BASE  # fresh populations base .. base + populations - 1
+    policy_class: str | None = None  # a policy_ceiling class; None: params.yaml's policy
+    pack: dict = field(default_factory=dict)  # sim.pack overrides (a pack_retune candidate)
+
+    def population_names(self) -> list[str]:
+        return [f"population-{self.population_base + p}" for p in range(self.populations)]
 
 
 FULL = Grid(seeds=8, populations=24, robots=16, trials=12)
@@ -69,13 +79,13 @@ def score_seed(seed: int, grid: Grid, scratch: str) -> dict:
     """One bootstrap, scored on every fresh population and on both fixed sets: rate and per-robot successes."""
     torch.set_num_threads(1)
     started = time.perf_counter()
-    settings = pack_settings(Path(scratch) / f"seed-{seed}", seed)
+    settings = cell_settings(Path(scratch) / f"seed-{seed}", seed, grid.policy_class, grid.pack)
     policy, info = bootstrap_policy(settings, grid.train_steps)
     actor = make_thresholded(settings.sim, policy)
     stream = seed * SEED_STRIDE + EVAL_STREAM  # the trial stream pack_difficulty and the studies use
     columns: dict[str, dict] = {}
     for p in range(grid.populations):
-        population = DIAGNOSTIC_POPULATION_BASE + p
+        population = grid.population_base + p
         report = evaluate_test(actor, settings.fleet.test_ids(grid.robots), population, settings.sim, settings.fleet,
                                settings.evaluation, grid.trials, stream, "initial")
         columns[f"population-{population}"] = _column(report)
@@ -83,12 +93,24 @@ def score_seed(seed: int, grid: Grid, scratch: str) -> dict:
                                                 settings.fleet, settings.evaluation, grid.trials, stream, "initial"))
     heldout = run_episodes(actor, settings.fleet.heldout_ids(grid.robots), settings.sim, grid.trials, stream, "initial")
     columns["heldout"] = _column(summarize(heldout, settings.sim, settings.evaluation.confidence, "initial"))
+    columns["tuning_representative"] = _pooled_column([_column(evaluate_tuning(
+        actor, settings.fleet.tuning_ids(grid.robots), settings.sim.model_copy(update={"population_seed": population}),
+        settings.fleet, settings.evaluation, grid.trials, stream, "initial")) for population in TUNING_POPULATIONS],
+        TUNING_POPULATIONS)
     return {"seed": seed, **info, "columns": columns, "seconds": time.perf_counter() - started}
 
 
 def _column(report: EvaluationReport) -> dict:
     return {"rate": report.overall.rate, "successes": report.overall.successes, "trials": report.overall.trials,
             "successes_by_robot": {r: p.successes for r, p in report.by_robot.items()}}
+
+
+def _pooled_column(columns: list[dict], populations: tuple[int, ...]) -> dict:
+    """One column over several populations; a robot is ``population/id`` (the ids repeat)."""
+    wins, trials = sum(c["successes"] for c in columns), sum(c["trials"] for c in columns)
+    return {"rate": wins / trials, "successes": wins, "trials": trials,
+            "successes_by_robot": {f"{p}/{r}": w for p, c in zip(populations, columns)
+                                   for r, w in c["successes_by_robot"].items()}}
 
 
 def variance_components(rates: np.ndarray) -> dict:
@@ -134,7 +156,7 @@ def robot_spread(cells: list[dict], trials: int) -> dict:
 
 def analyse(cells: list[dict], grid: Grid, evaluation: EvaluationConfig, seed: int) -> dict:
     cells = sorted(cells, key=lambda c: c["seed"])
-    names = [f"population-{DIAGNOSTIC_POPULATION_BASE + p}" for p in range(grid.populations)]
+    names = grid.population_names()
     rates = np.array([[c["columns"][n]["rate"] for n in names] for c in cells])
     parts = variance_components(rates)
     pop_sd = float(np.sqrt(parts["population_var"]))
@@ -200,7 +222,8 @@ def plot(result: dict, path: Path) -> None:
                     f"residual {a['residual_sd_points']:.1f} pts", fontsize=9)
     right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     g = result["grid"]
-    fig.suptitle(f"pack initial policy: {g['seeds']} bootstrap seeds x {g['populations']} populations, "
+    recipe = f"{g.get('policy_class') or 'params.yaml policy'}, sim.pack {g.get('pack') or 'params.yaml'}"
+    fig.suptitle(f"pack initial policy ({recipe}): {g['seeds']} bootstrap seeds x {g['populations']} populations, "
                  f"{g['robots']} robots x {g['trials']} trials a cell (thresholded)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -212,13 +235,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 seeds x 2 populations, tiny budgets")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--policy-class", choices=list(classes()), help="a policy_ceiling class (default: params.yaml's)")
+    parser.add_argument("--pack", default="", metavar="KEY=VALUE[,KEY=VALUE]", help="sim.pack overrides")
+    parser.add_argument("--population-base", type=int, default=DIAGNOSTIC_POPULATION_BASE,
+                        help="fresh test populations BASE .. BASE + populations - 1 (2000: the first diagnostic's)")
+    parser.add_argument("--name", help="results name (default pack_initial_variance[_quick])")
     args = parser.parse_args()
     grid, name = (QUICK, "pack_initial_variance_quick") if args.quick else (FULL, "pack_initial_variance")
+    grid = replace(grid, population_base=args.population_base, policy_class=args.policy_class,
+                   pack=parse_candidate(args.pack))
+    name = args.name or name
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="pack-initial-variance-") as scratch:
         cells = run_grid(grid, Path(scratch), args.workers)
     result = {"benchmark": "pack_initial_variance", "commit": commit(), "grid": asdict(grid),
-              "population_base": DIAGNOSTIC_POPULATION_BASE, "cells": cells,
+              "population_base": grid.population_base, "cells": cells,
               "seconds": time.perf_counter() - started}
     settings = load_settings()
     result["analysis"] = analyse(cells, grid, settings.evaluation, settings.seed)

@@ -75,10 +75,12 @@ def chosen_class() -> str:
     return json.loads((RESULTS / "policy_ceiling.json").read_text())["chosen"]
 
 
-def cell_settings(scratch: Path, seed: int, policy_class: str, pack: dict) -> Settings:
+def cell_settings(scratch: Path, seed: int, policy_class: str | None, pack: dict) -> Settings:
+    """``pack_difficulty``'s settings with a ``policy_ceiling`` class (None: params.yaml's policy) and
+    ``sim.pack`` overrides."""
     settings = pack_settings(scratch, seed)
     return settings.model_copy(update={
-        "policy": classes()[policy_class],
+        "policy": classes()[policy_class] if policy_class else settings.policy,
         "sim": settings.sim.model_copy(update={"pack": settings.sim.pack.model_copy(update=pack)})})
 
 

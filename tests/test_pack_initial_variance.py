@@ -33,11 +33,23 @@ def test_one_seed_is_scored_on_every_population_and_fixed_set(tmp_path):
     names = [f"population-{piv.DIAGNOSTIC_POPULATION_BASE + p}" for p in range(2)] + list(piv.FIXED_SETS)
     assert list(cell["columns"]) == names
     for name, column in cell["columns"].items():
-        assert column["trials"] == grid.robots * grid.trials, name
+        populations = len(piv.TUNING_POPULATIONS) if name == "tuning_representative" else 1
+        assert column["trials"] == populations * grid.robots * grid.trials, name
         assert sum(column["successes_by_robot"].values()) == column["successes"], name
     assert set(cell["columns"]["tuning"]["successes_by_robot"]) == {"tuning-0000", "tuning-0001"}
     assert set(cell["columns"]["population-2000"]["successes_by_robot"]) == {"test-0000", "test-0001"}
+    assert "3003/tuning-0001" in cell["columns"]["tuning_representative"]["successes_by_robot"]
     assert cell["train_steps"] >= 1
+
+
+def test_a_class_and_difficulty_are_scored_on_the_populations_asked_for(tmp_path):
+    grid = piv.Grid(seeds=1, populations=1, robots=1, trials=1, train_steps=5, population_base=2100,
+                    policy_class="history_transformer", pack={"goal_radius": 0.06})
+    cell = piv.score_seed(0, grid, str(tmp_path))
+    assert grid.population_names() == ["population-2100"]
+    assert list(cell["columns"])[0] == "population-2100"
+    settings = piv.cell_settings(tmp_path, 0, grid.policy_class, grid.pack)
+    assert settings.policy.kind == "moe_transformer" and settings.sim.pack.goal_radius == 0.06
 
 
 def test_grand_mean_interval_resamples_seeds_and_populations():
