@@ -2,6 +2,8 @@
 
     python -m benchmarks.pack_retune                                   # params.yaml's sim.pack, 8 seeds
     python -m benchmarks.pack_retune --candidate goal_radius=0.08 --candidate push_scatter=0.05,goal_radius=0.08
+    python -m benchmarks.pack_retune --merge benchmarks/results/pack_retune.json --candidate goal_radius=0.05
+                                                   # a further round: earlier cells kept, the rule over all
     python -m benchmarks.pack_retune --quick                           # smoke run (tiny budgets)
 
 The task was tuned on 16 ``heldout-*`` robots of population 0, a set ~7 points easier than a typical
@@ -135,6 +137,17 @@ def choose(rows: list[dict]) -> int | None:
     return nearest["candidate"] if nearest else None
 
 
+def merged(previous: Path, grid: Grid, policy_class: str, candidates: list[dict]) -> tuple[list[dict], dict]:
+    """An earlier run's candidates and cells, then ``candidates`` it did not try; refused unless it
+    ran the same grid and class (its cells would not be comparable)."""
+    earlier = json.loads(previous.read_text())
+    if earlier["grid"] != json.loads(json.dumps(asdict(grid))) or earlier["policy_class"] != policy_class:
+        raise SystemExit(f"--merge {previous}: it ran grid {earlier['grid']} with {earlier['policy_class']}, this run "
+                         f"{asdict(grid)} with {policy_class}; merge only a run of the same grid and class")
+    tried = [row["pack"] for row in earlier["candidates"]]
+    return tried + [c for c in candidates if c not in tried], earlier
+
+
 def parse_candidate(text: str) -> dict:
     """``key=value,key=value`` -> sim.pack overrides (floats), refused with the field's name if unknown."""
     known = set(type(pack_settings(Path("."), 0).sim.pack).model_fields)
@@ -186,6 +199,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 seed, 2 populations x 2 robots, tiny budgets")
     parser.add_argument("--seeds", type=int, help="override the grid's seed count")
     parser.add_argument("--workers", type=int, default=2, help="processes (the machine is shared: 2 at most)")
+    parser.add_argument("--merge", type=Path, help="an earlier pack_retune JSON: keep its cells, try only new candidates")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     grid, name = (QUICK, "pack_retune_quick") if args.quick else (FULL, "pack_retune")
@@ -193,13 +207,15 @@ def main() -> None:
         grid = Grid(args.seeds, grid.robots, grid.trials, grid.expert_trials, grid.populations, grid.train_steps)
     candidates = [{}] + [parse_candidate(text) for text in args.candidate]
     policy_class = chosen_class()
+    candidates, earlier = merged(args.merge, grid, policy_class, candidates) if args.merge else (candidates, {})
+    done = {c["candidate"] for c in earlier.get("cells", [])}
     started = time.perf_counter()
-    jobs = [(i, seed) for seed in range(grid.seeds) for i in range(len(candidates))]
+    jobs = [(i, seed) for seed in range(grid.seeds) for i in range(len(candidates)) if i not in done]
     context = multiprocessing.get_context("spawn")  # LanceDB and torch state do not survive a fork
     with tempfile.TemporaryDirectory(prefix="pack-retune-") as scratch, \
             ProcessPoolExecutor(max(1, args.workers), mp_context=context) as pool:
         futures = [pool.submit(run_cell, i, candidates[i], seed, policy_class, grid, scratch) for i, seed in jobs]
-        cells = []
+        cells = list(earlier.get("cells", []))
         for k, future in enumerate(futures):
             cells.append(future.result())
             c = cells[-1]
@@ -212,7 +228,8 @@ def main() -> None:
               "grid": asdict(grid), "rule": RULE, "candidates": rows, "chosen": chosen,
               "chosen_pack": rows[chosen]["pack"] if chosen is not None else None,
               "chosen_in_55_75": chosen is not None and RANGE[0] <= rows[chosen]["initial"]["rate"] <= RANGE[1],
-              "cells": cells, "seconds": time.perf_counter() - started}
+              "cells": cells, "seconds": time.perf_counter() - started + earlier.get("seconds", 0.0),
+              "rounds": earlier.get("rounds", [earlier["commit"]] if earlier else []) + [commit()]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(result, args.out / f"{name}.png")

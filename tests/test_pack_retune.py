@@ -3,6 +3,9 @@ cell bootstraps the chosen class and scores it on tuning robots of every tuning 
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+
 import pytest
 
 from benchmarks import pack_retune as pr
@@ -38,3 +41,17 @@ def test_one_cell_scores_the_chosen_class_on_tuning_robots_of_each_population(tm
     (row,) = pr.summarize_candidates([cell], [{"goal_radius": 0.09}], grid)
     assert row["initial"]["trials"] == 4 and row["pack"] == {"goal_radius": 0.09}
     assert set(row["initial_per_population"]) == {"3000", "3001"}
+
+
+def test_a_merge_keeps_the_earlier_cells_and_refuses_another_grid(tmp_path):
+    grid = pr.Grid(seeds=1, robots=2, trials=1, expert_trials=1, populations=(3000,), train_steps=5)
+    earlier = {"grid": json.loads(json.dumps(asdict(grid))), "policy_class": "mlp", "commit": "abc", "seconds": 1.0,
+               "candidates": [{"pack": {}}, {"pack": {"goal_radius": 0.05}}], "cells": [{"candidate": 1}]}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    candidates, got = pr.merged(path, grid, "mlp", [{}, {"goal_radius": 0.05}, {"push_scatter": 0.2}])
+    assert candidates == [{}, {"goal_radius": 0.05}, {"push_scatter": 0.2}] and got["cells"] == [{"candidate": 1}]
+    with pytest.raises(SystemExit, match="merge only a run of the same grid and class"):
+        pr.merged(path, pr.Grid(2, 2, 1, 1, (3000,), 5), "mlp", [{}])
+    with pytest.raises(SystemExit, match="same grid and class"):
+        pr.merged(path, grid, "history_transformer", [{}])
