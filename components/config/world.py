@@ -18,7 +18,7 @@ class PackConfig(Section):
 
     container_radius: float = Field(default=0.06, gt=0)  # an object released within this of the container's centre is in it
     push_radius: float = Field(default=0.07, gt=0)  # a closed jaw this close to the container's centre pushes it
-    goal_radius: float = Field(default=0.07, gt=0)  # the container must end within this of its goal
+    goal_radius: float = Field(default=0.05, gt=0)  # the container must end within this of its goal (pack_retune)
     push_distance_min: float = Field(default=0.15, gt=0)  # the container's goal lies this far ...
     push_distance_max: float = Field(default=0.30, gt=0, le=0.35)  # ... to this far from its start
     push_angle_spread: float = Field(default=0.79, ge=0, le=math.pi)  # goal direction: +y +- this (radians)
