@@ -302,3 +302,16 @@ def test_pack_targets_judge_the_gap_with_its_seed_level_interval_and_growth_afte
     assert not missed["initial_in_range"] and not missed["gap_meets"] and missed["fert_grows_with_fleet"] is False
     assert "(target ≥ +3 pts with the interval above 0: **False**)" in "\n".join(
         fs._target_lines({"targets": missed, "plan": {"fleet_sizes": list(sizes)}}))
+
+
+def test_overrides_are_validated_as_params_yaml_is():
+    """--sim-set / --policy-set / --fert-set: a list becomes the field's tuple, and a misspelt key or a
+    wrong type is refused naming the flag and the key (model_copy would have taken both silently)."""
+    plan = replace(fs.QUICK["pickplace"], sim_overrides={"cameras": ["scene", "gripper"]},
+                   policy_overrides={"kind": "vision"})
+    settings = fs.plan_settings(plan, load_settings())
+    assert settings.sim.cameras == ("scene", "gripper") and settings.policy.kind == "vision"
+    with pytest.raises(ValueError, match=r"--sim-set .*motion_noise: Extra inputs are not permitted"):
+        fs.plan_settings(replace(plan, sim_overrides={"motion_noise": 0.2}), load_settings())
+    with pytest.raises(ValueError, match=r"--policy-set .*kind"):
+        fs.plan_settings(replace(plan, policy_overrides={"kind": "mlpp"}), load_settings())
