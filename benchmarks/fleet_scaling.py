@@ -72,11 +72,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ValidationError
 
 from components.config import Settings, load_settings
 from components.evaluation.heldout import EvaluationReport
@@ -513,27 +511,13 @@ def log_cell_policies(settings: Settings, plan: Plan, rows: list[RunRow]) -> Non
         row.model_uri = logged[row.policy_path]
 
 
-SectionT = TypeVar("SectionT", bound=BaseModel)
-
-
-def overridden(section: SectionT, overrides: dict, flag: str) -> SectionT:
-    """``section`` with ``overrides`` validated as params.yaml's values are (``model_copy`` would
-    take a misspelt key or a wrong type silently); refused naming the flag, the key and the fix."""
-    try:
-        return type(section).model_validate({**section.model_dump(), **overrides})
-    except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        raise ValueError(f"{flag} {overrides}: {problems}; fix: use the field names and types of that section "
-                         f"of params.yaml") from None
-
-
 def plan_settings(plan: Plan, base: Settings | None = None) -> Settings:
     """params.yaml (or ``base``) with the plan's simulator and its sim / FERT / policy overrides."""
     settings = base or load_settings()
     settings = settings.model_copy(update={
-        "sim": overridden(settings.sim, {"name": plan.sim, **plan.sim_overrides}, "--sim-set"),
-        "fert": overridden(settings.fert, plan.fert_overrides, "--fert-set"),
-        "policy": overridden(settings.policy, plan.policy_overrides, "--policy-set"),
+        "sim": settings.sim.overridden({"name": plan.sim, **plan.sim_overrides}, "--sim-set"),
+        "fert": settings.fert.overridden(plan.fert_overrides, "--fert-set"),
+        "policy": settings.policy.overridden(plan.policy_overrides, "--policy-set"),
     })
     task = {"metaworld": {"task": "pick-place-v3", "max_steps": 150}, "pack": {"task": "pack"}}.get(plan.sim)
     if task:

@@ -43,7 +43,7 @@ from benchmarks.pack_difficulty import (
     bootstrap_policy,
     commit,
 )
-from benchmarks.pack_retune import TUNING_POPULATIONS, cell_settings, parse_candidate
+from benchmarks.pack_retune import cell_settings, evaluate_tuning_set, parse_candidate
 from benchmarks.policy_ceiling import classes
 from components.config import EvaluationConfig, load_settings
 from components.evaluation.heldout import EvaluationReport, summarize
@@ -93,10 +93,9 @@ def score_seed(seed: int, grid: Grid, scratch: str) -> dict:
                                                 settings.fleet, settings.evaluation, grid.trials, stream, "initial"))
     heldout = run_episodes(actor, settings.fleet.heldout_ids(grid.robots), settings.sim, grid.trials, stream, "initial")
     columns["heldout"] = _column(summarize(heldout, settings.sim, settings.evaluation.confidence, "initial"))
-    columns["tuning_representative"] = _pooled_column([_column(evaluate_tuning(
-        actor, settings.fleet.tuning_ids(grid.robots), settings.sim.model_copy(update={"population_seed": population}),
-        settings.fleet, settings.evaluation, grid.trials, stream, "initial")) for population in TUNING_POPULATIONS],
-        TUNING_POPULATIONS)
+    representative = evaluate_tuning_set(actor, settings, grid.robots, grid.trials, stream)
+    columns["tuning_representative"] = _pooled_column([_column(r) for r in representative.values()],
+                                                      tuple(representative))
     return {"seed": seed, **info, "columns": columns, "seconds": time.perf_counter() - started}
 
 

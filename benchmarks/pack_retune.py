@@ -31,7 +31,7 @@ import multiprocessing
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +41,8 @@ from benchmarks.pack_difficulty import EVAL_STREAM, EXPERT_SEED, EXPERT_TARGET, 
     commit, pack_settings
 from benchmarks.policy_ceiling import classes
 from components.config import Settings
-from components.evaluation.heldout import summarize
+from components.config.world import PackConfig
+from components.evaluation.heldout import EvaluationReport, summarize
 from components.evaluation.intervals import wilson_interval
 from components.evaluation.populations import evaluate_tuning
 from components.sim.collect import run_episodes
@@ -83,7 +84,17 @@ def cell_settings(scratch: Path, seed: int, policy_class: str | None, pack: dict
     settings = pack_settings(scratch, seed)
     return settings.model_copy(update={
         "policy": classes()[policy_class] if policy_class else settings.policy,
-        "sim": settings.sim.model_copy(update={"pack": settings.sim.pack.model_copy(update=pack)})})
+        "sim": settings.sim.model_copy(update={"pack": settings.sim.pack.overridden(pack, "sim.pack overrides")})})
+
+
+def evaluate_tuning_set(actor, settings: Settings, robots: int, trials: int, stream: int,
+                        populations: tuple[int, ...] = TUNING_POPULATIONS) -> dict[int, EvaluationReport]:
+    """The representative tuning set: the first ``robots`` ``tuning-*`` robots of each tuning
+    population, ``trials`` each on the trial stream ``stream``; a report per population."""
+    ids = settings.fleet.tuning_ids(robots)
+    return {population: evaluate_tuning(actor, ids, settings.sim.model_copy(update={"population_seed": population}),
+                                        settings.fleet, settings.evaluation, trials, stream, "initial")
+            for population in populations}
 
 
 def run_cell(index: int, pack: dict, seed: int, policy_class: str, grid: Grid, scratch: str) -> dict:
@@ -92,13 +103,12 @@ def run_cell(index: int, pack: dict, seed: int, policy_class: str, grid: Grid, s
     started = time.perf_counter()
     settings = cell_settings(Path(scratch) / f"c{index}-s{seed}", seed, policy_class, pack)
     policy, info = bootstrap_policy(settings, grid.train_steps)
-    actor, expert = make_thresholded(settings.sim, policy), make_expert(settings.sim)
-    ids = settings.fleet.tuning_ids(grid.robots)
-    stream = seed * SEED_STRIDE + EVAL_STREAM
+    initials = evaluate_tuning_set(make_thresholded(settings.sim, policy), settings, grid.robots, grid.trials,
+                                   seed * SEED_STRIDE + EVAL_STREAM, grid.populations)
+    expert, ids = make_expert(settings.sim), settings.fleet.tuning_ids(grid.robots)
     populations = {}
-    for population in grid.populations:
+    for population, initial in initials.items():
         sim = settings.sim.model_copy(update={"population_seed": population})
-        initial = evaluate_tuning(actor, ids, sim, settings.fleet, settings.evaluation, grid.trials, stream, "initial")
         scripted = summarize(run_episodes(expert, ids, sim, grid.expert_trials, EXPERT_SEED + seed, "expert"),
                              sim, settings.evaluation.confidence, "expert")
         populations[str(population)] = {
@@ -110,8 +120,12 @@ def run_cell(index: int, pack: dict, seed: int, policy_class: str, grid: Grid, s
 
 
 def _pooled(cells: list[dict], who: str) -> dict:
-    wins = sum(p[who]["successes"] for c in cells for p in c["populations"].values())
-    trials = sum(p[who]["trials"] for c in cells for p in c["populations"].values())
+    """``who`` ("initial" or "expert") pooled over the cells and every population in them."""
+    return _rate([p[who] for c in cells for p in c["populations"].values()])
+
+
+def _rate(parts: list[dict]) -> dict:
+    wins, trials = sum(p["successes"] for p in parts), sum(p["trials"] for p in parts)
     ci = wilson_interval(wins, trials, 0.95)
     return {"rate": wins / trials, "successes": wins, "trials": trials, "ci95": [ci.low, ci.high]}
 
@@ -121,8 +135,8 @@ def summarize_candidates(cells: list[dict], candidates: list[dict], grid: Grid) 
     for index, pack in enumerate(candidates):
         mine = sorted((c for c in cells if c["candidate"] == index), key=lambda c: c["seed"])
         per_seed = [_pooled([c], "initial")["rate"] for c in mine]
-        per_population = {str(p): _pooled([{"populations": {str(p): c["populations"][str(p)]}} for c in mine],
-                                          "initial")["rate"] for p in grid.populations}
+        per_population = {str(p): _rate([c["populations"][str(p)]["initial"] for c in mine])["rate"]
+                          for p in grid.populations}
         rows.append({"candidate": index, "pack": pack, "initial": _pooled(mine, "initial"),
                      "expert": _pooled(mine, "expert"), "initial_per_seed": per_seed,
                      "initial_per_population": per_population,
@@ -150,7 +164,7 @@ def merged(previous: Path, grid: Grid, policy_class: str, candidates: list[dict]
 
 def parse_candidate(text: str) -> dict:
     """``key=value,key=value`` -> sim.pack overrides (floats), refused with the field's name if unknown."""
-    known = set(type(pack_settings(Path("."), 0).sim.pack).model_fields)
+    known = set(PackConfig.model_fields)
     pack = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
@@ -204,7 +218,7 @@ def main() -> None:
     args = parser.parse_args()
     grid, name = (QUICK, "pack_retune_quick") if args.quick else (FULL, "pack_retune")
     if args.seeds:
-        grid = Grid(args.seeds, grid.robots, grid.trials, grid.expert_trials, grid.populations, grid.train_steps)
+        grid = replace(grid, seeds=args.seeds)
     candidates = [{}] + [parse_candidate(text) for text in args.candidate]
     policy_class = chosen_class()
     candidates, earlier = merged(args.merge, grid, policy_class, candidates) if args.merge else (candidates, {})

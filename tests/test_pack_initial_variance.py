@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from benchmarks import pack_initial_variance as piv
+from benchmarks.pack_retune import TUNING_POPULATIONS
 
 
 def test_additive_seed_and_population_effects_are_split_exactly():
@@ -33,7 +34,7 @@ def test_one_seed_is_scored_on_every_population_and_fixed_set(tmp_path):
     names = [f"population-{piv.DIAGNOSTIC_POPULATION_BASE + p}" for p in range(2)] + list(piv.FIXED_SETS)
     assert list(cell["columns"]) == names
     for name, column in cell["columns"].items():
-        populations = len(piv.TUNING_POPULATIONS) if name == "tuning_representative" else 1
+        populations = len(TUNING_POPULATIONS) if name == "tuning_representative" else 1
         assert column["trials"] == populations * grid.robots * grid.trials, name
         assert sum(column["successes_by_robot"].values()) == column["successes"], name
     assert set(cell["columns"]["tuning"]["successes_by_robot"]) == {"tuning-0000", "tuning-0001"}

@@ -55,3 +55,9 @@ def test_a_merge_keeps_the_earlier_cells_and_refuses_another_grid(tmp_path):
         pr.merged(path, pr.Grid(2, 2, 1, 1, (3000,), 5), "mlp", [{}])
     with pytest.raises(SystemExit, match="same grid and class"):
         pr.merged(path, grid, "history_transformer", [{}])
+
+
+def test_a_candidate_breaking_a_bound_of_sim_pack_is_refused(tmp_path):
+    """Overrides are validated as params.yaml is: a broken bound is refused, not taken silently."""
+    with pytest.raises(ValueError, match=r"push_distance_max.*below push_distance_min"):
+        pr.cell_settings(tmp_path, 0, None, {"push_distance_min": 0.3, "push_distance_max": 0.2})
