@@ -461,87 +461,79 @@ def _frame(values: object, field: str, obs_dim: int, max_abs: float, fix: str) -
     return np.asarray(values, dtype=np.float32)
 
 
-def create_inference_app(
-    settings: Settings,
-    book: TokenBook,
-    aliases_fn: Callable[[], dict[str, int]] | None = None,
-    load_fn: Callable[[int], nn.Module] | None = None,
-) -> FastAPI:
-    """The inference service; registry access defaults to the root's MLflow registry."""
-    from components.sim.factory import observation_dim
+class InferenceService:
+    """The service's moving parts (served slots, alias watcher, batcher, loop monitors) and what each
+    route does with them; ``create_inference_app`` only wires the routes."""
 
-    cfg = settings.runtime
-    reg = settings.registry
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
-    if aliases_fn is None or load_fn is None:
-        lazy = _LazyRegistry(settings)  # MLflow is imported on first use, off the startup path
-        aliases_fn, load_fn = lazy.aliases, lazy.load
-    obs_dim = observation_dim(settings.sim)
-    slots = ModelSlots()
-    cache = ModelCache(RuntimeLayout.of(settings).state / MODEL_CACHE_DIR)
-    watcher = AliasWatcher(aliases_fn, load_fn, slots, (reg.champion_alias, cfg.canary_alias), cfg.alias_poll_s, cache)
-    batcher = DynamicBatcher(slots, reg.champion_alias, cfg.batch_window_ms / 1000.0, cfg.max_batch)
-    lag, pauses = LoopLag(), GcPauses()
+    def __init__(self, settings: Settings, aliases_fn: Callable[[], dict[str, int]] | None = None,
+                 load_fn: Callable[[int], nn.Module] | None = None) -> None:
+        from components.sim.factory import observation_dim
+
+        self.cfg, self.reg = settings.runtime, settings.registry
+        if aliases_fn is None or load_fn is None:
+            lazy = _LazyRegistry(settings)  # MLflow is imported on first use, off the startup path
+            aliases_fn, load_fn = lazy.aliases, lazy.load
+        self.obs_dim = observation_dim(settings.sim)
+        self.slots = ModelSlots()
+        self.cache = ModelCache(RuntimeLayout.of(settings).state / MODEL_CACHE_DIR)
+        self.watcher = AliasWatcher(aliases_fn, load_fn, self.slots, (self.reg.champion_alias, self.cfg.canary_alias),
+                                    self.cfg.alias_poll_s, self.cache)
+        self.batcher = DynamicBatcher(self.slots, self.reg.champion_alias, self.cfg.batch_window_ms / 1000.0,
+                                      self.cfg.max_batch)
+        self.lag, self.pauses = LoopLag(), GcPauses()
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        restored = cache.warm_start(slots)
+    async def lifespan(self, app: FastAPI):
+        restored = self.cache.warm_start(self.slots)
         if restored:
             log.info("warm start from the local model cache: %s (the watcher reconciles with the registry)", restored)
         else:
             try:
-                await asyncio.to_thread(watcher.poll_once)  # serve the champion from the first request
+                await asyncio.to_thread(self.watcher.poll_once)  # serve the champion from the first request
             except Exception:  # noqa: BLE001 - the watcher thread retries
                 log.exception("initial alias poll failed")
-        if cfg.gc_freeze:  # what start-up built lives as long as the service: no full collection walks it
+        if self.cfg.gc_freeze:  # what start-up built lives as long as the service: no full collection walks it
             gc.freeze()
-        watcher.start()
-        batcher.start()
-        lag.start()
-        pauses.start()
+        self.watcher.start()
+        self.batcher.start()
+        self.lag.start()
+        self.pauses.start()
         yield
-        pauses.close()
-        await lag.stop()
-        await batcher.stop()
-        await asyncio.to_thread(watcher.stop)
+        self.pauses.close()
+        await self.lag.stop()
+        await self.batcher.stop()
+        await asyncio.to_thread(self.watcher.stop)
 
-    app = FastAPI(title="fleetloop inference", lifespan=lifespan, **NO_API_DOCS)
-    fleet_member = auth_dependency(book, [ROBOT, SERVICE])
-    service_only = auth_dependency(book, [SERVICE])
-    def problem() -> HealthProblem | None:
-        if not batcher.alive():
+    def problem(self) -> HealthProblem | None:
+        if not self.batcher.alive():
             return HealthProblem("the batching task has stopped", restart=True)
         return None
 
-    add_health(app, lambda: {"service": "inference", "served": slots.versions()}, problem)
+    def alias_for(self, principal: Principal) -> str:
+        canary_live = self.slots.get(self.cfg.canary_alias) is not None
+        return assigned_alias(principal.name, self.cfg.canary_share, canary_live, self.reg, self.cfg.canary_alias)
 
-    def alias_for(principal: Principal) -> str:
-        canary_live = slots.get(cfg.canary_alias) is not None
-        return assigned_alias(principal.name, cfg.canary_share, canary_live, reg, cfg.canary_alias)
+    def served_for(self, alias: str) -> ServedModel | None:
+        return self.slots.get(alias) or self.slots.get(self.reg.champion_alias)
 
-    async def observation(request: Request, model: ServedModel | None) -> tuple[np.ndarray, dict | None]:
+    async def observation(self, request: Request, model: ServedModel | None) -> tuple[np.ndarray, dict | None]:
         """The request's state (and frames, for a camera body), checked against ``model``'s layout."""
         if request.headers.get("content-type", "").split(";")[0].strip() == OBS_TYPE:
             body = await read_body_limited(request, MAX_CAMERA_ACT_BYTES)
-            obs, images = parse_camera_obs(body, obs_dim, cfg.max_abs_observation)
+            obs, images = parse_camera_obs(body, self.obs_dim, self.cfg.max_abs_observation)
         else:
-            obs = parse_obs(await read_body_limited(request, MAX_ACT_BYTES), obs_dim, cfg.max_abs_observation)
+            obs = parse_obs(await read_body_limited(request, MAX_ACT_BYTES), self.obs_dim, self.cfg.max_abs_observation)
             images = None
         mismatch = observation_mismatch(model, images) if model is not None else None
         if mismatch is not None:
             raise http_error(mismatch.status, mismatch.field, mismatch.reason, mismatch.fix)
         return obs, images
 
-    def served_for(alias: str) -> ServedModel | None:
-        return slots.get(alias) or slots.get(reg.champion_alias)
-
-    @app.post(ACT_PATH)
-    async def act(request: Request, principal: Principal = Depends(fleet_member)) -> JSONResponse:
-        alias = alias_for(principal)
-        obs, images = await observation(request, served_for(alias))
+    async def act(self, request: Request, principal: Principal) -> dict:
+        alias = self.alias_for(principal)
+        obs, images = await self.observation(request, self.served_for(alias))
         try:
-            action, model = await batcher.submit(alias, obs, images)
+            action, model = await self.batcher.submit(alias, obs, images)
         except LookupError as exc:
             raise http_error(503, "model", str(exc), "promote a champion (fleetloop retrain --bootstrap)") from None
         except ObservationMismatch as exc:  # the model moved between the check and the forward pass
@@ -552,43 +544,65 @@ def create_inference_app(
                 "alias": model.alias}
         if action.ndim == 2:  # a chunk policy's (chunk, m): the robot executes it and re-plans
             body["chunk"] = action.tolist()
-        return JSONResponse(body)
+        return body
+
+    def policy(self, principal: Principal) -> dict:
+        served = self.slots.versions()
+        alias = self.alias_for(principal)
+        return {
+            "alias": alias,
+            "cameras": served_cameras(self.served_for(alias)),  # key -> [H, W] this robot's frames must have
+            "champion": served.get(self.reg.champion_alias),
+            "canary": served.get(self.cfg.canary_alias),
+            "canary_share": self.cfg.canary_share,
+        }
+
+    def stats(self) -> dict:
+        sizes = self.batcher.batch_sizes
+        batches = sum(sizes.values())
+        requests = sum(size * count for size, count in sizes.items())
+        return {
+            "served": self.slots.versions(),
+            "swaps": self.watcher.swaps,
+            "last_alias_poll": self.watcher.last_poll,
+            "batches": batches,
+            "requests": requests,
+            "mean_batch": requests / batches if batches else None,
+            "max_batch_seen": max(sizes) if sizes else 0,
+            "batch_sizes": {str(k): v for k, v in sorted(sizes.items())},
+            # where a tail goes: how late the loop woke a 10 ms timer, GC pauses, forward passes
+            "loop_lag": self.lag.summary(),
+            "gc_pauses": self.pauses.summary(),
+            "gc_frozen_objects": gc.get_freeze_count(),  # runtime.gc_freeze: start-up's objects, never walked
+            "forward": self.batcher.forward.summary(),
+        }
+
+
+def create_inference_app(
+    settings: Settings,
+    book: TokenBook,
+    aliases_fn: Callable[[], dict[str, int]] | None = None,
+    load_fn: Callable[[int], nn.Module] | None = None,
+) -> FastAPI:
+    """The inference service; registry access defaults to the root's MLflow registry."""
+    if settings.runtime.torch_threads:
+        torch.set_num_threads(settings.runtime.torch_threads)
+    service = InferenceService(settings, aliases_fn, load_fn)
+    app = FastAPI(title="fleetloop inference", lifespan=service.lifespan, **NO_API_DOCS)
+    fleet_member = auth_dependency(book, [ROBOT, SERVICE])
+    service_only = auth_dependency(book, [SERVICE])
+    add_health(app, lambda: {"service": "inference", "served": service.slots.versions()}, service.problem)
+
+    @app.post(ACT_PATH)
+    async def act(request: Request, principal: Principal = Depends(fleet_member)) -> JSONResponse:
+        return JSONResponse(await service.act(request, principal))
 
     @app.get(POLICY_PATH)
     async def policy(principal: Principal = Depends(fleet_member)) -> JSONResponse:
-        served = slots.versions()
-        alias = alias_for(principal)
-        return JSONResponse(
-            {
-                "alias": alias,
-                "cameras": served_cameras(served_for(alias)),  # key -> [H, W] this robot's frames must have
-                "champion": served.get(reg.champion_alias),
-                "canary": served.get(cfg.canary_alias),
-                "canary_share": cfg.canary_share,
-            }
-        )
+        return JSONResponse(service.policy(principal))
 
     @app.get(STATS_PATH)
     async def stats(principal: Principal = Depends(service_only)) -> JSONResponse:
-        sizes = batcher.batch_sizes
-        batches = sum(sizes.values())
-        requests = sum(size * count for size, count in sizes.items())
-        return JSONResponse(
-            {
-                "served": slots.versions(),
-                "swaps": watcher.swaps,
-                "last_alias_poll": watcher.last_poll,
-                "batches": batches,
-                "requests": requests,
-                "mean_batch": requests / batches if batches else None,
-                "max_batch_seen": max(sizes) if sizes else 0,
-                "batch_sizes": {str(k): v for k, v in sorted(sizes.items())},
-                # where a tail goes: how late the loop woke a 10 ms timer, GC pauses, forward passes
-                "loop_lag": lag.summary(),
-                "gc_pauses": pauses.summary(),
-                "gc_frozen_objects": gc.get_freeze_count(),  # runtime.gc_freeze: start-up's objects, never walked
-                "forward": batcher.forward.summary(),
-            }
-        )
+        return JSONResponse(service.stats())
 
     return app
