@@ -371,7 +371,7 @@ def cell_root(scratch: Path, seed: int, method: str, fleet: int) -> Path:
     return scratch / f"cell-{seed}-{method}-{fleet}"
 
 
-def cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, scratch: Path,
+def run_study_cell(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, scratch: Path,
             keep_root: bool = False) -> tuple[RunRow, Score]:
     """``plan.rounds`` CEL rounds of ``method`` on ``fleet`` robots in a fresh product root: the loop's
     campaign, each round a fleet round (``bc``: a demos-only retrain, the same budget, no fleet data).
@@ -529,16 +529,16 @@ def cell_file(scratch: Path, seed: int, method: str, fleet: int) -> Path:
     return scratch / "cells-done" / f"seed-{seed}-{method}-{fleet}.json"
 
 
-def finished_cel_run(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, scratch: Path
+def finished_study_cell(settings: Settings, plan: Plan, method: str, fleet: int, seed: int, scratch: Path
                      ) -> tuple[RunRow, Score]:
-    """``cel_run``, kept in ``scratch`` as it finishes: a cell already there is read back, not run again,
+    """``run_study_cell``, kept in ``scratch`` as it finishes: a cell already there is read back, not run again,
     so a study stopped inside a seed (a camera seed is hours of one core) resumes at its next cell."""
     done = cell_file(scratch, seed, method, fleet)
     if done.exists():
         initial, (row,) = _seed_from_json(json.loads(done.read_text()))
         log(f"seed {seed}: {method}/{fleet} finished earlier ({done}): read back")
         return row, initial
-    row, initial = cel_run(settings, plan, method, fleet, seed, scratch)
+    row, initial = run_study_cell(settings, plan, method, fleet, seed, scratch)
     done.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(done, json.dumps(_seed_json((initial, [row])), indent=1) + "\n")  # a kill leaves no half cell
     return row, initial
@@ -548,7 +548,7 @@ def run_seed(settings: Settings, plan: Plan, seed: int, scratch: Path) -> tuple[
     """One seed of the study: the ``bc`` line and every (method, fleet) cell, each from the same bootstrap."""
     torch.set_num_threads(1)
     rows: list[RunRow] = []
-    bc, initial = finished_cel_run(settings, plan, "bc", plan.fleet_sizes[0], seed, scratch)  # never sees the fleet
+    bc, initial = finished_study_cell(settings, plan, "bc", plan.fleet_sizes[0], seed, scratch)  # never sees the fleet
     rows += [replace(bc, fleet=fleet) for fleet in plan.fleet_sizes]
     log(f"seed {seed}: initial policy {initial.rate:.1%} on {plan.robots} robots (sampled {initial.sampled_rate:.1%}); "
         f"bc (demos only) {bc.score.rate:.1%}")
@@ -556,7 +556,7 @@ def run_seed(settings: Settings, plan: Plan, seed: int, scratch: Path) -> tuple[
     if plan.ablation and seed == 0:  # ablations: largest fleet, first seed only (time)
         methods += [("fert_uniform", plan.fleet_sizes[-1]), ("fert_learned", plan.fleet_sizes[-1])]
     for method, fleet in methods:
-        row, start = finished_cel_run(settings, plan, method, fleet, seed, scratch)
+        row, start = finished_study_cell(settings, plan, method, fleet, seed, scratch)
         if (start.successes, start.trials) != (initial.successes, initial.trials):
             raise RuntimeError(f"seed {seed}: cell {method}/{fleet} bootstrapped a different policy than the bc cell; "
                                "the bootstrap must be deterministic")

@@ -11,7 +11,7 @@
 **Success** (``success.mlp``, ``success.moe``, ``success.moe_minus_mlp``). Per seed and policy kind
 (``mlp`` = ``policy:`` of params.yaml with ``kind: mlp``; ``moe`` = the same with
 ``kind: moe_transformer``, its knobs from params.yaml), every fleet size runs the product loop of
-``benchmarks/fleet_scaling.py`` (``cel_run``: demos -> bootstrap champion -> FERT rounds through
+``benchmarks/fleet_scaling.py`` (``run_study_cell``: demos -> bootstrap champion -> FERT rounds through
 ingest, the one trainer, validation-robot gate; fresh test robots per seed). Same demos, rounds,
 step budget and test robots for both kinds. Reported: the bootstrap champion and the final champion
 per fleet size on test robots (thresholded jaw), per seed, pooled Wilson intervals, and the
@@ -59,7 +59,7 @@ from benchmarks.fleet_scaling import (
     QUICK,
     Plan,
     Score,
-    cel_run,
+    run_study_cell,
     log,
     plan_settings,
     run_seeds,
@@ -157,9 +157,9 @@ def success_seed(settings: Settings, plan: Plan, seed: int, scratch: Path) -> di
     scores: dict[str, dict[str, Score]] = {}
     for kind in KINDS:
         for fleet in plan.fleet_sizes:
-            # a scratch folder per kind: cel_run names a cell's root by (seed, method, fleet)
+            # a scratch folder per kind: run_study_cell names a cell's root by (seed, method, fleet)
             # only, and MLflow keeps state per store path within a process
-            row, initial = cel_run(with_kind(settings, kind), plan, METHOD, fleet, seed, scratch / kind)
+            row, initial = run_study_cell(with_kind(settings, kind), plan, METHOD, fleet, seed, scratch / kind)
             scores.setdefault(kind, {}).setdefault("bootstrap", initial)
             scores[kind][f"fleet_{fleet}"] = row.score
             log(f"seed {seed} {kind}: bootstrap {initial.rate:.1%}, after {plan.rounds} {METHOD} rounds at "

@@ -3,7 +3,7 @@
     python -m benchmarks.pack_fert_cap            # 4 seeds, ~12 min with 2 workers
     python -m benchmarks.pack_fert_cap --quick    # smoke run (1 seed, tiny budgets)
 
-The pack study's FERT cell (``fleet_scaling.cel_run``: bootstrap, then 6 fleet rounds of 96 robots
+The pack study's FERT cell (``fleet_scaling.run_study_cell``: bootstrap, then 6 fleet rounds of 96 robots
 with FERT, ~600 fine-tuning steps a round, each round gated on validation robots) ends at 87.7 % on
 test robots, while BC on plentiful clean expert data reaches 98 % (``pack_ceiling``). This runs
 that cell as the study does (``PLANS["pack"]``, 96 robots, scored on *tuning* robots), keeps its
@@ -101,7 +101,7 @@ def run_seed(seed: int, grid: Grid, scratch: str) -> dict:
     started = time.perf_counter()
     fleet = grid.plan.fleet_sizes[-1]
     settings = fs.plan_settings(grid.plan)
-    row, _ = fs.cel_run(settings, grid.plan, "fert", fleet, seed, Path(scratch), keep_root=True)
+    row, _ = fs.run_study_cell(settings, grid.plan, "fert", fleet, seed, Path(scratch), keep_root=True)
     cell = fs.cell_settings(settings, grid.plan, "fert", fs.cell_root(Path(scratch), seed, "fert", fleet), seed)
     ws = Workspace(cell)
     variants = {"champion": {**score(cell, ws.registry.load("champion"), grid, seed),

@@ -271,7 +271,7 @@ def test_a_stopped_study_resumes_from_its_finished_seeds_and_can_report_them(stu
         raise AssertionError("a kept cell was run again")
 
     monkeypatch.setattr(fs, "run_seed", run_seed)
-    monkeypatch.setattr(fs, "cel_run", no_cell)
+    monkeypatch.setattr(fs, "run_study_cell", no_cell)
     resumed = fs.run(plan, "resumed", settings=_small(studies.tiny_root.parent / "resumed"), log_models=False,
                      cells=cells)
     assert resumed["results"] == studies.alone["results"] and resumed["seeds_reported"] == [0, 1]
