@@ -118,6 +118,12 @@ class SegmentUpkeep:
         Prunes versions older than ``cfg.retain_versions_days`` except what lineage points at:
         tagged versions (``tag``) are kept, and since LanceDB refuses to prune a tagged version,
         pruning stops short of the oldest tag (``untag`` the ones no run needs any more).
+
+        Folding may log Lance's ``partition index is N but the number of partitions is M, skip
+        loading it``: a fold that split partitions left delta indexes with different partition
+        counts, and the next fold reads each delta's partitions by the largest count. Lance skips the
+        partitions an older delta never had (there are no rows there to lose) and its split/join merges
+        the deltas into one (lance-format/lance#5312, fixed by #5328). Harmless; nothing to do here.
         """
         self._writable()
         self._table.optimize(cleanup_older_than=datetime.now() - self._prune_before())
