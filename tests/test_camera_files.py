@@ -16,7 +16,8 @@ from components.episodes.incoming import read_incoming
 from components.episodes.quarantine import QuarantinedFile, read_reason
 from components.episodes.record import camera_key
 from components.episodes.schema import read_episode_file
-from components.episodes.video import encode_episodes, read_all_frames
+from components.episodes.encoder_process import encode_episodes
+from components.episodes.video import read_all_frames
 from components.pipeline.collect import collect_expert_demos, write_episodes
 from components.pipeline.ingest import incoming_files, ingest_files
 from components.pipeline.references import episode_files

@@ -11,6 +11,7 @@ import pytest
 
 from components.config import CameraConfig, EpisodesConfig, SimConfig, VideoConfig
 from components.episodes.dataset import EpisodeDataset, IncomingEpisode
+from components.episodes.encoder_process import encode_episodes
 from components.episodes.record import Episode, camera_key
 from components.episodes.schema import episode_to_table
 from components.episodes.validation import EpisodeValidationError
@@ -18,7 +19,6 @@ from components.episodes.video import (
     FrameTimestampError,
     VideoReader,
     decode_frames,
-    encode_episodes,
     episode_frames,
     tolerance_s,
 )

@@ -24,6 +24,13 @@ class VideoConfig(Section):
     # where an ingest encodes: "background" = a thread encodes while the data file, tasks and
     # stats are written, joined before the commit; "inline" = before them (benchmarks/vision.py)
     encode: Literal["inline", "background"] = "background"
+    # SVT-AV1 can deadlock mid-encode (idle, never returning): each encode runs in a child process
+    # (components/episodes/encoder_process.py) that is killed, and the encode retried, once it has
+    # not answered in encode_timeout_s + frames / encode_min_fps seconds
+    encode_timeout_s: float = Field(default=60.0, gt=0)
+    encode_min_fps: float = Field(default=50.0, gt=0)
+    encode_attempts: int = Field(default=3, ge=1)
+    encoder_start_timeout_s: float = Field(default=120.0, gt=0)  # the child's imports, on a loaded machine
 
 
 class EpisodesConfig(Section):

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from components.config import EpisodesConfig
 from components.episodes.record import CAMERA_KEY_PREFIX, Episode
-from components.episodes.video import encode_episodes
+from components.episodes.encoder_process import encode_episodes
 from components.fsio import atomic_path
 
 SIDECAR_SUFFIX = ".mp4"

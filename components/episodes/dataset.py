@@ -139,7 +139,8 @@ from components.episodes.validation import (
     validate_episode_batch,
     validate_episode_table,
 )
-from components.episodes.video import encode_episodes, video_feature, video_info
+from components.episodes.encoder_process import encode_episodes
+from components.episodes.video import video_feature, video_info
 from components.episodes.video_validation import validate_camera_streams
 from components.fsio import atomic_path
 

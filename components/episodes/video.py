@@ -1,6 +1,6 @@
 """Camera streams as LeRobot v3 video features: encode episodes into mp4 files, read frames by timestamp.
 
-    frames of several episodes (uint8 (T, H, W, 3) each) --encode_episodes--> one mp4 under
+    frames of several episodes (uint8 (T, H, W, 3) each) --encode_here--> one mp4 under
         videos/<key>/chunk-XXX/file-XXX.mp4 (back to back, frame i of the file at i / fps)
         + each episode's (from_timestamp, to_timestamp) in the file, for the episodes table
     an episode's timestamps + its from_timestamp --decode_frames--> the nearest decoded frames
@@ -76,9 +76,10 @@ def check_frames(frames: np.ndarray, what: str) -> None:
                          "(set sim.camera.width/height to even numbers)")
 
 
-def encode_episodes(path: Path, streams: Sequence[np.ndarray], fps: float, cfg: VideoConfig) -> list[EpisodeSpan]:
+def encode_here(path: Path, streams: Sequence[np.ndarray], fps: float, cfg: VideoConfig) -> list[EpisodeSpan]:
     """Encode the episodes' frames back to back into one mp4 at ``path`` (frame i of the file at
-    time i / fps); returns each episode's span in it. All streams must share one resolution."""
+    time i / fps), in the calling thread; returns each episode's span in it. All streams must share
+    one resolution. The store encodes through ``encoder_process.encode_episodes`` (a deadline)."""
     if not streams:
         raise ValueError(f"{path}: no episodes to encode")
     height, width = streams[0].shape[1:3]
