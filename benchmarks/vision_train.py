@@ -3,7 +3,6 @@
     python -m benchmarks.vision_train            # 64x64 cameras, 8 steps/iteration, 4 rounds (~25-40 min on 2 cores)
     python -m benchmarks.vision_train --quick    # 32x32 cameras, 4 steps/iteration, 3 rounds (~8-12 min)
     python -m benchmarks.vision_train --tiny     # 16x16, batch 16: code path only (tests)
-    python -m benchmarks.vision_train --quick --validation-groups 2   # validation in 2 rollouts (train.validation_groups)
 
 The workload is ``policy.kind: vision`` with PolicyConfig's defaults (conv encoder per camera,
 spatial softmax, MLP head, ``augment_shift`` 4), ``train.batch_size`` 256, validation on
@@ -87,7 +86,6 @@ class Size:
     episodes_per_robot: int
     batch_size: int | None = None  # None: train.batch_size
     validation_robots: int | None = None  # None: train.validation_robots
-    validation_groups: int | None = None  # None: train.validation_groups
     dataloader_workers: tuple[int, ...] = (1, 2)
     max_steps: int | None = None  # None: sim.max_steps (validation rollouts run up to this many steps)
     scheduler: tuple[tuple[str, Any], ...] = ()  # scheduler settings changed (tiny: auto's measuring cut short)
@@ -113,8 +111,7 @@ def camera_settings(settings: Settings, size: Size, root: Path) -> Settings:
         update={"width": size.camera, "height": size.camera}), **({"max_steps": size.max_steps} if size.max_steps else {})})
     train = settings.train.model_copy(update={"steps_per_iteration": size.steps_per_iteration, **(
         {"batch_size": size.batch_size} if size.batch_size else {}), **(
-        {"validation_robots": size.validation_robots} if size.validation_robots else {}), **(
-        {"validation_groups": size.validation_groups} if size.validation_groups else {})})
+        {"validation_robots": size.validation_robots} if size.validation_robots else {})})
     policy = type(settings.policy)(kind="vision")  # PolicyConfig's vision defaults
     scheduler = settings.scheduler.model_copy(update=dict(size.scheduler))
     return settings.model_copy(update={"root": root, "sim": sim, "train": train, "policy": policy, "scheduler": scheduler})
@@ -196,7 +193,7 @@ class DataLoaderRow:
 
     def run(self, iterations: int) -> Any:
         from components.training.bc import bc_step
-        from components.training.workflow import Learner, Validator, op_validate, validation_rate
+        from components.training.workflow import Learner, Validator, op_validate
 
         spec = self.spec
         before = torch.get_num_threads()
@@ -211,8 +208,7 @@ class DataLoaderRow:
                 start = time.perf_counter()
                 params = {k: v.detach().clone() for k, v in learner.policy.state_dict().items()}
                 t = time.perf_counter()
-                records[i] = validation_rate([op_validate(validator, {"iteration": i, "group": g}, {"params": params})["valm"]
-                                              for g in range(spec.validation.groups)])
+                records[i] = op_validate(validator, {"iteration": i}, {"params": params})["valm"]
                 spans.append(Span("validate", f"validate[{i}]", "validator", "main", i, t, time.perf_counter(), 0))
                 for _ in range(spec.steps_in(i)):
                     t = time.perf_counter()
@@ -332,7 +328,6 @@ def report(trainer: Any, size: Size, auto: Any, plans: list[Any], meas: dict, qu
                      "obs_dim": spec.layout.dim, "batch_size": spec.batch_size,
                      "steps_per_iteration": spec.steps_per_iteration, "frames_per_iteration": frames_per_iteration,
                      "validation_robots": len(spec.validation.robot_ids) if spec.validation else 0,
-                     "validation_groups": spec.validation.groups if spec.validation else 0,
                      "learner_threads": spec.learner_threads, "policy": spec.policy.model_dump(mode="json"),
                      "rounds": size.rounds, "iterations_per_run": size.iterations},
         "commit": _commit(),
@@ -392,8 +387,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--steps", type=int, help="optimizer steps per iteration (train.steps_per_iteration)")
     ap.add_argument("--camera", type=int, help="camera width = height, pixels")
-    ap.add_argument("--validation-groups", type=int, help="train.validation_groups (validation rollouts a plan may "
-                                                          "run side by side)")
     ap.add_argument("--name", default=NAME)
     ap.add_argument("--out", type=Path, default=RESULTS)
     return ap.parse_args(argv)
@@ -401,8 +394,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def study_size(args: argparse.Namespace) -> Size:
     size = SIZES["tiny" if args.tiny else "quick" if args.quick else "full"]
-    update = {k: v for k, v in (("rounds", args.rounds), ("steps_per_iteration", args.steps), ("camera", args.camera),
-                                ("validation_groups", args.validation_groups)) if v is not None}
+    update = {k: v for k, v in (("rounds", args.rounds), ("steps_per_iteration", args.steps), ("camera", args.camera))
+              if v is not None}
     return Size(**{**size.__dict__, **update})
 
 

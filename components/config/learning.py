@@ -171,11 +171,6 @@ class TrainConfig(Section):
     steps_per_iteration: int = Field(default=50, ge=1)  # optimizer steps per workflow iteration
     validation_robots: int = Field(default=4, ge=0)  # validation rollouts each iteration (0 = none)
     validation_episodes: int = Field(default=1, ge=1)  # per validation robot and iteration
-    # the validation robots split into up to this many rollouts (contiguous shares, fixed by this
-    # number and the robots alone, so every plan validates the same way): a plan may run them side
-    # by side on separate processes (Rose's replicate rewrite; the camera workflow's validation
-    # renders, and outlasts the learner). 1 = one rollout over every validation robot
-    validation_groups: int = Field(default=1, ge=1)
     # what the train task runs: imitation (the method above, through the trainer's workflow), or
     # PPO on the built-in simulator (components/pipeline/scheduled.py); both through the scheduler
     workload: Literal["imitation", "ppo"] = "imitation"

@@ -15,9 +15,7 @@ GROUP_LOOP = "group"
 
 
 def plan_workflow(workflow: Workflow, plan: Plan) -> Workflow:
-    """The workflow with the plan's env-group count applied (if it has a group loop the plan may set)."""
-    if GROUP_LOOP in workflow.fixed_loops:
-        return workflow
+    """The workflow with the plan's env-group count applied (if it has a group loop)."""
     if plan.groups and GROUP_LOOP in workflow.loops and workflow.loops[GROUP_LOOP] != plan.groups:
         return workflow.replace_loops(**{GROUP_LOOP: plan.groups})
     return workflow

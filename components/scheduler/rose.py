@@ -161,14 +161,10 @@ def replicate_rollout(workflow: Workflow, plan: Plan, replicas: int) -> Plan | N
         return None
     if any(len(plan.hosts(c)) > 1 for c in comps):
         return None
-    if GROUP_LOOP in workflow.fixed_loops:  # the workflow's own count, shared out as evenly as it splits
-        groups = workflow.loops[GROUP_LOOP]
-        replicas = min(replicas, groups)
-    else:
-        groups = max(plan.groups or workflow.loops[GROUP_LOOP], replicas)
-        groups += (-groups) % replicas
-    bounds = [groups * r // replicas for r in range(replicas + 1)]
-    rollout = tuple(WorkerSpec(f"rollout{r}", comps, kind="process", groups=tuple(range(bounds[r], bounds[r + 1])))
+    groups = max(plan.groups or workflow.loops[GROUP_LOOP], replicas)
+    groups += (-groups) % replicas
+    share = groups // replicas
+    rollout = tuple(WorkerSpec(f"rollout{r}", comps, kind="process", groups=tuple(range(r * share, (r + 1) * share)))
                     for r in range(replicas))
     threads = {**plan.threads, **{c: 1 for c in comps}}
     return plan.with_(workers=(*_workers_without(plan, comps), *rollout), groups=groups, threads=threads)
@@ -359,7 +355,7 @@ def unoffered_groups(workflow: Workflow, plan: Plan, stages: tuple[int, ...]) ->
     counts the profile covers and the workload accepts, e.g. PPO's inference chunk must divide each
     group), else empty. Rewrites that regroup (``pipeline_env_groups``, ``replicate_rollout``) pick
     their count without the workload, so each proposal is checked here; no ``stages``: any count."""
-    if not stages or GROUP_LOOP not in workflow.loops or GROUP_LOOP in workflow.fixed_loops:
+    if not stages or GROUP_LOOP not in workflow.loops:
         return ""
     m = plan.groups or workflow.loops[GROUP_LOOP]
     if m in stages:

@@ -158,9 +158,6 @@ class Workflow:
     loops: dict[str, int]
     body: tuple[OpSpec | ForEach, ...]
     version_order: tuple[str, ...] = field(default=())
-    # loops whose count is part of what the workflow computes (the trainer's validation groups),
-    # not a plan's choice: a plan's group count never changes them (placement.plan_workflow)
-    fixed_loops: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.components]
@@ -247,4 +244,4 @@ class Workflow:
         if unknown:
             raise WorkflowError(f"workflow {self.name} has no loops {sorted(unknown)}")
         return Workflow(self.name, self.components, self.states, {**self.loops, **counts}, self.body,
-                        self.version_order, self.fixed_loops)
+                        self.version_order)

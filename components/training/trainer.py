@@ -40,7 +40,7 @@ from components.scheduler.runtime import Roles, SchedulerRuntime
 from components.training.bc import total_steps
 from components.training.determinism import resolve_device
 from components.training.imitation import TrainingSet
-from components.training.workflow import TrainSpec, ValidationSpec, train_workflow, validation_rate
+from components.training.workflow import TrainSpec, ValidationSpec, train_workflow
 
 Log = Callable[[str], None]
 IterationFn = Callable[[int, dict[str, Any]], None]  # (iteration, recorded states), from a worker thread
@@ -97,8 +97,7 @@ class Trainer:
     def __init__(self, spec: TrainSpec, cfg: SchedulerConfig, cache_dir: Path | None = None,
                  log: Log | None = None) -> None:
         self.spec = spec
-        # no env groups to split (the validation groups are the workflow's own: fixed_loops)
-        self.cfg = cfg.model_copy(update={"pipeline_stages": (1,)})
+        self.cfg = cfg.model_copy(update={"pipeline_stages": (1,)})  # no env groups to split
         self.cache_dir = cache_dir
         self.log = log or (lambda _: None)
         self._runtime: SchedulerRuntime | None = None
@@ -163,8 +162,7 @@ class Trainer:
             "steps_per_iteration": s.steps_per_iteration, "dims": [s.obs_dim, s.act_dim],
             "weighted": s.data.weights is not None,  # not the frame count: drawing a batch costs the same
             "validation": None if s.validation is None else [s.validation.sim.name, s.validation.sim.max_steps,
-                                                             len(s.validation.robot_ids), s.validation.episodes_per_robot,
-                                                             s.validation.groups],
+                                                             len(s.validation.robot_ids), s.validation.episodes_per_robot],
             "learner_threads": s.learner_threads, "device": s.device, "scheduler": self.cfg.model_dump(mode="json", exclude={"plan", "iterations"}),
             "machine": [platform.machine(), os.cpu_count(), platform.python_version(), torch.__version__],
         }
@@ -205,29 +203,13 @@ class Trainer:
         per_iter = {k.version[0]: v for k, v in result.records.items() if k.state == "stats"}
         losses = [x for i in sorted(per_iter) for x in per_iter[i]["losses"]]
         usage = [u for i in sorted(per_iter) for u in per_iter[i].get("expert_usage", [])]
-        val = self._validation(result.records)
+        val = {k.version[0]: v["success_rate"] for k, v in result.records.items() if k.state == "valm"}
         policy = self.spec.new_policy()
         policy.load_state_dict(result.final["params"])
         policy.eval()
         sent = int(per_iter[max(per_iter)].get("shuffle_bytes_sent", 0)) if per_iter else 0
         return TrainRun(policy, losses, list(result.iteration_s), [val[i] for i in sorted(val)], choice,
                         result.timeline, seconds, sent, usage)
-
-
-    def _validation(self, records: dict) -> dict[int, float]:
-        """Each iteration's validation success rate, from its groups' parts (train.validation_groups)."""
-        parts: dict[int, list[dict[str, int]]] = {}
-        for key, value in records.items():
-            if key.state == "valm":
-                parts.setdefault(key.version[0], []).append(value)
-        val = self.spec.validation
-        expected = 0 if val is None else len(val.robot_ids) * val.episodes_per_robot
-        rates = {i: validation_rate(p) for i, p in parts.items()}
-        short = {i: r["trials"] for i, r in rates.items() if r["trials"] != expected}
-        if short:  # a plan that ran another group count would validate only part of the robots
-            raise RuntimeError(f"validation of iterations {sorted(short)} covered {sorted(set(short.values()))} "
-                               f"trials, not the {expected} of every validation robot")
-        return {i: float(r["success_rate"]) for i, r in rates.items()}
 
 
 def fastest_task(task: list[float], margin: float) -> int:
@@ -258,8 +240,7 @@ def train_spec(settings: Settings, data: TrainingSet, init: NormalizedPolicy | N
     validation = None
     if validate and t.validation_robots > 0:
         validation = ValidationSpec(settings.sim, tuple(settings.fleet.validation_ids(t.validation_robots)),
-                                    t.validation_episodes, settings.seed,
-                                    min(t.validation_groups, t.validation_robots))
+                                    t.validation_episodes, settings.seed)
     return TrainSpec(
         data=data, policy=settings.policy, lr=t.lr, weight_decay=t.weight_decay, batch_size=t.batch_size,
         seed=settings.seed, total_steps=total_steps(len(data.states), t.batch_size, t.epochs),

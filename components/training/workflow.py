@@ -40,8 +40,7 @@ from components.policy.history import as_tensor_episode_ends, as_tensor_position
 from components.policy.moe import step_usage
 from components.policy.normalizer import NormalizedPolicy
 from components.policy.observation import ObservationLayout
-from components.scheduler.placement import GROUP_LOOP
-from components.scheduler.workflow import BuildContext, Component, ForEach, OpSpec, StateSpec, Workflow
+from components.scheduler.workflow import BuildContext, Component, OpSpec, StateSpec, Workflow
 from components.training.augment import CameraBatch, augment
 from components.training.bc import as_weights, batch_indices, bc_step, make_optimizer
 from components.training.imitation import TrainingSet
@@ -57,17 +56,6 @@ class ValidationSpec:
     robot_ids: tuple[str, ...]
     episodes_per_robot: int
     seed: int
-    groups: int = 1  # train.validation_groups: rollouts over contiguous shares of robot_ids
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.groups <= len(self.robot_ids):
-            raise ValueError(f"train.validation_groups={self.groups} must be between 1 and train.validation_robots="
-                             f"{len(self.robot_ids)} (each group rolls out at least one robot)")
-
-    def group_robots(self, group: int) -> list[str]:
-        """The robots of validation group ``group``: a contiguous share of ``robot_ids``, fixed by
-        ``groups`` alone (never by where a plan runs the group)."""
-        return [str(r) for r in np.array_split(np.array(self.robot_ids), self.groups)[group]]
 
 
 @dataclass(frozen=True)
@@ -254,16 +242,9 @@ def op_validate(v: Validator, idx: dict[str, int], inp: dict[str, Any]) -> dict[
     assert val is not None
     v.policy.load_state_dict(inp["params"])
     actor = make_thresholded(val.sim, PolicyActor(v.policy))
-    robots = val.group_robots(idx.get(GROUP_LOOP, 0))
-    episodes = run_episodes(actor, robots, val.sim, val.episodes_per_robot,
+    episodes = run_episodes(actor, list(val.robot_ids), val.sim, val.episodes_per_robot,
                             val.seed * 1000 + VALIDATION_STREAM, "validation")
-    return {"valm": {"successes": sum(bool(e.success) for e in episodes), "trials": len(episodes)}}
-
-
-def validation_rate(parts: list[dict[str, int]]) -> dict[str, float | int]:
-    """One iteration's validation from its groups' ``valm`` parts (one part when ungrouped)."""
-    successes, trials = sum(p["successes"] for p in parts), sum(p["trials"] for p in parts)
-    return {"success_rate": successes / trials, "trials": trials}
+    return {"valm": {"success_rate": float(np.mean([e.success for e in episodes])), "trials": len(episodes)}}
 
 
 def _sampler(ctx: BuildContext) -> Sampler:
@@ -283,8 +264,7 @@ def _augmenter(ctx: BuildContext) -> Augmenter:
 
 
 def train_workflow(spec: TrainSpec, groups: int = 1) -> Workflow:
-    """The training workflow. Its one group loop, when ``train.validation_groups`` > 1, is the
-    validation groups, fixed by the spec: ``groups`` (the runtime's env-group count) is ignored."""
+    """The training workflow (no env groups: ``groups`` is accepted for the runtime and ignored)."""
     del groups
     comps = [Component("sampler", _sampler), Component("learner", _learner, exclusive=True, memory_mb=4.0,
                                                        process_ok=spec.expert_parallel is None)]
@@ -299,13 +279,9 @@ def train_workflow(spec: TrainSpec, groups: int = 1) -> Workflow:
         OpSpec("learn", "learner", op_learn, reads=("batch@iteration", "params@iteration"),
                writes=("params@iteration+1", "stats@iteration"), quota_invariant=False),
     ]
-    loops: dict[str, int] = {}
     if spec.validation is not None:
-        grouped = spec.validation.groups > 1  # replicable: each group's rollout is its own
-        comps.append(Component("validator", _validator, replicable=grouped))
+        comps.append(Component("validator", _validator))
         states.append(StateSpec("valm"))
-        validate = OpSpec("validate", "validator", op_validate, reads=("params@iteration",),
-                          writes=("valm[group]@iteration" if grouped else "valm@iteration",), side=True)
-        body.append(ForEach(GROUP_LOOP, (validate,)) if grouped else validate)
-        loops = {GROUP_LOOP: spec.validation.groups} if grouped else {}
-    return Workflow("train", tuple(comps), tuple(states), loops, tuple(body), fixed_loops=tuple(loops))
+        body.append(OpSpec("validate", "validator", op_validate, reads=("params@iteration",),
+                           writes=("valm@iteration",), side=True))
+    return Workflow("train", tuple(comps), tuple(states), {}, tuple(body))
