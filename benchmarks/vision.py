@@ -11,6 +11,10 @@ Measured side by side in one run, repeats interleaved, medians quoted:
 * **ingest**: ``EpisodeDataset.add_episodes`` of the same camera episodes with the video encoded
   inline vs in a background thread joined before the commit (``episodes.video.encode``), and the
   same episodes without cameras (the hot path's floor if encoding left it altogether), frames/s;
+* **encode**: one camera's streams of the batch encoded in the calling thread vs through the child
+  encoder process every store encode goes through (``episodes/encoder_process.py``: a deadline,
+  because SVT-AV1 can deadlock); the ingest's ``cpu_over_wall`` counts this process only, so the
+  child's encoding no longer shows there;
 * **bytes on disk per 1k frames**: the stored mp4s vs the raw uint8 arrays;
 * **decode**: frames/s of our reader (``EpisodeDataset.camera_frames``: by timestamp, LeRobot's
   tolerance rule) vs PyAV reading the same files straight through; torchcodec where it loads
@@ -37,7 +41,9 @@ import numpy as np
 
 from components.config import EpisodesConfig, SimConfig, VideoConfig, load_settings
 from components.episodes.dataset import EpisodeDataset
-from components.episodes.record import Episode
+from components.episodes.encoder_process import encode_episodes
+from components.episodes.record import Episode, camera_key
+from components.episodes.video import encode_here
 from components.sim.collect import run_episodes
 from components.sim.factory import make_env, make_expert
 
@@ -155,6 +161,25 @@ def measure_ingest(episodes: list[Episode], episodes_cfg: EpisodesConfig, plan: 
     return out, kept
 
 
+def measure_encode(episodes: list[Episode], episodes_cfg: EpisodesConfig, plan: Plan, workdir: Path) -> dict:
+    """Seconds to encode one camera's streams of the batch (what one ingest file holds): in the
+    calling thread (``video.encode_here``) vs through the child encoder process the store uses
+    (``encoder_process.encode_episodes``: the deadline that a deadlocked SVT-AV1 needs), interleaved."""
+    streams = [e.cameras[camera_key(VIEWS[0])] for e in episodes]
+    ways = {"in_thread": encode_here, "child_process": encode_episodes}
+    seconds: dict[str, list[float]] = {w: [] for w in ways}
+    encode_episodes(workdir / "encode-warm-up.mp4", streams[:2], episodes_cfg.fps, episodes_cfg.video)  # the child's start
+    for repeat in range(plan.repeats):
+        for way, encode in ways.items():
+            start = time.perf_counter()
+            encode(workdir / f"encode-{way}-{repeat}.mp4", streams, episodes_cfg.fps, episodes_cfg.video)
+            seconds[way].append(time.perf_counter() - start)
+    out = {w: {"seconds": _median(s), "all_seconds": s} for w, s in seconds.items()}
+    out["frames"] = sum(len(s) for s in streams)
+    out["child_over_thread"] = out["child_process"]["seconds"] / out["in_thread"]["seconds"]
+    return out
+
+
 def _cpu_seconds() -> float:
     times = os.times()
     return times.user + times.system
@@ -266,6 +291,7 @@ def main() -> None:
             "episodes": len(episodes),
             "render": measure_render(settings.sim, plan),
             "ingest": ingest,
+            "encode": measure_encode(episodes, settings.episodes, plan, Path(tmp)),
             "bytes": measure_bytes(kept, episodes),
             "decode": measure_decode(kept, plan),
         }
@@ -282,7 +308,7 @@ def main() -> None:
     plot(result, args.out / f"{args.name}.png")
     print(json.dumps({k: result[k] for k in ("render", "bytes")}, indent=1))
     print(json.dumps({k: {m: v for m, v in result[k].items() if m != "all_seconds"} if isinstance(result[k], dict) else result[k]
-                      for k in ("ingest", "decode")}, indent=1, default=str))
+                      for k in ("ingest", "encode", "decode")}, indent=1, default=str))
     print(f"wrote {args.out / args.name}.json and .png in {result['wall_s']:.0f}s")
 
 
