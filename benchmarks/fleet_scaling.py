@@ -418,21 +418,23 @@ def run(plan: Plan, out_name: str, workers: int = 1, settings: Settings | None =
     policy to MLflow (``log_models``; the root's store), then the JSON + PNG.
 
     ``cells``: a folder that keeps each seed's results (and final policies) as the seed finishes;
-    seeds already there are not run again, so a stopped study resumes. ``finished_only``: run
+    seeds already there are not run again, so a stopped study resumes; a seed kept by a plan with
+    other fleet sizes or methods (``kept_seed``) runs again for the cells it lacks. ``finished_only``: run
     nothing, report the seeds the folder holds (the JSON's ``seeds_reported`` says which)."""
     torch.set_num_threads(1)
     settings = plan_settings(plan, settings)
     scratch = cells or Path(tempfile.mkdtemp(prefix="fleet_scaling_"))
     scratch.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    todo = [] if finished_only else [s for s in plan.seed_ids if not seed_file(scratch, s).exists()]
+    todo = [] if finished_only else [s for s in plan.seed_ids if kept_seed(scratch, s, plan) is None]
     try:
         for seed, done in run_seeds(settings, plan, todo, scratch, workers):
             seed_file(scratch, seed).write_text(json.dumps(_seed_json(done), indent=1) + "\n")
-        seeds = [s for s in plan.seed_ids if seed_file(scratch, s).exists()]
+        kept = {s: kept_seed(scratch, s, plan) for s in plan.seed_ids}
+        seeds = [s for s in plan.seed_ids if kept[s] is not None]
         if not seeds:
             raise SystemExit(f"{scratch} holds no finished seed of this plan: nothing to report")
-        per_seed = [_seed_from_json(json.loads(seed_file(scratch, s).read_text())) for s in seeds]
+        per_seed = [kept[s] for s in seeds]
         rows = [row for _, seed_rows in per_seed for row in seed_rows]
         if log_models:
             log_cell_policies(settings, plan, rows)
@@ -467,6 +469,27 @@ def run_seeds(settings: Settings, plan: Plan, seeds: list[int], scratch: Path, w
 
 def seed_file(folder: Path, seed: int) -> Path:
     return folder / f"seed-{seed}.json"
+
+
+def plan_cells(plan: Plan, seed: int) -> set[tuple[str, int]]:
+    """The (method, fleet) rows a finished seed of ``plan`` holds (``run_seed``)."""
+    cells = {(m, n) for n in plan.fleet_sizes for m in (*plan.methods, "bc")}
+    if plan.ablation and seed == 0:
+        cells |= {("fert_uniform", plan.fleet_sizes[-1]), ("fert_learned", plan.fleet_sizes[-1])}
+    return cells
+
+
+def kept_seed(folder: Path, seed: int, plan: Plan) -> tuple[Score, list[RunRow]] | None:
+    """The seed's kept results, restricted to ``plan``'s cells; None when the folder's seed file is
+    missing or lacks one of them: a seed kept by a plan with other fleet sizes or methods (the pack
+    study ran its 96-robot cells first) runs again, and its finished cells are read back."""
+    path = seed_file(folder, seed)
+    if not path.exists():
+        return None
+    initial, rows = _seed_from_json(json.loads(path.read_text()))
+    wanted = plan_cells(plan, seed)
+    rows = [r for r in rows if (r.method, r.fleet) in wanted]
+    return (initial, rows) if {(r.method, r.fleet) for r in rows} == wanted else None
 
 
 def _seed_json(done: tuple[Score, list[RunRow]]) -> dict:
@@ -544,11 +567,18 @@ def finished_study_cell(settings: Settings, plan: Plan, method: str, fleet: int,
     return row, initial
 
 
+def bc_fleet(scratch: Path, seed: int, plan: Plan) -> int:
+    """The fleet size the seed's bc cell is kept under: bc never sees the fleet, so a bc cell an
+    earlier plan of this folder finished is read back under its own size; else the plan's first."""
+    kept = sorted(int(p.stem.rsplit("-", 1)[1]) for p in (scratch / "cells-done").glob(f"seed-{seed}-bc-*.json"))
+    return kept[0] if kept else plan.fleet_sizes[0]
+
+
 def run_seed(settings: Settings, plan: Plan, seed: int, scratch: Path) -> tuple[Score, list[RunRow]]:
     """One seed of the study: the ``bc`` line and every (method, fleet) cell, each from the same bootstrap."""
     torch.set_num_threads(1)
     rows: list[RunRow] = []
-    bc, initial = finished_study_cell(settings, plan, "bc", plan.fleet_sizes[0], seed, scratch)  # never sees the fleet
+    bc, initial = finished_study_cell(settings, plan, "bc", bc_fleet(scratch, seed, plan), seed, scratch)
     rows += [replace(bc, fleet=fleet) for fleet in plan.fleet_sizes]
     log(f"seed {seed}: initial policy {initial.rate:.1%} on {plan.robots} robots (sampled {initial.sampled_rate:.1%}); "
         f"bc (demos only) {bc.score.rate:.1%}")

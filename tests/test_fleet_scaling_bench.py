@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -275,6 +276,39 @@ def test_a_stopped_study_resumes_from_its_finished_seeds_and_can_report_them(stu
     resumed = fs.run(plan, "resumed", settings=_small(studies.tiny_root.parent / "resumed"), log_models=False,
                      cells=cells)
     assert resumed["results"] == studies.alone["results"] and resumed["seeds_reported"] == [0, 1]
+
+
+def test_a_seed_kept_by_another_plan_runs_again_for_only_its_missing_cells(studies, monkeypatch, tmp_path):
+    """The pack study ran its 96-robot cells first and the smaller fleets after, into one folder: a
+    seed file of the first plan does not stand for the second, which runs only the cells the folder
+    lacks (bc is read back under its own fleet size: it never sees the fleet); a report of a plan
+    counts only that plan's cells of a seed file that holds more."""
+    cells = tmp_path / "cells"
+    shutil.copytree(studies.alone_cells, cells)
+    wider = replace(studies.seeds_plan, fleet_sizes=(1, 2))
+    assert fs.kept_seed(cells, 0, studies.seeds_plan) is not None and fs.kept_seed(cells, 0, wider) is None
+    ran = []
+
+    class Stop(Exception):
+        pass
+
+    def record(settings, plan, method, fleet, seed, scratch, keep_root=False):
+        ran.append((seed, method, fleet))
+        raise Stop
+
+    monkeypatch.setattr(fs, "run_study_cell", record)
+    monkeypatch.setattr(fs, "RESULTS", studies.results)
+    with pytest.raises(Stop):
+        fs.run(wider, "wider", settings=_small(tmp_path / "wider"), log_models=False, cells=cells)
+    assert ran == [(0, "fert", 1)]
+
+    for seed in (0, 1):  # seed files that hold a cell of another plan too
+        data = json.loads((cells / f"seed-{seed}.json").read_text())
+        data["rows"].append({**data["rows"][-1], "fleet": 1})
+        (cells / f"seed-{seed}.json").write_text(json.dumps(data))
+    narrow = fs.run(studies.seeds_plan, "narrow", settings=_small(tmp_path / "narrow"), log_models=False, cells=cells,
+                    finished_only=True)
+    assert narrow["results"] == studies.alone["results"] and narrow["seeds_reported"] == [0, 1]
 
 
 def test_pack_targets_judge_the_gap_with_its_seed_level_interval_and_growth_after_8_robots():
