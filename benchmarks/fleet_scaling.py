@@ -471,11 +471,11 @@ def seed_file(folder: Path, seed: int) -> Path:
     return folder / f"seed-{seed}.json"
 
 
-def plan_cells(plan: Plan, seed: int) -> set[tuple[str, int]]:
-    """The (method, fleet) rows a finished seed of ``plan`` holds (``run_seed``)."""
-    cells = {(m, n) for n in plan.fleet_sizes for m in (*plan.methods, "bc")}
-    if plan.ablation and seed == 0:
-        cells |= {("fert_uniform", plan.fleet_sizes[-1]), ("fert_learned", plan.fleet_sizes[-1])}
+def study_cells(plan: Plan, seed: int) -> list[tuple[str, int]]:
+    """The (method, fleet) cells a seed of ``plan`` runs beside its bc line, in run order."""
+    cells = [(m, n) for n in plan.fleet_sizes for m in plan.methods]
+    if plan.ablation and seed == 0:  # ablations: largest fleet, first seed only (time)
+        cells += [("fert_uniform", plan.fleet_sizes[-1]), ("fert_learned", plan.fleet_sizes[-1])]
     return cells
 
 
@@ -487,7 +487,7 @@ def kept_seed(folder: Path, seed: int, plan: Plan) -> tuple[Score, list[RunRow]]
     if not path.exists():
         return None
     initial, rows = _seed_from_json(json.loads(path.read_text()))
-    wanted = plan_cells(plan, seed)
+    wanted = {*study_cells(plan, seed), *(("bc", n) for n in plan.fleet_sizes)}  # the rows run_seed keeps
     rows = [r for r in rows if (r.method, r.fleet) in wanted]
     return (initial, rows) if {(r.method, r.fleet) for r in rows} == wanted else None
 
@@ -582,10 +582,7 @@ def run_seed(settings: Settings, plan: Plan, seed: int, scratch: Path) -> tuple[
     rows += [replace(bc, fleet=fleet) for fleet in plan.fleet_sizes]
     log(f"seed {seed}: initial policy {initial.rate:.1%} on {plan.robots} robots (sampled {initial.sampled_rate:.1%}); "
         f"bc (demos only) {bc.score.rate:.1%}")
-    methods = [(m, n) for n in plan.fleet_sizes for m in plan.methods]
-    if plan.ablation and seed == 0:  # ablations: largest fleet, first seed only (time)
-        methods += [("fert_uniform", plan.fleet_sizes[-1]), ("fert_learned", plan.fleet_sizes[-1])]
-    for method, fleet in methods:
+    for method, fleet in study_cells(plan, seed):
         row, start = finished_study_cell(settings, plan, method, fleet, seed, scratch)
         if (start.successes, start.trials) != (initial.successes, initial.trials):
             raise RuntimeError(f"seed {seed}: cell {method}/{fleet} bootstrapped a different policy than the bc cell; "

@@ -14,7 +14,6 @@ every later ingest. The deadline is ``encode_timeout_s + frames / encode_min_fps
 for a loaded machine (an encode of 64x64 frames runs at thousands of frames/s), short against
 forever. The child writes only the file it was given (a temporary path the caller renames into
 place after the encode), so a killed encode leaves nothing stored half-written.
-
 """
 
 from __future__ import annotations
