@@ -6,6 +6,8 @@
     python -m benchmarks.policy_ceiling --classes chunk_transformer_k4 chunk_transformer_k8 \
         --executions act newest half_open_loop         # follow-up: the chunks' execution (policy_ceiling_execution.json)
     python -m benchmarks.policy_ceiling --classes history_transformer --steps 4000   # follow-up: a step budget
+    python -m benchmarks.policy_ceiling --classes mlp history_transformer --lr-schedule cosine  # follow-up: the rate
+    python -m benchmarks.policy_ceiling --classes mlp --state-noise 0.1   # follow-up: inputs jittered in training
 
 Every cell is ``pack_ceiling``'s 32-robot scripted-demo cell (the one that scored 94.5 % with the MLP
 in ``pack_fert_cap``'s ``expert_ceiling``): the product's bootstrap (scripted demos on 32 ``robot-*``
@@ -70,13 +72,16 @@ class Grid:
     demo_robots: int = DEMO_ROBOTS
     classes: tuple[str, ...] = ("mlp", "history_transformer", "chunk_transformer_k4", "chunk_transformer_k8")
     executions: tuple[str, ...] = ()  # follow-up: each chunk policy also scored under these (``EXECUTIONS``)
+    lr_schedule: str = "constant"  # follow-up: train.lr_schedule of every class (params.yaml's: constant)
+    state_noise: float = 0.0  # follow-up: train.state_noise of every class (params.yaml's: 0)
+    first_seed: int = 0  # a confirmation: seeds first_seed .. first_seed + seeds - 1 (new demos and trials)
 
     def steps_of(self, name: str) -> int:
         return self.steps[self.classes.index(name)]
 
     def subset(self, names: list[str], seeds: int | None, executions: tuple[str, ...] = ()) -> Grid:
         return Grid(seeds or self.seeds, tuple(self.steps_of(n) for n in names), self.robots, self.trials,
-                    self.demo_robots, tuple(names), executions)
+                    self.demo_robots, tuple(names), executions, self.lr_schedule, self.state_noise, self.first_seed)
 
 
 # How a trained chunk policy's chunks run (``policy/ensemble.py``): (replan_every(k), ensemble_decay).
@@ -106,6 +111,7 @@ def run_cell(name: str, seed: int, grid: Grid, scratch: str) -> dict:
     settings = pack_settings(Path(scratch) / f"{name}-{seed}", seed)
     settings = settings.model_copy(update={
         "policy": classes()[name],
+        "train": settings.train.model_copy(update={"lr_schedule": grid.lr_schedule, "state_noise": grid.state_noise}),
         "demo": settings.demo.model_copy(update={"expert_robots": grid.demo_robots})})
     policy, info = bootstrap_policy(settings, grid.steps_of(name))
     trained = time.perf_counter()
@@ -132,7 +138,7 @@ def run_cell(name: str, seed: int, grid: Grid, scratch: str) -> dict:
 
 def run_grid(grid: Grid, scratch: Path, workers: int) -> list[dict]:
     """Every (class, seed) cell; cells are independent (own root, seeded): the worker count changes no figure."""
-    jobs = [(name, seed) for seed in range(grid.seeds) for name in grid.classes]
+    jobs = [(name, seed) for seed in range(grid.first_seed, grid.first_seed + grid.seeds) for name in grid.classes]
     jobs.sort(key=lambda job: -COST[job[0]] * grid.steps_of(job[0]))  # the longest first: a shorter tail
     context = multiprocessing.get_context("spawn")  # LanceDB and torch state do not survive a fork
     with ProcessPoolExecutor(max(1, workers), mp_context=context) as pool:
@@ -210,6 +216,12 @@ def main() -> None:
                         help="follow-up: score each chunk policy also under these executions "
                              "(writes policy_ceiling_execution.json; the choice above is not re-made)")
     parser.add_argument("--steps", type=int, help="follow-up: every class at this step budget (NAME_steps<N>.json)")
+    parser.add_argument("--lr-schedule", choices=["constant", "cosine"],
+                        help="follow-up: every class under this train.lr_schedule (NAME_<schedule>.json)")
+    parser.add_argument("--state-noise", type=float,
+                        help="follow-up: every class under this train.state_noise (NAME_noise<X>.json)")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="confirmation: seeds from this one on (NAME_seeds<A>-<B>.json): new demos, trials")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     grid, name = (QUICK, "policy_ceiling_quick") if args.quick else (PROBE, "policy_ceiling_probe") if args.probe \
@@ -223,6 +235,15 @@ def main() -> None:
     if args.steps:
         grid = replace(grid, steps=(args.steps,) * len(grid.classes))
         name = f"{name}_steps{args.steps}"
+    if args.lr_schedule and args.lr_schedule != grid.lr_schedule:
+        grid = replace(grid, lr_schedule=args.lr_schedule)
+        name = f"{name}_{args.lr_schedule}"
+    if args.state_noise:
+        grid = replace(grid, state_noise=args.state_noise)
+        name = f"{name}_noise{args.state_noise:g}"
+    if args.first_seed:
+        grid = replace(grid, first_seed=args.first_seed)
+        name = f"{name}_seeds{args.first_seed}-{args.first_seed + grid.seeds - 1}"
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="policy-ceiling-") as scratch:
         cells = run_grid(grid, Path(scratch), args.workers)

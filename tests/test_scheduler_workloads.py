@@ -159,6 +159,54 @@ def test_training_workflow_overlaps_without_changing_results(policy):
     assert _same(got.policy.state_dict(), ref.policy.state_dict()) and got.losses == ref.losses
 
 
+def test_a_cosine_rate_is_set_by_the_step_so_every_plan_trains_the_same_weights():
+    """train.lr_schedule: cosine sets each step's rate from the global step alone: the coarse
+    processes plan (learner rebuilt in its own process) matches the sequential one bit for bit, the
+    weights differ from a constant rate's, and the rate runs from lr down toward 0."""
+    from dataclasses import replace
+
+    from components.training.bc import scheduled_lr
+    from components.training.trainer import PlanChoice, Trainer
+
+    spec = replace(_train_spec(), lr_schedule="cosine")
+    trainer = Trainer(spec, CFG)
+    ref = trainer.run(trainer.choose("sequential"))
+    coarse = trainer.run(PlanChoice(trainer.runtime.coarse_processes(), "coarse-processes", "fixed"))
+    assert _same(coarse.policy.state_dict(), ref.policy.state_dict()) and coarse.losses == ref.losses
+    constant = Trainer(_train_spec(), CFG).run(Trainer(_train_spec(), CFG).choose("sequential"))
+    assert ref.losses[0] == constant.losses[0] and ref.losses[-1] != constant.losses[-1]
+    rates = [scheduled_lr(1e-3, "cosine", step, spec.total_steps) for step in range(spec.total_steps + 1)]
+    assert rates[0] == 1e-3 and rates[-1] == 0.0 and all(a > b for a, b in zip(rates, rates[1:]))
+    assert scheduled_lr(1e-3, "constant", 7, 9) == 1e-3
+    with pytest.raises(ValueError, match="train.lr_schedule='linear'"):
+        scheduled_lr(1e-3, "linear", 0, 9)
+
+
+def test_state_noise_is_seeded_by_the_iteration_and_the_same_on_every_rank_and_plan():
+    """train.state_noise: a frame's jitter depends on (seed, iteration, its row of the global batch)
+    only: two ranks' halves are the whole batch's; a number of zero std is left as it is; the
+    coarse processes plan trains the sequential plan's weights bit for bit, not the clean ones."""
+    from dataclasses import replace
+
+    from components.training.augment import jitter_states
+    from components.training.trainer import PlanChoice, Trainer
+
+    states = torch.randn(3, 8, 2, 5)
+    scale = torch.tensor([1.0, 0.5, 0.0, 2.0, 1.0])
+    whole = jitter_states(states, scale, 5, 4, 8, slice(0, 8))
+    halves = [jitter_states(states[:, r * 4:(r + 1) * 4], scale, 5, 4, 8, slice(r * 4, (r + 1) * 4)) for r in (0, 1)]
+    assert torch.equal(torch.cat(halves, dim=1), whole)
+    assert torch.equal(whole[..., 2], states[..., 2]) and not torch.equal(whole, states)
+    assert not torch.equal(jitter_states(states, scale, 5, 5, 8, slice(0, 8)), whole)  # the next iteration
+
+    trainer = Trainer(replace(_train_spec(), state_noise=0.1), CFG)
+    ref = trainer.run(trainer.choose("sequential"))
+    coarse = trainer.run(PlanChoice(trainer.runtime.coarse_processes(), "coarse-processes", "fixed"))
+    assert _same(coarse.policy.state_dict(), ref.policy.state_dict()) and coarse.losses == ref.losses
+    clean = Trainer(_train_spec(), CFG).run(Trainer(_train_spec(), CFG).choose("sequential"))
+    assert ref.losses[0] != clean.losses[0]
+
+
 def test_process_coarse_splits_cover_layouts_and_thread_counts():
     """The process baseline's split search: every env-group count and the collocated rollout, at 1
     thread per op and at every core; all processes, named apart."""

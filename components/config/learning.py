@@ -164,6 +164,11 @@ class TrainConfig(Section):
     epochs: int = Field(default=30, ge=1)  # steps = epochs x frames / batch_size
     batch_size: int = Field(default=256, ge=1)
     lr: float = 1e-3
+    # constant, or cosine: each step's rate decays from lr to 0 over the run (diffusion policy's recipe)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    # training: each state number of a batch's inputs jittered by N(0, (this x its training-set std)^2),
+    # seeded (training/augment.jitter_states); the targets stay clean. 0 = off
+    state_noise: float = Field(default=0.0, ge=0)
     weight_decay: float = 1e-4
     world_size: int = Field(default=1, ge=1)  # > 1: expert-parallel ranks under torchrun (MoE policy)
     threads: int = Field(default=0, ge=0)  # learner intra-op threads, the same in every plan; 0 = 1

@@ -22,6 +22,23 @@ from components.policy.observation import ObservationLayout
 from components.training.bc import iteration_seed
 
 AUGMENT_STREAM = 11  # keeps the shifts apart from the batch (7) and validation streams of the same seed
+NOISE_STREAM = 13  # the state jitter's own stream
+
+
+def jitter_states(states: Tensor, scale: Tensor, seed: int, iteration: int, batch_size: int,
+                  local: slice) -> Tensor:
+    """``states`` (steps, B_local, [h,] n) plus Gaussian noise of std ``scale`` (n,) per number.
+
+    The noise of iteration ``iteration`` is drawn for the *global* batch (``batch_size`` rows) from a
+    generator seeded by
+    ``(seed, iteration)`` on ``NOISE_STREAM`` and this rank's ``local`` rows taken, so every plan,
+    process and world size jitters a frame the same way. Noise on the inputs with clean targets
+    teaches the policy to steer back from states a little off the demos, the states its own small
+    errors lead to (the compounding error of behaviour cloning)."""
+    generator = torch.Generator().manual_seed(iteration_seed(seed, iteration, NOISE_STREAM))
+    steps, _, *rest = states.shape
+    noise = torch.randn((steps, batch_size, *rest), generator=generator, dtype=states.dtype)[:, local]
+    return states + noise * scale.to(states.dtype)
 
 
 def shift_images(frames: Tensor, shift: int, generator: torch.Generator) -> Tensor:

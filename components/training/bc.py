@@ -14,6 +14,7 @@ same batches, and a run resumed at iteration ``i`` continues exactly.
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 import torch
@@ -89,6 +90,17 @@ def all_reduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup) -> No
 
 def make_optimizer(policy: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     return torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=weight_decay)
+
+
+def scheduled_lr(lr: float, schedule: str, step: int, total: int) -> float:
+    """The rate of optimizer step ``step`` (0-based) of a ``total``-step run: ``lr`` throughout
+    (``constant``), or half a cosine from ``lr`` down to 0 at the last step (``cosine``). A pure
+    function of the step, so every plan, and a resumed run, sets the same rate."""
+    if schedule == "constant":
+        return lr
+    if schedule == "cosine":
+        return 0.5 * lr * (1.0 + math.cos(math.pi * min(step, total) / total))
+    raise ValueError(f"train.lr_schedule={schedule!r}: choose constant or cosine")
 
 
 def total_steps(frames: int, batch_size: int, epochs: int) -> int:

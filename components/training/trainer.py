@@ -242,7 +242,8 @@ def train_spec(settings: Settings, data: TrainingSet, init: NormalizedPolicy | N
         validation = ValidationSpec(settings.sim, tuple(settings.fleet.validation_ids(t.validation_robots)),
                                     t.validation_episodes, settings.seed)
     return TrainSpec(
-        data=data, policy=settings.policy, lr=t.lr, weight_decay=t.weight_decay, batch_size=t.batch_size,
+        data=data, policy=settings.policy, lr=t.lr, lr_schedule=t.lr_schedule, weight_decay=t.weight_decay,
+        batch_size=t.batch_size, state_noise=t.state_noise,
         seed=settings.seed, total_steps=total_steps(len(data.states), t.batch_size, t.epochs),
         steps_per_iteration=t.steps_per_iteration,
         init_state=None if init is None else {k: v.detach().clone() for k, v in init.state_dict().items()},

@@ -41,8 +41,8 @@ from components.policy.moe import step_usage
 from components.policy.normalizer import NormalizedPolicy
 from components.policy.observation import ObservationLayout
 from components.scheduler.workflow import BuildContext, Component, OpSpec, StateSpec, Workflow
-from components.training.augment import CameraBatch, augment
-from components.training.bc import as_weights, batch_indices, bc_step, make_optimizer
+from components.training.augment import CameraBatch, augment, jitter_states
+from components.training.bc import as_weights, batch_indices, bc_step, make_optimizer, scheduled_lr
 from components.training.imitation import TrainingSet
 
 VALIDATION_STREAM = 4099
@@ -75,6 +75,8 @@ class TrainSpec:
     learner_threads: int = 1
     expert_parallel: ShuffleConfig | None = None  # set on torchrun ranks: experts sharded over the world
     device: str = "cpu"  # the learner's device (a torchrun rank's GPU); batches and snapshots move
+    lr_schedule: str = "constant"  # train.lr_schedule: each step's rate (bc.scheduled_lr)
+    state_noise: float = 0.0  # train.state_noise: input jitter in units of each state number's std
 
     def __post_init__(self) -> None:
         if self.steps_per_iteration < 1 or self.total_steps < 1:
@@ -147,6 +149,8 @@ class Sampler:
             raise ValueError(f"train.batch_size={spec.batch_size} must be a multiple of the {world} ranks")
         share = spec.batch_size // world
         self.local = slice(rank * share, (rank + 1) * share)  # this rank's slice of every global batch
+        # the state jitter's std per number: train.state_noise x the training set's std (0: none)
+        self.noise_scale = spec.state_noise * self.states.std(0) if spec.state_noise > 0 else None
 
 
 class Learner:
@@ -185,6 +189,8 @@ def op_sample(s: Sampler, idx: dict[str, int], inp: dict[str, Any]) -> dict[str,
     rows = rows[:, s.local]
     targets, mask = gather_chunks(s.actions, s.episode_ends, rows, s.chunk)
     inputs = gather_windows(s.states, s.positions, rows, s.history)
+    if s.noise_scale is not None:
+        inputs = jitter_states(inputs, s.noise_scale, s.spec.seed, i, s.spec.batch_size, s.local)
     batch = (inputs, targets) if mask is None else (inputs, targets, mask)
     if s.images:  # a vision policy: the frames go to ``augment``, which shifts them
         return {"frames": (batch, {key: frames[rows] for key, frames in s.images.items()})}
@@ -205,6 +211,7 @@ def op_learn(ls: Learner, idx: dict[str, int], inp: dict[str, Any]) -> dict[str,
     targets = ls.policy.act_norm.normalize(actions)
     losses, usage = [], []
     for k in range(len(states)):
+        _set_lr(ls, i * ls.spec.steps_per_iteration + k)
         obs = states.step(k) if isinstance(states, CameraBatch) else states[k]  # a vision batch packs here
         losses.append(bc_step(ls.policy, ls.optimizer, obs, targets[k], ls.spec.batch_size, ls.group, ls.dense,
                               mask[0][k] if mask else None))
@@ -219,6 +226,12 @@ def op_learn(ls: Learner, idx: dict[str, int], inp: dict[str, Any]) -> dict[str,
         stats["shuffle_bytes_sent"] = sum(layer.dispatcher.transport.meter.bytes_sent
                                           for layer in moe_layers(ls.policy) if layer.dispatcher)
     return {"params": _snapshot(ls, last=i + 1 == ls.spec.iterations), "stats": stats}
+
+
+def _set_lr(ls: Learner, step: int) -> None:
+    rate = scheduled_lr(ls.spec.lr, ls.spec.lr_schedule, step, ls.spec.total_steps)
+    for group in ls.optimizer.param_groups:
+        group["lr"] = rate
 
 
 def _snapshot(ls: Learner, last: bool) -> dict[str, torch.Tensor]:
