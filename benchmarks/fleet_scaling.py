@@ -902,11 +902,11 @@ def main() -> None:
         "fleet_sizes": tuple(args.fleet_sizes) if args.fleet_sizes else None,
     }.items() if v is not None}
     if args.sim_set:
-        updates["sim_overrides"] = {k: _value(v) for k, v in (item.split("=", 1) for item in args.sim_set)}
+        updates["sim_overrides"] = key_values(args.sim_set)
     if args.fert_set:
-        updates["fert_overrides"] = {k: _value(v) for k, v in (item.split("=", 1) for item in args.fert_set)}
+        updates["fert_overrides"] = key_values(args.fert_set)
     if args.policy_set:
-        updates["policy_overrides"] = {k: _value(v) for k, v in (item.split("=", 1) for item in args.policy_set)}
+        updates["policy_overrides"] = key_values(args.policy_set)
     if args.methods:
         updates["methods"] = tuple(args.methods)
     if args.no_ablation:
@@ -929,6 +929,11 @@ def main() -> None:
     log(f"targets: {json.dumps(result['targets'])}")
     if not args.quick and not args.out and not args.tuning:
         write_docs(result)
+
+
+def key_values(items: list[str]) -> dict[str, float | int | str | list]:
+    """``KEY=VALUE`` flags -> {key: value}, each value cast as ``_value`` does."""
+    return {k: _value(v) for k, v in (item.split("=", 1) for item in items)}
 
 
 def _value(text: str) -> float | int | str | list:

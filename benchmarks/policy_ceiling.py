@@ -8,6 +8,7 @@
     python -m benchmarks.policy_ceiling --classes history_transformer --steps 4000   # follow-up: a step budget
     python -m benchmarks.policy_ceiling --classes mlp history_transformer --lr-schedule cosine  # follow-up: the rate
     python -m benchmarks.policy_ceiling --classes mlp --state-noise 0.1   # follow-up: inputs jittered in training
+    python -m benchmarks.policy_ceiling --classes history_transformer --policy-set d_model=128   # follow-up: a size
 
 Every cell is ``pack_ceiling``'s 32-robot scripted-demo cell (the one that scored 94.5 % with the MLP
 in ``pack_fert_cap``'s ``expert_ceiling``): the product's bootstrap (scripted demos on 32 ``robot-*``
@@ -38,11 +39,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.fleet_scaling import key_values
 from benchmarks.pack_difficulty import EVAL_STREAM, SEED_STRIDE, bootstrap_policy, commit, pack_settings
 from components.config import PolicyConfig, load_settings
 from components.evaluation.populations import evaluate_tuning
 from components.policy.actor import PolicyActor
-from components.sim.factory import make_thresholded
+from components.sim.factory import make_expert, make_thresholded
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEMO_ROBOTS = 32  # pack_ceiling's plentiful-data cell (~34k frames of scripted demos)
@@ -75,13 +77,15 @@ class Grid:
     lr_schedule: str = "constant"  # follow-up: train.lr_schedule of every class (params.yaml's: constant)
     state_noise: float = 0.0  # follow-up: train.state_noise of every class (params.yaml's: 0)
     first_seed: int = 0  # a confirmation: seeds first_seed .. first_seed + seeds - 1 (new demos and trials)
+    policy_overrides: tuple[tuple[str, int | float | str], ...] = ()  # follow-up: policy: fields of every class
 
     def steps_of(self, name: str) -> int:
         return self.steps[self.classes.index(name)]
 
     def subset(self, names: list[str], seeds: int | None, executions: tuple[str, ...] = ()) -> Grid:
         return Grid(seeds or self.seeds, tuple(self.steps_of(n) for n in names), self.robots, self.trials,
-                    self.demo_robots, tuple(names), executions, self.lr_schedule, self.state_noise, self.first_seed)
+                    self.demo_robots, tuple(names), executions, self.lr_schedule, self.state_noise, self.first_seed,
+                    self.policy_overrides)
 
 
 # How a trained chunk policy's chunks run (``policy/ensemble.py``): (replan_every(k), ensemble_decay).
@@ -110,7 +114,7 @@ def run_cell(name: str, seed: int, grid: Grid, scratch: str) -> dict:
     started = time.perf_counter()
     settings = pack_settings(Path(scratch) / f"{name}-{seed}", seed)
     settings = settings.model_copy(update={
-        "policy": classes()[name],
+        "policy": classes()[name].overridden(dict(grid.policy_overrides), "--policy-set"),
         "train": settings.train.model_copy(update={"lr_schedule": grid.lr_schedule, "state_noise": grid.state_noise}),
         "demo": settings.demo.model_copy(update={"expert_robots": grid.demo_robots})})
     policy, info = bootstrap_policy(settings, grid.steps_of(name))
@@ -134,6 +138,20 @@ def run_cell(name: str, seed: int, grid: Grid, scratch: str) -> dict:
             "rate": report.overall.rate, "successes": report.overall.successes, "trials": report.overall.trials,
             "ci95": [report.overall.low, report.overall.high], "failures_by_stage": dict(report.failures_by_stage),
             "train_s": trained - started, "eval_s": time.perf_counter() - trained}
+
+
+def expert_reference(grid: Grid, scratch: Path) -> dict:
+    """The demonstrator on the same tuning robots and trials (thresholded jaw): what imitation of it
+    could reach at most. Seconds of rollouts, no training."""
+    per_seed = []
+    for seed in range(grid.first_seed, grid.first_seed + grid.seeds):
+        settings = pack_settings(scratch / f"expert-{seed}", seed)
+        report = evaluate_tuning(make_thresholded(settings.sim, make_expert(settings.sim)),
+                                 settings.fleet.tuning_ids(grid.robots), settings.sim, settings.fleet,
+                                 settings.evaluation, grid.trials, seed * SEED_STRIDE + EVAL_STREAM, "expert")
+        per_seed.append({"seed": seed, "successes": report.overall.successes, "trials": report.overall.trials})
+    wins, trials = sum(c["successes"] for c in per_seed), sum(c["trials"] for c in per_seed)
+    return {"rate": wins / trials, "successes": wins, "trials": trials, "per_seed": per_seed}
 
 
 def run_grid(grid: Grid, scratch: Path, workers: int) -> list[dict]:
@@ -192,6 +210,9 @@ def plot(result: dict, path: Path) -> None:
         ax.scatter([k] * len(table[name]["per_seed"]), [100 * r for r in table[name]["per_seed"]], color="black",
                    s=12, zorder=3)
     ax.axhline(100 * TARGET, color="tab:red", ls=":", lw=1, label="issue 48 target: best class >= 98 %")
+    if "expert" in result:
+        ax.axhline(100 * result["expert"]["rate"], color="tab:blue", ls="--", lw=1,
+                   label=f"scripted expert (the demonstrator): {result['expert']['rate']:.1%}")
     ax.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names], fontsize=8)
     ax.set_ylim(max(0, min(100 * min(t["per_seed"]) for t in table.values()) - 5), 100)
     ax.set_ylabel("success on tuning robots, % (thresholded)")
@@ -220,6 +241,8 @@ def main() -> None:
                         help="follow-up: every class under this train.lr_schedule (NAME_<schedule>.json)")
     parser.add_argument("--state-noise", type=float,
                         help="follow-up: every class under this train.state_noise (NAME_noise<X>.json)")
+    parser.add_argument("--policy-set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="follow-up: these policy: fields for every class, e.g. d_model=128 (NAME_<key><value>.json)")
     parser.add_argument("--first-seed", type=int, default=0,
                         help="confirmation: seeds from this one on (NAME_seeds<A>-<B>.json): new demos, trials")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -241,17 +264,23 @@ def main() -> None:
     if args.state_noise:
         grid = replace(grid, state_noise=args.state_noise)
         name = f"{name}_noise{args.state_noise:g}"
+    if args.policy_set:
+        overrides = tuple(key_values(args.policy_set).items())
+        load_settings().policy.overridden(dict(overrides), "--policy-set")  # a misspelt key fails before any cell
+        grid = replace(grid, policy_overrides=overrides)
+        name = f"{name}_" + "_".join(f"{k}{v}" for k, v in overrides)
     if args.first_seed:
         grid = replace(grid, first_seed=args.first_seed)
         name = f"{name}_seeds{args.first_seed}-{args.first_seed + grid.seeds - 1}"
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="policy-ceiling-") as scratch:
         cells = run_grid(grid, Path(scratch), args.workers)
+        expert = expert_reference(grid, Path(scratch))
     table = summarize(cells, grid)
     chosen = choose(table, grid)
     result = {"benchmark": "policy_ceiling", "commit": commit(), "grid": asdict(grid), "robots": "tuning",
               "rule": RULE, "target": TARGET, "chosen": chosen,
-              "target_met": table[chosen]["rate"] >= TARGET, "table": table, "cells": cells,
+              "target_met": table[chosen]["rate"] >= TARGET, "expert": expert, "table": table, "cells": cells,
               "seconds": time.perf_counter() - started}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -260,6 +289,7 @@ def main() -> None:
         print(f"{cls:>22}: {row['rate']:.1%}  per seed {[f'{r:.1%}' for r in row['per_seed']]}")
         for execution, got in row.get("executions", {}).items():
             print(f"{'':>24}{execution}: {got['rate']:.1%}  per seed {[f'{r:.1%}' for r in got['per_seed']]}")
+    print(f"{'scripted expert':>22}: {expert['rate']:.1%} ({expert['successes']} of {expert['trials']}, the demonstrator)")
     print(f"chosen: {chosen} ({RULE}); target {TARGET:.0%} {'met' if result['target_met'] else 'missed'}")
     print(f"wrote {args.out / name}.json and .png in {result['seconds']:.0f}s")
 
