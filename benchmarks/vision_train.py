@@ -247,6 +247,14 @@ def losses_of(res: Any) -> list[float]:
     return [x for i in sorted(per_iter) for x in per_iter[i]["losses"]]
 
 
+def validation_of(res: Any) -> list[Any]:
+    """Each iteration's validation figures, in iteration order (scheduler records or a DataLoader row's)."""
+    if hasattr(res, "validation"):
+        return [res.validation[i] for i in sorted(res.validation)]
+    per_iter = {k.version[0]: v for k, v in res.records.items() if k.state == "valm"}
+    return [per_iter[i] for i in sorted(per_iter)]
+
+
 def stage_split(res: Any) -> dict[str, float]:
     """Median ms per iteration each op spent (summed within an iteration; overlapping ops both count)."""
     per: dict[str, dict[int, float]] = {}
@@ -293,7 +301,9 @@ def report(trainer: Any, size: Size, auto: Any, plans: list[Any], meas: dict, qu
     med = {p.name: meas[p.name]["median_s"] for p in plans}
     digests = {p.name: state_digest(meas[p.name]["last"].final["params"]) for p in plans}
     losses = {p.name: losses_of(meas[p.name]["last"]) for p in plans}
-    identical = {n: digests[n] == digests["sequential"] and losses[n] == losses["sequential"] for n in med}
+    validation = {p.name: validation_of(meas[p.name]["last"]) for p in plans}
+    identical = {n: digests[n] == digests["sequential"] and losses[n] == losses["sequential"]
+                 and validation[n] == validation["sequential"] for n in med}
     baselines = [p.name for p in plans if p.name != "auto"]
     best = min(baselines, key=lambda n: med[n])
     ratio = ratio_per_round(meas, best, "auto", qualified["rounds_used"])
@@ -307,7 +317,7 @@ def report(trainer: Any, size: Size, auto: Any, plans: list[Any], meas: dict, qu
         "question": "training frames/s of scheduler.plan auto on the vision workflow vs the best baseline a user would pick",
         "plans": {n: {"frames_per_s": frames_per_iteration / med[n], "median_iteration_s": med[n],
                       "median_iteration_all_rounds_s": meas[n]["median_all_s"], "bit_identical": identical[n],
-                      "round_medians_s": meas[n]["round_medians"]} for n in med},
+                      "validated_iterations": len(validation[n]), "round_medians_s": meas[n]["round_medians"]} for n in med},
         "best_baseline": best,
         "auto_over_best_baseline": {"median": ratio["median"], "interval": [ratio.get("min"), ratio.get("max")],
                                     "interval_is": "min..max of the per-round ratios over the rounds used",

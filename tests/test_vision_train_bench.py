@@ -21,8 +21,10 @@ def test_vision_train_benchmark_runs_and_writes_its_keys(tmp_path) -> None:
     assert set(plans) == {"auto", "sequential", "default-threads", "coarse-processes", "dataloader(workers=1)"}
     for row in plans.values():
         assert row["frames_per_s"] > 0 and row["median_iteration_s"] > 0 and isinstance(row["bit_identical"], bool)
-    # every scheduler plan trains the sequential weights; the library-default learner threads may round differently
+    # every scheduler plan trains the sequential weights and validates them the same way; the
+    # library-default learner threads may round differently
     assert plans["auto"]["bit_identical"] and plans["coarse-processes"]["bit_identical"]
+    assert plans["auto"]["validated_iterations"] == plans["sequential"]["validated_iterations"] > 0
     assert written["best_baseline"] in plans and written["best_baseline"] != "auto"
     ratio = written["auto_over_best_baseline"]
     assert math.isfinite(ratio["median"]) and len(ratio["interval"]) == 2
