@@ -548,7 +548,8 @@ def plan_settings(plan: Plan, base: Settings | None = None) -> Settings:
     return settings
 
 
-def cell_file(scratch: Path, seed: int, method: str, fleet: int) -> Path:
+def cell_file(scratch: Path, seed: int, method: str, fleet: int | str) -> Path:
+    """Where a finished cell is kept (``fleet="*"``: the glob pattern of the method's cells of the seed)."""
     return scratch / "cells-done" / f"seed-{seed}-{method}-{fleet}.json"
 
 
@@ -570,7 +571,8 @@ def finished_study_cell(settings: Settings, plan: Plan, method: str, fleet: int,
 def bc_fleet(scratch: Path, seed: int, plan: Plan) -> int:
     """The fleet size the seed's bc cell is kept under: bc never sees the fleet, so a bc cell an
     earlier plan of this folder finished is read back under its own size; else the plan's first."""
-    kept = sorted(int(p.stem.rsplit("-", 1)[1]) for p in (scratch / "cells-done").glob(f"seed-{seed}-bc-*.json"))
+    pattern = cell_file(scratch, seed, "bc", "*")
+    kept = sorted(_seed_from_json(json.loads(p.read_text()))[1][0].fleet for p in pattern.parent.glob(pattern.name))
     return kept[0] if kept else plan.fleet_sizes[0]
 
 
