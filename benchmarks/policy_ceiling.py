@@ -245,6 +245,7 @@ def main() -> None:
                         help="follow-up: these policy: fields for every class, e.g. d_model=128 (NAME_<key><value>.json)")
     parser.add_argument("--first-seed", type=int, default=0,
                         help="confirmation: seeds from this one on (NAME_seeds<A>-<B>.json): new demos, trials")
+    parser.add_argument("--suffix", help="appended to the result's name (NAME_<suffix>.json): e.g. the task version")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     grid, name = (QUICK, "policy_ceiling_quick") if args.quick else (PROBE, "policy_ceiling_probe") if args.probe \
@@ -272,6 +273,8 @@ def main() -> None:
     if args.first_seed:
         grid = replace(grid, first_seed=args.first_seed)
         name = f"{name}_seeds{args.first_seed}-{args.first_seed + grid.seeds - 1}"
+    if args.suffix:
+        name = f"{name}_{args.suffix}"
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="policy-ceiling-") as scratch:
         cells = run_grid(grid, Path(scratch), args.workers)
@@ -279,6 +282,7 @@ def main() -> None:
     table = summarize(cells, grid)
     chosen = choose(table, grid)
     result = {"benchmark": "policy_ceiling", "commit": commit(), "grid": asdict(grid), "robots": "tuning",
+              "task": load_settings().sim.pack.model_dump(mode="json"),  # the pack version every cell ran
               "rule": RULE, "target": TARGET, "chosen": chosen,
               "target_met": table[chosen]["rate"] >= TARGET, "expert": expert, "table": table, "cells": cells,
               "seconds": time.perf_counter() - started}
