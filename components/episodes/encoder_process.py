@@ -42,8 +42,9 @@ class EncodeTimeout(RuntimeError):
     """Every attempt at an encode passed its deadline."""
 
 
-def encode_deadline_s(streams: Sequence[np.ndarray], cfg: VideoConfig) -> float:
-    return cfg.encode_timeout_s + sum(len(s) for s in streams) / cfg.encode_min_fps
+def encode_deadline_s(frames: int, cfg: VideoConfig) -> float:
+    """Seconds an encode of ``frames`` frames may take before its child is taken for hung."""
+    return cfg.encode_timeout_s + frames / cfg.encode_min_fps
 
 
 def _serve(conn: Connection) -> None:
@@ -79,7 +80,8 @@ class EncoderProcess:
         return None if self._proc is None else self._proc.pid
 
     def encode(self, path: Path, streams: Sequence[np.ndarray], fps: float, cfg: VideoConfig) -> list[EpisodeSpan]:
-        deadline = encode_deadline_s(streams, cfg)
+        frames = sum(len(s) for s in streams)
+        deadline = encode_deadline_s(frames, cfg)
         with self._lock:
             for attempt in range(1, cfg.encode_attempts + 1):
                 conn = self._connection(cfg)
@@ -90,7 +92,7 @@ class EncoderProcess:
                         return value
                     raise value
                 log.warning("video encode of %s (%d frames) gave no answer in %.0f s (attempt %d of %d): the encoder "
-                            "process is killed%s", path, sum(len(s) for s in streams), deadline, attempt,
+                            "process is killed%s", path, frames, deadline, attempt,
                             cfg.encode_attempts, " and the encode retried" if attempt < cfg.encode_attempts else "")
                 self.close()
                 Path(path).unlink(missing_ok=True)
