@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from components.config import FertConfig, TrainConfig
 from components.episodes.record import new_episode_id
@@ -111,3 +112,12 @@ def test_fert_trainer_on_a_fixed_dataset_trains_the_weights_the_train_step_train
     trainer.train(total_steps(direct.frames, settings.train.batch_size, settings.train.epochs))
     assert state_digest(trainer.policy.state_dict()) == state_digest(direct.result.policy.state_dict())
     assert [loss for _, loss in trainer.state.losses] == direct.result.losses
+
+
+@pytest.mark.parametrize("recipe", [{"lr_schedule": "cosine"}, {"state_noise": 0.05}])
+def test_the_fleet_trainer_refuses_recipe_knobs_it_cannot_honour(tmp_path, recipe):
+    """FATS has no run length for a cosine rate and samples its own batches: refused, naming the fix."""
+    settings = _settings(tmp_path)
+    settings = settings.model_copy(update={"train": settings.train.model_copy(update=recipe)})
+    with pytest.raises(ValueError, match="fix: set train.lr_schedule: constant and train.state_noise: 0"):
+        FleetTrainer(settings)

@@ -86,10 +86,21 @@ class TrainerState:
     resumes: list[int] = field(default_factory=list)  # step each resume started from
 
 
+def refuse_run_length_recipes(settings: Settings) -> None:
+    """The asynchronous trainer has no run length for a cosine rate to span, and samples its own
+    batches: refuse the one trainer's recipe knobs it cannot honour, rather than ignore them."""
+    train = settings.train
+    if train.lr_schedule != "constant" or train.state_noise > 0:
+        raise ValueError(f"train.lr_schedule={train.lr_schedule!r}, train.state_noise={train.state_noise}: the fleet "
+                         "runtime's trainer (FATS) trains without a run length or input jitter; fix: set "
+                         "train.lr_schedule: constant and train.state_noise: 0 in params.yaml for fleetloop fleet runs")
+
+
 class FleetTrainer:
     """Replay buffer + policy + optimizer, checkpointed; one instance per trainer process."""
 
     def __init__(self, settings: Settings) -> None:
+        refuse_run_length_recipes(settings)
         self.settings = settings
         self.cfg = settings.runtime
         self.layout = RuntimeLayout.of(settings)
