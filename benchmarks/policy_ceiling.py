@@ -41,9 +41,11 @@ import torch
 
 from benchmarks.fleet_scaling import key_values
 from benchmarks.pack_difficulty import EVAL_STREAM, SEED_STRIDE, bootstrap_policy, commit, pack_settings
-from components.config import PolicyConfig, load_settings
+from components.config import PolicyConfig, Settings, load_settings
+from components.evaluation.heldout import EvaluationReport
 from components.evaluation.populations import evaluate_tuning
 from components.policy.actor import PolicyActor
+from components.sim.collect import Policy
 from components.sim.factory import make_expert, make_thresholded
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -83,9 +85,8 @@ class Grid:
         return self.steps[self.classes.index(name)]
 
     def subset(self, names: list[str], seeds: int | None, executions: tuple[str, ...] = ()) -> Grid:
-        return Grid(seeds or self.seeds, tuple(self.steps_of(n) for n in names), self.robots, self.trials,
-                    self.demo_robots, tuple(names), executions, self.lr_schedule, self.state_noise, self.first_seed,
-                    self.policy_overrides)
+        return replace(self, seeds=seeds or self.seeds, steps=tuple(self.steps_of(n) for n in names),
+                       classes=tuple(names), executions=executions)
 
 
 # How a trained chunk policy's chunks run (``policy/ensemble.py``): (replan_every(k), ensemble_decay).
@@ -107,6 +108,14 @@ PROBE = Grid(1, (300, 300, 300, 300), 8, 2)
 COST = {"mlp": 1, "history_transformer": 10, "chunk_transformer_k4": 10, "chunk_transformer_k8": 25}  # ms/step, about
 
 
+def score_on_tuning(settings: Settings, policy: Policy, grid: Grid, version: str) -> EvaluationReport:
+    """``policy`` with its jaw thresholded (as deployed) on the grid's tuning robots, on the trial
+    stream of ``settings.seed``: the same trials for every class, execution and the expert."""
+    return evaluate_tuning(make_thresholded(settings.sim, policy), settings.fleet.tuning_ids(grid.robots),
+                           settings.sim, settings.fleet, settings.evaluation, grid.trials,
+                           settings.seed * SEED_STRIDE + EVAL_STREAM, version)
+
+
 def run_cell(name: str, seed: int, grid: Grid, scratch: str) -> dict:
     """One bootstrap of class ``name`` on ``grid.demo_robots`` robots' scripted demos, ~``grid.steps_of(name)``
     steps, scored on tuning robots (thresholded jaw, as deployed); pack_ceiling.run_cell's recipe."""
@@ -119,17 +128,13 @@ def run_cell(name: str, seed: int, grid: Grid, scratch: str) -> dict:
         "demo": settings.demo.model_copy(update={"expert_robots": grid.demo_robots})})
     policy, info = bootstrap_policy(settings, grid.steps_of(name))
     trained = time.perf_counter()
-    report = evaluate_tuning(make_thresholded(settings.sim, policy), settings.fleet.tuning_ids(grid.robots),
-                             settings.sim, settings.fleet, settings.evaluation, grid.trials,
-                             seed * SEED_STRIDE + EVAL_STREAM, "bc")
+    report = score_on_tuning(settings, policy, grid, "bc")
     executions = {}
     for execution in grid.executions if settings.policy.actions() > 1 else ():
         replan, decay = EXECUTIONS[execution]
         cfg = settings.policy.model_copy(update={"replan_every": replan(settings.policy.chunk_size),
                                                  "ensemble_decay": decay})
-        scored = evaluate_tuning(make_thresholded(settings.sim, PolicyActor(policy.policy, execution=cfg)),
-                                 settings.fleet.tuning_ids(grid.robots), settings.sim, settings.fleet,
-                                 settings.evaluation, grid.trials, seed * SEED_STRIDE + EVAL_STREAM, "bc")
+        scored = score_on_tuning(settings, PolicyActor(policy.policy, execution=cfg), grid, "bc")
         executions[execution] = {"replan_every": cfg.replan_every, "ensemble_decay": decay,
                                  "rate": scored.overall.rate, "successes": scored.overall.successes,
                                  "trials": scored.overall.trials, "failures_by_stage": dict(scored.failures_by_stage)}
@@ -146,9 +151,7 @@ def expert_reference(grid: Grid, scratch: Path) -> dict:
     per_seed = []
     for seed in range(grid.first_seed, grid.first_seed + grid.seeds):
         settings = pack_settings(scratch / f"expert-{seed}", seed)
-        report = evaluate_tuning(make_thresholded(settings.sim, make_expert(settings.sim)),
-                                 settings.fleet.tuning_ids(grid.robots), settings.sim, settings.fleet,
-                                 settings.evaluation, grid.trials, seed * SEED_STRIDE + EVAL_STREAM, "expert")
+        report = score_on_tuning(settings, make_expert(settings.sim), grid, "expert")
         per_seed.append({"seed": seed, "successes": report.overall.successes, "trials": report.overall.trials})
     wins, trials = sum(c["successes"] for c in per_seed), sum(c["trials"] for c in per_seed)
     return {"rate": wins / trials, "successes": wins, "trials": trials, "per_seed": per_seed}

@@ -86,7 +86,7 @@ class TrainerState:
     resumes: list[int] = field(default_factory=list)  # step each resume started from
 
 
-def refuse_run_length_recipes(settings: Settings) -> None:
+def refuse_recipes_it_cannot_honour(settings: Settings) -> None:
     """The asynchronous trainer has no run length for a cosine rate to span, and samples its own
     batches: refuse the one trainer's recipe knobs it cannot honour, rather than ignore them."""
     train = settings.train
@@ -100,7 +100,7 @@ class FleetTrainer:
     """Replay buffer + policy + optimizer, checkpointed; one instance per trainer process."""
 
     def __init__(self, settings: Settings) -> None:
-        refuse_run_length_recipes(settings)
+        refuse_recipes_it_cannot_honour(settings)
         self.settings = settings
         self.cfg = settings.runtime
         self.layout = RuntimeLayout.of(settings)

@@ -31,9 +31,9 @@ def jitter_states(states: Tensor, scale: Tensor, seed: int, iteration: int, batc
 
     The noise of iteration ``iteration`` is drawn for the *global* batch (``batch_size`` rows) from a
     generator seeded by ``(seed, iteration)`` on ``NOISE_STREAM``, and this rank's ``local`` rows are
-    taken, so every plan, process and world size jitters a frame the same way. Noise on the inputs with clean targets
-    teaches the policy to steer back from states a little off the demos, the states its own small
-    errors lead to (the compounding error of behaviour cloning)."""
+    taken, so every plan, process and world size jitters a frame the same way. Noise on the inputs
+    with clean targets teaches the policy to steer back from states a little off the demos, the
+    states its own small errors lead to (the compounding error of behaviour cloning)."""
     generator = torch.Generator().manual_seed(iteration_seed(seed, iteration, NOISE_STREAM))
     steps, _, *rest = states.shape
     noise = torch.randn((steps, batch_size, *rest), generator=generator, dtype=states.dtype)[:, local]
