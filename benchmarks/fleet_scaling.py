@@ -10,7 +10,9 @@
     python -m benchmarks.fleet_scaling --replot          # redraw PNG + docs section from the saved JSON
 
 ``--workers N`` runs N seeds at once, one process each (default: one per core); the figures do not
-depend on it.
+depend on it. A study longer than a session keeps its ``--cells`` folder's records (``seed-*.json``,
+``cells-done/*.json``) in git: a fresh clone resumes at the next cell. The cells' final policies stay
+on the machine that trained them (``.gitignore``); a report logs those it finds to MLflow.
 
 Targets per task (``TARGETS``) are issue 16's, stated before the runs (docs/results.md). Sizes
 (``PLANS``) are cut to fit the shared machine and written into the JSON. Built-in task: 9
@@ -510,7 +512,13 @@ def log_cell_policies(settings: Settings, plan: Plan, rows: list[RunRow]) -> Non
     """Every cell's final policy into the root's MLflow (experiment ``EXPERIMENT``, registered as
     ``MODEL_NAME``), tagged task / method / fleet size / seed / population seeds / commit, so anyone
     can re-check a figure on robots nobody has seen: ``fleetloop evaluate --model-uri <row.model_uri>``.
-    In the main process, after the seeds: one writer to the store. The ``bc`` cell is logged once."""
+    In the main process, after the seeds: one writer to the store. The ``bc`` cell is logged once.
+    A cell finished on another machine (its record committed, its policy file not: ``.gitignore``)
+    is reported without a model URI, and named here."""
+    away = sorted({row.policy_path for row in rows if not Path(row.policy_path).exists()})
+    if away:
+        log(f"{len(away)} cell policies were kept on another machine and are not logged: {', '.join(away)}")
+    rows = [row for row in rows if row.policy_path not in away]
     registry = PolicyRegistry(settings.paths.mlruns, settings.registry.model_copy(
         update={"experiment": EXPERIMENT, "model_name": MODEL_NAME}))
     commit = git_commit(Path(__file__).resolve().parent)

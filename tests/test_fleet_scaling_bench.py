@@ -349,3 +349,30 @@ def test_overrides_are_validated_as_params_yaml_is():
         fs.plan_settings(replace(plan, sim_overrides={"motion_noise": 0.2}), load_settings())
     with pytest.raises(ValueError, match=r"--policy-set .*kind"):
         fs.plan_settings(replace(plan, policy_overrides={"kind": "mlpp"}), load_settings())
+
+
+def test_a_study_resumes_from_committed_cell_records_on_a_fresh_clone(studies, monkeypatch, tmp_path):
+    """A study spans sessions: a --cells folder's records (JSON) are committed, its cells' roots and
+    final policies are not (.gitignore). On a fresh clone the kept seeds are reported, not run again;
+    the cells whose policy stayed on the other machine are reported without a model URI."""
+    repo = Path(fs.__file__).resolve().parents[1]
+
+    def ignored(path: str) -> bool:
+        import subprocess
+
+        return subprocess.run(["git", "check-ignore", "-q", path], cwd=repo).returncode == 0
+
+    assert not ignored("benchmarks/results/cells_x/seed-0.json")
+    assert not ignored("benchmarks/results/cells_x/cells-done/seed-0-fert-96.json")
+    assert ignored("benchmarks/results/cells_x/policies/0-fert-96.pt")
+    assert ignored("benchmarks/results/cells_x/cell-0-fert-96/registry.db")
+
+    cells = tmp_path / "cells"
+    shutil.copytree(studies.alone_cells, cells, ignore=shutil.ignore_patterns("policies"))  # what a clone holds
+    for record in [*cells.glob("seed-*.json"), *cells.glob("cells-done/*.json")]:  # written on another machine
+        record.write_text(record.read_text().replace(str(studies.alone_cells), "/another-machine/cells"))
+    monkeypatch.setattr(fs, "run_study_cell", lambda *a, **k: pytest.fail("a committed cell was run again"))
+    monkeypatch.setattr(fs, "RESULTS", studies.results)
+    fresh = fs.run(studies.seeds_plan, "fresh", settings=_small(tmp_path / "fresh"), log_models=True, cells=cells)
+    assert fresh["results"] == studies.alone["results"] and fresh["seeds_reported"] == [0, 1]
+    assert [run["model_uri"] for run in fresh["runs"]] == [""] * len(fresh["runs"])
