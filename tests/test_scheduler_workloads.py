@@ -133,7 +133,8 @@ def _train_spec(policy: PolicyConfig = POLICY):
                      steps_per_iteration=2, validation=ValidationSpec(SIM, ("validation-0000",), 1, 5))
 
 
-@pytest.mark.parametrize("policy", [POLICY, CHUNK_POLICY], ids=["mlp", "chunk_transformer"])
+@pytest.mark.parametrize("policy", [POLICY, CHUNK_POLICY, POLICY.model_copy(update={"head": "gmm"})],
+                         ids=["mlp", "chunk_transformer", "mlp_gmm"])
 def test_training_workflow_overlaps_without_changing_results(policy):
     """The one trainer's workflow: sampling hoisted on its own thread and validation in its own
     process give the sequential plan's weights, losses and validation, bit for bit."""

@@ -30,7 +30,9 @@ class PolicyConfig(Section):
     per camera of ``cameras`` (``vision_channels`` channels, spatial softmax, ``vision_feature``
     numbers each), with the state beside them if ``vision_state``, then ``layers`` x ``hidden``; it
     predicts ``vision_chunk`` actions per decision and trains on images shifted by up to
-    ``augment_shift`` pixels (seeded: ``training/augment.py``).
+    ``augment_shift`` pixels (seeded: ``training/augment.py``). ``head``: ``mse`` (one action,
+    squared error) or ``gmm`` (mlp / moe_transformer: ``mixtures`` Gaussians by likelihood, each std
+    at least ``mixture_min_std``, the likeliest one's mean executed: ``policy/mixture.py``).
     """
 
     kind: Literal["mlp", "moe_transformer", "chunk_transformer", "vision"] = "mlp"
@@ -58,6 +60,18 @@ class PolicyConfig(Section):
     vision_state: bool = True  # the state vector beside the image features
     vision_chunk: int = Field(default=1, ge=1)  # actions predicted per decision (1: this step's)
     augment_shift: int = Field(default=4, ge=0)  # training: random shift of each image by up to this many pixels
+    # action head (components/policy/mixture.py): mse = one action by squared error; gmm = a Gaussian
+    # mixture by likelihood, the likeliest component's mean executed (mlp and moe_transformer)
+    head: Literal["mse", "gmm"] = "mse"
+    mixtures: int = Field(default=5, ge=1)  # gmm: components per decision
+    mixture_min_std: float = Field(default=0.01, gt=0)  # gmm: floor of each std, normalized action units
+
+    @model_validator(mode="after")
+    def _mixture_on_single_actions(self) -> PolicyConfig:
+        if self.head == "gmm" and self.kind not in ("mlp", "moe_transformer"):
+            raise ValueError(f"policy.head=gmm predicts one action per decision: use it with policy.kind mlp or "
+                             f"moe_transformer, not {self.kind!r} (or set policy.head: mse)")
+        return self
 
     @model_validator(mode="after")
     def _replan_within_chunk(self) -> PolicyConfig:

@@ -52,4 +52,9 @@ def make_policy(obs_dim: int, act_dim: int, cfg: PolicyConfig,
         if layout.state_dim != obs_dim:
             raise ValueError(f"make_policy: layout's state has {layout.state_dim} numbers, the data {obs_dim}")
         return NormalizedPolicy(VisionPolicy(layout, act_dim, cfg), layout.dim, act_dim)
+    if cfg.head == "gmm":
+        from components.policy.mixture import MixtureHead, mixture_outputs
+
+        core = CORES[cfg.kind](obs_dim, mixture_outputs(act_dim, cfg.mixtures), cfg)
+        return NormalizedPolicy(MixtureHead(core, act_dim, cfg.mixtures, cfg.mixture_min_std), obs_dim, act_dim)
     return NormalizedPolicy(CORES[cfg.kind](obs_dim, act_dim, cfg), obs_dim, act_dim)

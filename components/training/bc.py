@@ -44,7 +44,8 @@ def batch_indices(n: int, weights: torch.Tensor | None, batch_size: int, steps: 
 def bc_step(policy: NormalizedPolicy, optimizer: torch.optim.Optimizer, states: torch.Tensor,
             targets: torch.Tensor, global_batch: int | None = None, group: dist.ProcessGroup | None = None,
             dense: list[nn.Parameter] | None = None, mask: torch.Tensor | None = None) -> float:
-    """One optimizer step on normalized-action MSE (+ the policy's auxiliary loss); returns the loss.
+    """One optimizer step on normalized-action MSE, or a mixture head's likelihood
+    (``NormalizedPolicy.action_error``), + the policy's auxiliary loss; returns the loss.
 
     Alone (``group=None``) the loss is the batch mean. Expert-parallel, each rank passes its slice
     of the global batch: its squared error is divided by the *global* element count, so summing
@@ -57,11 +58,7 @@ def bc_step(policy: NormalizedPolicy, optimizer: torch.optim.Optimizer, states: 
     weighs by the steps it has left.
     """
     total = (global_batch or len(states)) * targets[0].numel()
-    pred = policy.forward_normalized(states)
-    if pred.shape != targets.shape:
-        raise ValueError(f"policy predicts {tuple(pred.shape)} but the targets are {tuple(targets.shape)}: "
-                         "a chunk policy (policy.kind: chunk_transformer) trains on gather_chunks targets")
-    error = (pred - targets).square()
+    error = policy.action_error(states, targets)
     if mask is not None:
         error = error * mask.unsqueeze(-1).to(error.dtype)
     loss = error.sum() / total + policy.aux_loss
