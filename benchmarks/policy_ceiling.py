@@ -116,16 +116,22 @@ def score_on_tuning(settings: Settings, policy: Policy, grid: Grid, version: str
                            settings.seed * SEED_STRIDE + EVAL_STREAM, version)
 
 
+def cell_settings(name: str, seed: int, grid: Grid, root: Path) -> Settings:
+    """A cell's settings in its own product root: pack, seed ``seed``, class ``name`` with the grid's
+    overrides, recipe and demo robots (benchmarks/pack_failures.py trains the same cell)."""
+    settings = pack_settings(root, seed)
+    return settings.model_copy(update={
+        "policy": classes()[name].overridden(dict(grid.policy_overrides), "--policy-set"),
+        "train": settings.train.model_copy(update={"lr_schedule": grid.lr_schedule, "state_noise": grid.state_noise}),
+        "demo": settings.demo.model_copy(update={"expert_robots": grid.demo_robots})})
+
+
 def run_cell(name: str, seed: int, grid: Grid, scratch: str) -> dict:
     """One bootstrap of class ``name`` on ``grid.demo_robots`` robots' scripted demos, ~``grid.steps_of(name)``
     steps, scored on tuning robots (thresholded jaw, as deployed); pack_ceiling.run_cell's recipe."""
     torch.set_num_threads(1)
     started = time.perf_counter()
-    settings = pack_settings(Path(scratch) / f"{name}-{seed}", seed)
-    settings = settings.model_copy(update={
-        "policy": classes()[name].overridden(dict(grid.policy_overrides), "--policy-set"),
-        "train": settings.train.model_copy(update={"lr_schedule": grid.lr_schedule, "state_noise": grid.state_noise}),
-        "demo": settings.demo.model_copy(update={"expert_robots": grid.demo_robots})})
+    settings = cell_settings(name, seed, grid, Path(scratch) / f"{name}-{seed}")
     policy, info = bootstrap_policy(settings, grid.steps_of(name))
     trained = time.perf_counter()
     report = score_on_tuning(settings, policy, grid, "bc")
