@@ -9,6 +9,7 @@
     python -m benchmarks.policy_ceiling --classes mlp history_transformer --lr-schedule cosine  # follow-up: the rate
     python -m benchmarks.policy_ceiling --classes mlp --state-noise 0.1   # follow-up: inputs jittered in training
     python -m benchmarks.policy_ceiling --classes history_transformer --policy-set d_model=128   # follow-up: a size
+    python -m benchmarks.policy_ceiling --classes history_transformer --demo-episodes 60   # follow-up: demos per robot
 
 Every cell is ``pack_ceiling``'s 32-robot scripted-demo cell (the one that scored 94.5 % with the MLP
 in ``pack_fert_cap``'s ``expert_ceiling``): the product's bootstrap (scripted demos on 32 ``robot-*``
@@ -80,6 +81,7 @@ class Grid:
     state_noise: float = 0.0  # follow-up: train.state_noise of every class (params.yaml's: 0)
     first_seed: int = 0  # a confirmation: seeds first_seed .. first_seed + seeds - 1 (new demos and trials)
     policy_overrides: tuple[tuple[str, int | float | str], ...] = ()  # follow-up: policy: fields of every class
+    demo_episodes: int | None = None  # follow-up: scripted demos per demo robot (None: params.yaml's demo:)
 
     def steps_of(self, name: str) -> int:
         return self.steps[self.classes.index(name)]
@@ -123,7 +125,9 @@ def cell_settings(name: str, seed: int, grid: Grid, root: Path) -> Settings:
     return settings.model_copy(update={
         "policy": classes()[name].overridden(dict(grid.policy_overrides), "--policy-set"),
         "train": settings.train.model_copy(update={"lr_schedule": grid.lr_schedule, "state_noise": grid.state_noise}),
-        "demo": settings.demo.model_copy(update={"expert_robots": grid.demo_robots})})
+        "demo": settings.demo.model_copy(update={
+            "expert_robots": grid.demo_robots,
+            "expert_episodes_per_robot": grid.demo_episodes or settings.demo.expert_episodes_per_robot})})
 
 
 def run_cell(name: str, seed: int, grid: Grid, scratch: str) -> dict:
@@ -252,6 +256,8 @@ def main() -> None:
                         help="follow-up: every class under this train.state_noise (NAME_noise<X>.json)")
     parser.add_argument("--policy-set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="follow-up: these policy: fields for every class, e.g. d_model=128 (NAME_<key><value>.json)")
+    parser.add_argument("--demo-episodes", type=int,
+                        help="follow-up: scripted demos per demo robot (params.yaml: demo.expert_episodes_per_robot)")
     parser.add_argument("--first-seed", type=int, default=0,
                         help="confirmation: seeds from this one on (NAME_seeds<A>-<B>.json): new demos, trials")
     parser.add_argument("--suffix", help="appended to the result's name (NAME_<suffix>.json): e.g. the task version")
@@ -279,6 +285,9 @@ def main() -> None:
         load_settings().policy.overridden(dict(overrides), "--policy-set")  # a misspelt key fails before any cell
         grid = replace(grid, policy_overrides=overrides)
         name = f"{name}_" + "_".join(f"{k}{v}" for k, v in overrides)
+    if args.demo_episodes:
+        grid = replace(grid, demo_episodes=args.demo_episodes)
+        name = f"{name}_demos{args.demo_episodes}"
     if args.first_seed:
         grid = replace(grid, first_seed=args.first_seed)
         name = f"{name}_seeds{args.first_seed}-{args.first_seed + grid.seeds - 1}"
