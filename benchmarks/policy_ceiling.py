@@ -10,6 +10,7 @@
     python -m benchmarks.policy_ceiling --classes mlp --state-noise 0.1   # follow-up: inputs jittered in training
     python -m benchmarks.policy_ceiling --classes history_transformer --policy-set d_model=128   # follow-up: a size
     python -m benchmarks.policy_ceiling --classes history_transformer --demo-episodes 60   # follow-up: demos per robot
+    python -m benchmarks.policy_ceiling --classes history_transformer --demo-robots 64     # follow-up: demo robots
 
 Every cell is ``pack_ceiling``'s 32-robot scripted-demo cell (the one that scored 94.5 % with the MLP
 in ``pack_fert_cap``'s ``expert_ceiling``): the product's bootstrap (scripted demos on 32 ``robot-*``
@@ -256,6 +257,8 @@ def main() -> None:
                         help="follow-up: every class under this train.state_noise (NAME_noise<X>.json)")
     parser.add_argument("--policy-set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="follow-up: these policy: fields for every class, e.g. d_model=128 (NAME_<key><value>.json)")
+    parser.add_argument("--demo-robots", type=int,
+                        help=f"follow-up: robots the scripted demos come from (the line's: {DEMO_ROBOTS})")
     parser.add_argument("--demo-episodes", type=int,
                         help="follow-up: scripted demos per demo robot (params.yaml: demo.expert_episodes_per_robot)")
     parser.add_argument("--first-seed", type=int, default=0,
@@ -285,6 +288,9 @@ def main() -> None:
         load_settings().policy.overridden(dict(overrides), "--policy-set")  # a misspelt key fails before any cell
         grid = replace(grid, policy_overrides=overrides)
         name = f"{name}_" + "_".join(f"{k}{v}" for k, v in overrides)
+    if args.demo_robots:
+        grid = replace(grid, demo_robots=args.demo_robots)
+        name = f"{name}_robots{args.demo_robots}"
     if args.demo_episodes:
         grid = replace(grid, demo_episodes=args.demo_episodes)
         name = f"{name}_demos{args.demo_episodes}"

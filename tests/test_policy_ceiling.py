@@ -17,9 +17,10 @@ def test_a_cell_takes_the_grids_class_recipe_and_demos(tmp_path):
     assert plain.demo.expert_robots == FULL.demo_robots
     assert plain.demo.expert_episodes_per_robot == base.demo.expert_episodes_per_robot
 
-    grid = replace(FULL, demo_episodes=60, policy_overrides=(("head", "gmm"),), lr_schedule="cosine")
+    grid = replace(FULL, demo_episodes=60, demo_robots=64, policy_overrides=(("head", "gmm"),), lr_schedule="cosine")
     changed = cell_settings("mlp", 3, grid, tmp_path / "changed")
-    assert changed.demo.expert_episodes_per_robot == 60 and changed.policy.head == "gmm"
+    assert changed.demo.expert_episodes_per_robot == 60 and changed.demo.expert_robots == 64
+    assert changed.policy.head == "gmm"
     assert changed.train.lr_schedule == "cosine" and changed.policy.kind == "mlp"
     assert changed.sim == plain.sim  # the task is params.yaml's in every cell
 
