@@ -30,11 +30,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.pack_difficulty import EVAL_STREAM, SEED_STRIDE, bootstrap_policy, commit
-from benchmarks.policy_ceiling import FULL, QUICK, Grid, cell_settings
-from components.evaluation.populations import check_tuning_robots
-from components.sim.collect import run_episodes
-from components.sim.factory import make_expert, make_thresholded
+from benchmarks.pack_difficulty import bootstrap_policy, commit
+from benchmarks.policy_ceiling import FULL, QUICK, Grid, cell_settings, tuning_trials
+from components.sim.factory import make_expert
 from components.sim.pack import OBS_FIELDS, STAGES
 from components.sim.profile import RobotProfile
 
@@ -69,10 +67,8 @@ def run(name: str, seed: int, grid: Grid, steps: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="pack_failures_") as scratch:
         settings = cell_settings(name, seed, grid, Path(scratch))
         policy, info = bootstrap_policy(settings, steps)
-        robots = settings.fleet.tuning_ids(grid.robots)
-        check_tuning_robots(robots, settings.fleet)
-        episodes = run_episodes(make_thresholded(settings.sim, policy), robots, settings.sim, grid.trials,
-                                settings.seed * SEED_STRIDE + EVAL_STREAM, "bc")
+        episodes = tuning_trials(settings, policy, grid, "bc")
+    robots = settings.fleet.tuning_ids(grid.robots)
     expert = make_expert(settings.sim)
     failures = [read_failure(e, expert) for e in episodes if not e.success]
     per_robot = []

@@ -44,8 +44,10 @@ import torch
 from benchmarks.fleet_scaling import key_values
 from benchmarks.pack_difficulty import EVAL_STREAM, SEED_STRIDE, bootstrap_policy, commit, pack_settings
 from components.config import PolicyConfig, Settings, load_settings
+from components.episodes.record import Episode
+from components.evaluation import heldout
 from components.evaluation.heldout import EvaluationReport
-from components.evaluation.populations import evaluate_tuning
+from components.evaluation.populations import tuning_episodes
 from components.policy.actor import PolicyActor
 from components.sim.collect import Policy
 from components.sim.factory import make_expert, make_thresholded
@@ -111,12 +113,18 @@ PROBE = Grid(1, (300, 300, 300, 300), 8, 2)
 COST = {"mlp": 1, "history_transformer": 10, "chunk_transformer_k4": 10, "chunk_transformer_k8": 25}  # ms/step, about
 
 
-def score_on_tuning(settings: Settings, policy: Policy, grid: Grid, version: str) -> EvaluationReport:
+def tuning_trials(settings: Settings, policy: Policy, grid: Grid, version: str) -> list[Episode]:
     """``policy`` with its jaw thresholded (as deployed) on the grid's tuning robots, on the trial
     stream of ``settings.seed``: the same trials for every class, execution and the expert."""
-    return evaluate_tuning(make_thresholded(settings.sim, policy), settings.fleet.tuning_ids(grid.robots),
-                           settings.sim, settings.fleet, settings.evaluation, grid.trials,
-                           settings.seed * SEED_STRIDE + EVAL_STREAM, version)
+    return tuning_episodes(make_thresholded(settings.sim, policy), settings.fleet.tuning_ids(grid.robots),
+                           settings.sim, settings.fleet, grid.trials, settings.seed * SEED_STRIDE + EVAL_STREAM,
+                           version)
+
+
+def score_on_tuning(settings: Settings, policy: Policy, grid: Grid, version: str) -> EvaluationReport:
+    """``tuning_trials`` summarized (success, its interval, failures by stage)."""
+    return heldout.summarize(tuning_trials(settings, policy, grid, version), settings.sim,
+                             settings.evaluation.confidence, version)
 
 
 def cell_settings(name: str, seed: int, grid: Grid, root: Path) -> Settings:

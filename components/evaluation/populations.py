@@ -14,6 +14,7 @@ tuned on them) are refused as well.
 from __future__ import annotations
 
 from components.config import EvaluationConfig, FleetConfig, SimConfig
+from components.episodes.record import Episode
 from components.evaluation.heldout import EvaluationReport, summarize
 from components.sim.collect import Policy, run_episodes
 
@@ -96,6 +97,22 @@ def evaluate_test(
     return summarize(episodes, population, eval_cfg.confidence, policy_version)
 
 
+def tuning_episodes(
+    policy: Policy,
+    robot_ids: list[str],
+    sim_cfg: SimConfig,
+    fleet_cfg: FleetConfig,
+    trials_per_robot: int,
+    seed: int,
+    policy_version: str,
+) -> list[Episode]:
+    """Seeded trials on tuning robots of the sim's own population, as episodes (``evaluate_tuning``
+    summarizes them; a diagnostic reads them frame by frame). Raises ``UsedRobotError`` before any
+    rollout if a robot is not a tuning robot."""
+    check_tuning_robots(robot_ids, fleet_cfg)
+    return run_episodes(policy, robot_ids, sim_cfg, trials_per_robot, seed, policy_version)
+
+
 def evaluate_tuning(
     policy: Policy,
     robot_ids: list[str],
@@ -109,6 +126,5 @@ def evaluate_tuning(
     """The figure a setting is chosen on: seeded trials on tuning robots of the sim's own population
     (``sim.population_seed``; test populations are drawn apart from it). Raises ``UsedRobotError``
     before any rollout if a robot is not a tuning robot."""
-    check_tuning_robots(robot_ids, fleet_cfg)
-    episodes = run_episodes(policy, robot_ids, sim_cfg, trials_per_robot, seed, policy_version)
+    episodes = tuning_episodes(policy, robot_ids, sim_cfg, fleet_cfg, trials_per_robot, seed, policy_version)
     return summarize(episodes, sim_cfg, eval_cfg.confidence, policy_version)

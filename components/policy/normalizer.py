@@ -97,10 +97,9 @@ class NormalizedPolicy(nn.Module):
     def action_error(self, obs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The trained loss of each predicted number, shaped like the normalized ``targets``: the
         squared error, or the core's own (a mixture head's likelihood: ``policy/mixture.py``)."""
-        normalized = self.obs_norm.normalize(obs)
         if hasattr(self.core, "action_error"):
-            return self.core.action_error(normalized, targets)
-        pred = self.core(normalized)
+            return self.core.action_error(self.obs_norm.normalize(obs), targets)
+        pred = self.forward_normalized(obs)
         if pred.shape != targets.shape:
             raise ValueError(f"policy predicts {tuple(pred.shape)} but the targets are {tuple(targets.shape)}: "
                              "a chunk policy (policy.kind: chunk_transformer) trains on gather_chunks targets")
