@@ -133,8 +133,9 @@ def _train_spec(policy: PolicyConfig = POLICY):
                      steps_per_iteration=2, validation=ValidationSpec(SIM, ("validation-0000",), 1, 5))
 
 
-@pytest.mark.parametrize("policy", [POLICY, CHUNK_POLICY, POLICY.model_copy(update={"head": "gmm"})],
-                         ids=["mlp", "chunk_transformer", "mlp_gmm"])
+@pytest.mark.parametrize("policy", [POLICY, CHUNK_POLICY, POLICY.model_copy(update={"head": "gmm"}),
+                                    POLICY.model_copy(update={"head": "binary_jaw"})],
+                         ids=["mlp", "chunk_transformer", "mlp_gmm", "mlp_binary_jaw"])
 def test_training_workflow_overlaps_without_changing_results(policy):
     """The one trainer's workflow: sampling hoisted on its own thread and validation in its own
     process give the sequential plan's weights, losses and validation, bit for bit."""

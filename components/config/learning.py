@@ -32,7 +32,10 @@ class PolicyConfig(Section):
     predicts ``vision_chunk`` actions per decision and trains on images shifted by up to
     ``augment_shift`` pixels (seeded: ``training/augment.py``). ``head``: ``mse`` (one action,
     squared error) or ``gmm`` (mlp / moe_transformer: ``mixtures`` Gaussians by likelihood, each std
-    at least ``mixture_min_std``, the likeliest one's mean executed: ``policy/mixture.py``).
+    at least ``mixture_min_std``, the likeliest one's mean executed: ``policy/mixture.py``) or
+    ``binary_jaw`` (any kind: the last action number, every built-in sim's jaw, is a close logit
+    trained by cross-entropy on the demo's open/close, executed as ``2 sigmoid - 1``; the other
+    numbers by squared error: ``policy/normalizer.py``).
     """
 
     kind: Literal["mlp", "moe_transformer", "chunk_transformer", "vision"] = "mlp"
@@ -61,8 +64,9 @@ class PolicyConfig(Section):
     vision_chunk: int = Field(default=1, ge=1)  # actions predicted per decision (1: this step's)
     augment_shift: int = Field(default=4, ge=0)  # training: random shift of each image by up to this many pixels
     # action head (components/policy/mixture.py): mse = one action by squared error; gmm = a Gaussian
-    # mixture by likelihood, the likeliest component's mean executed (mlp and moe_transformer)
-    head: Literal["mse", "gmm"] = "mse"
+    # mixture by likelihood, the likeliest component's mean executed (mlp and moe_transformer);
+    # binary_jaw = mse, but the jaw (the last action number) as an open/close classifier
+    head: Literal["mse", "gmm", "binary_jaw"] = "mse"
     mixtures: int = Field(default=5, ge=1)  # gmm: components per decision
     mixture_min_std: float = Field(default=0.01, gt=0)  # gmm: floor of each std, normalized action units
 

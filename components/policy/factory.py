@@ -45,16 +45,17 @@ def make_policy(obs_dim: int, act_dim: int, cfg: PolicyConfig,
         raise ValueError(
             f"policy.kind={cfg.kind!r} is unknown; set policy.kind in params.yaml to one of {sorted(CORES)}"
         )
+    binary_jaw = cfg.head == "binary_jaw"
     if cfg.kind == "vision":
         from components.policy.vision import VisionPolicy
 
         layout = layout or ObservationLayout(obs_dim)
         if layout.state_dim != obs_dim:
             raise ValueError(f"make_policy: layout's state has {layout.state_dim} numbers, the data {obs_dim}")
-        return NormalizedPolicy(VisionPolicy(layout, act_dim, cfg), layout.dim, act_dim)
+        return NormalizedPolicy(VisionPolicy(layout, act_dim, cfg), layout.dim, act_dim, binary_jaw)
     if cfg.head == "gmm":
         from components.policy.mixture import MixtureHead, mixture_outputs
 
         core = CORES[cfg.kind](obs_dim, mixture_outputs(act_dim, cfg.mixtures), cfg)
         return NormalizedPolicy(MixtureHead(core, act_dim, cfg.mixtures, cfg.mixture_min_std), obs_dim, act_dim)
-    return NormalizedPolicy(CORES[cfg.kind](obs_dim, act_dim, cfg), obs_dim, act_dim)
+    return NormalizedPolicy(CORES[cfg.kind](obs_dim, act_dim, cfg), obs_dim, act_dim, binary_jaw)

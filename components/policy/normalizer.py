@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from components.policy.observation import PIXEL_SCALE, ObservationLayout
@@ -36,15 +37,21 @@ class NormalizedPolicy(nn.Module):
     dimension counts equally whatever its physical scale. ``obs`` is (B, n), or for a core with an
     observation history (``history`` > 1) also windows (B, history, n) built by
     ``policy/history.py``; a plain (B, n) is then a window at an episode's first step.
+
+    ``binary_jaw`` (``policy.head: binary_jaw``): the last action number is a jaw command that
+    closes when > 0 (every built-in sim's). The core's last output is then a close logit, trained by
+    cross-entropy against the demo's open/close, and executed as ``2 sigmoid(logit) - 1`` (the
+    expected command, in [-1, 1], what the collection sampler and the thresholded evaluation read).
     """
 
-    def __init__(self, core: nn.Module, obs_dim: int, act_dim: int) -> None:
+    def __init__(self, core: nn.Module, obs_dim: int, act_dim: int, binary_jaw: bool = False) -> None:
         super().__init__()
         self.core = core
         self.obs_norm = Normalizer(obs_dim)
         self.act_norm = Normalizer(act_dim)
         self.obs_dim = obs_dim
         self.act_dim = act_dim
+        self.binary_jaw = binary_jaw
 
     @property
     def history(self) -> int:
@@ -103,7 +110,15 @@ class NormalizedPolicy(nn.Module):
         if pred.shape != targets.shape:
             raise ValueError(f"policy predicts {tuple(pred.shape)} but the targets are {tuple(targets.shape)}: "
                              "a chunk policy (policy.kind: chunk_transformer) trains on gather_chunks targets")
-        return (pred - targets).square()
+        if not self.binary_jaw:
+            return (pred - targets).square()
+        closes = (self.act_norm.denormalize(targets)[..., -1:] > 0).to(pred.dtype)
+        jaw = F.binary_cross_entropy_with_logits(pred[..., -1:], closes, reduction="none")
+        return torch.cat([(pred[..., :-1] - targets[..., :-1]).square(), jaw], dim=-1)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.act_norm.denormalize(self.forward_normalized(obs))
+        out = self.forward_normalized(obs)
+        actions = self.act_norm.denormalize(out)
+        if not self.binary_jaw:
+            return actions
+        return torch.cat([actions[..., :-1], torch.tanh(out[..., -1:] / 2)], dim=-1)
