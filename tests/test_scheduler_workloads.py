@@ -161,6 +161,22 @@ def test_training_workflow_overlaps_without_changing_results(policy):
     assert _same(got.policy.state_dict(), ref.policy.state_dict()) and got.losses == ref.losses
 
 
+def test_validation_on_replicas_taking_turns_matches_the_sequential_plan():
+    """The validator is stateless (it loads the weights it reads): two process replicas taking turns
+    by iteration, each turn trailing the barrier by one, validate what the sequential plan does."""
+    from components.scheduler.rose import replicate_side
+    from components.training.trainer import PlanChoice, Trainer
+
+    trainer = Trainer(_train_spec(), CFG)
+    ref = trainer.run(trainer.choose("sequential"))
+    plan = replicate_side(trainer.runtime.workflow_at(1), trainer.runtime.coarse_processes(), 2)
+    assert plan is not None and plan.lag == {"validate": 1}
+    got = trainer.run(PlanChoice(plan, "turns", "fixed"))
+    assert _same(got.policy.state_dict(), ref.policy.state_dict())
+    assert got.losses == ref.losses and got.validation == ref.validation
+    assert {s.worker for s in got.timeline.spans if s.op == "validate"} == {"side0", "side1"}
+
+
 def test_a_cosine_rate_is_set_by_the_step_so_every_plan_trains_the_same_weights():
     """train.lr_schedule: cosine sets each step's rate from the global step alone: the coarse
     processes plan (learner rebuilt in its own process) matches the sequential one bit for bit, the

@@ -19,6 +19,7 @@ from typing import Any
 from components.config import SchedulerConfig
 from components.scheduler.placement import (
     GROUP_LOOP,
+    barrier_iteration,
     check_schedule,
     instance_devices,
     plan_workflow,
@@ -33,7 +34,8 @@ from components.scheduler.workflow import BuildContext, Workflow
 
 # the names callers import from here (the executor's parts hold them)
 __all__ = [
-    "GROUP_LOOP", "Callback", "ExecutionError", "RunResult", "build_states", "check_schedule", "execute",
+    "GROUP_LOOP", "Callback", "ExecutionError", "RunResult", "barrier_iteration", "build_states", "check_schedule",
+    "execute",
     "instance_devices", "plan_workflow", "programs", "worker_of_instance",
 ]
 

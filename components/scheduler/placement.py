@@ -22,8 +22,14 @@ def plan_workflow(workflow: Workflow, plan: Plan) -> Workflow:
 
 
 def worker_of_instance(plan: Plan, inst: OpInstance) -> str:
-    """The worker that runs one op instance (a replicated component's group ops go to their replica)."""
-    return plan.worker_of(inst.component, inst.indices.get(GROUP_LOOP)).name
+    """The worker that runs one op instance (a replicated component's group ops go to their replica,
+    a component replicated by turns runs each iteration's ops on the replica whose turn it is)."""
+    return plan.worker_of(inst.component, inst.indices.get(GROUP_LOOP), inst.iteration).name
+
+
+def barrier_iteration(plan: Plan, inst: OpInstance, last: int) -> int:
+    """The iteration whose barrier waits for ``inst``: its own, or ``plan.lag`` later (at most the last)."""
+    return min(inst.iteration + plan.lag.get(inst.name, 0), last)
 
 
 def instance_devices(plan: Plan, inst: OpInstance, worker: str) -> tuple[str, ...]:
@@ -54,15 +60,20 @@ def check_schedule(graph: Graph, plan: Plan) -> None:
     version; an illegal one would deadlock (a cycle) — this check refuses it up front.
     """
     _check_placement(graph.workflow, plan)
-    unknown = set(plan.hoist) - {op.name for op, _ in graph.workflow.ops_with_scope()}
+    ops = {op.name: op for op, _ in graph.workflow.ops_with_scope()}
+    unknown = (set(plan.hoist) | set(plan.lag)) - set(ops)
     if unknown:
-        raise LegalityError(f"plan {plan.name!r} hoists unknown ops {sorted(unknown)}")
+        raise LegalityError(f"plan {plan.name!r} hoists or lags unknown ops {sorted(unknown)}")
+    trailing = [n for n, k in plan.lag.items() if k < 0 or (k > 0 and not ops[n].side)]
+    if trailing:
+        raise LegalityError(f"plan {plan.name!r} lags ops {sorted(trailing)}: only side ops may trail the "
+                            "barrier, by 0 or more iterations")
     n = len(graph)
     its = list(graph.iterations)
     bidx = {it: n + k for k, it in enumerate(its)}  # barrier node of iteration it
     succ: list[list[int]] = [list(s) for s in graph.succs] + [[] for _ in its]
     for inst in graph.instances:
-        succ[inst.uid].append(bidx[inst.iteration])
+        succ[inst.uid].append(bidx[barrier_iteration(plan, inst, its[-1])])
         if plan.barrier:
             lag = 2 if inst.name in plan.hoist else 1
             prev = inst.iteration - lag
@@ -94,7 +105,8 @@ def check_schedule(graph: Graph, plan: Plan) -> None:
 
 def _check_placement(workflow: Workflow, plan: Plan) -> None:
     """Every component placed once, or replicated: on several workers whose env groups partition the
-    group loop, and only if the component declares itself ``replicable``."""
+    group loop, and only if the component declares itself ``replicable``; or on several workers whose
+    turns partition the iterations, and only if it declares itself ``stateless``."""
     names = {c.name for c in workflow.components}
     placed = [c for w in plan.workers for c in w.components]
     if set(placed) != names:
@@ -104,6 +116,9 @@ def _check_placement(workflow: Workflow, plan: Plan) -> None:
         hosts = plan.hosts(c)
         if len(hosts) == 1:
             continue
+        if any(w.turn is not None for w in hosts):
+            _check_turns(workflow, plan, c)
+            continue
         if not workflow.component(c).replicable:
             raise LegalityError(f"plan {plan.name!r} places component {c!r} on {len(hosts)} workers, but it is not "
                                 "replicable (its state is not per env group); place it once")
@@ -111,3 +126,16 @@ def _check_placement(workflow: Workflow, plan: Plan) -> None:
         if groups is None or served != list(range(groups)):
             raise LegalityError(f"plan {plan.name!r}: the replicas of {c!r} serve env groups {served}; they must "
                                 f"serve each of the workflow's {groups} groups exactly once (WorkerSpec.groups)")
+
+
+def _check_turns(workflow: Workflow, plan: Plan, component: str) -> None:
+    """A component replicated by turns: declared ``stateless``, its replicas' turns ``(r, k)`` one
+    ``k`` and each residue ``r`` exactly once, so every iteration's ops run on exactly one replica."""
+    if not workflow.component(component).stateless:
+        raise LegalityError(f"plan {plan.name!r} runs component {component!r} on replicas taking turns, but it is "
+                            "not stateless (its ops' results may depend on its earlier ops); place it once")
+    turns = [w.turn for w in plan.hosts(component)]
+    k = len(turns)
+    if any(t is None or t[1] != k for t in turns) or sorted(t[0] for t in turns if t) != list(range(k)):
+        raise LegalityError(f"plan {plan.name!r}: the replicas of {component!r} take turns {turns}; each of "
+                            f"the {k} must take one residue of iterations mod {k} (WorkerSpec.turn)")

@@ -21,6 +21,7 @@ class WorkerSpec:
     kind: Literal["thread", "process"] = "thread"
     cores: tuple[int, ...] | None = None  # CPU affinity; None = leave as is
     groups: tuple[int, ...] | None = None  # env groups this worker serves for the replicated components it hosts
+    turn: tuple[int, int] | None = None  # (r, k): it runs its stateless replicated components' ops of iterations i = r mod k
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class Plan:
     * ``hoist`` — ops exempt from the iteration barrier: they run in the previous iteration's tail.
     * ``buffers`` — buffer-depth overrides (double-buffering).
     * ``barrier`` — whether iteration ``i+1`` waits for all of iteration ``i``.
+    * ``lag`` — ops whose instance of iteration ``i`` the barrier of iteration ``i + lag`` waits for
+      instead of iteration ``i``'s (side work that may trail the chain, e.g. validation on replicas
+      taking turns: the chain runs ahead by at most ``lag`` iterations).
     """
 
     name: str
@@ -51,6 +55,7 @@ class Plan:
     hoist: frozenset[str] = frozenset()
     buffers: dict[str, int] = field(default_factory=dict)
     barrier: bool = True
+    lag: dict[str, int] = field(default_factory=dict)
     cuda_streams: bool = False  # each worker thread issues its ops on its own CUDA stream
     predicted_s: float | None = None
     notes: tuple[str, ...] = ()
@@ -59,13 +64,20 @@ class Plan:
         """Every worker hosting ``component`` (several: the component is replicated over env groups)."""
         return [w for w in self.workers if component in w.components]
 
-    def worker_of(self, component: str, group: int | None = None) -> WorkerSpec:
-        """The worker that runs ``component``'s op for env group ``group``. A replicated component
-        runs each group's ops on the replica serving that group, and its group-independent ops
-        (which a replicable component keeps stateless) on its first replica."""
+    def worker_of(self, component: str, group: int | None = None, iteration: int | None = None) -> WorkerSpec:
+        """The worker that runs ``component``'s op for env group ``group`` at ``iteration``. A
+        component replicated by turns runs iteration ``i``'s ops on the replica whose turn is
+        ``i mod k``; one replicated over env groups runs each group's ops on the replica serving that
+        group, and its group-independent ops (which a replicable component keeps stateless) on its
+        first replica."""
         hosts = self.hosts(component)
         if not hosts:
             raise KeyError(f"plan {self.name!r} places no worker for component {component!r}")
+        if len(hosts) > 1 and iteration is not None and hosts[0].turn is not None:
+            for w in hosts:
+                if w.turn is not None and iteration % w.turn[1] == w.turn[0]:
+                    return w
+            raise KeyError(f"plan {self.name!r}: no replica of {component!r} takes iteration {iteration}'s turn")
         if len(hosts) == 1 or group is None:
             return hosts[0]
         for w in hosts:
@@ -85,6 +97,7 @@ class Plan:
         for w in self.workers:
             cores = "any" if w.cores is None else ",".join(map(str, w.cores))
             groups = "" if w.groups is None else f" for env groups {','.join(map(str, w.groups))}"
+            groups += "" if w.turn is None else f" for iterations = {w.turn[0]} mod {w.turn[1]}"
             lines.append(f"  worker {w.name:<10} {w.kind:<7} cores={cores:<5} hosts {', '.join(w.components)}{groups}")
         if self.groups:
             lines.append(f"  env groups (pipeline stages m) = {self.groups}")
@@ -96,6 +109,8 @@ class Plan:
             lines.append(f"  BLAS threads = {self.blas_threads}")
         if self.placement:
             lines.append("  devices: " + ", ".join(f"{k}->{'+'.join(v)}" for k, v in sorted(self.placement.items())))
+        if self.lag:
+            lines.append("  trailing the barrier: " + ", ".join(f"{k} by {v}" for k, v in sorted(self.lag.items())))
         if self.hoist:
             lines.append("  hoisted across the iteration barrier: " + ", ".join(sorted(self.hoist)))
         if self.cuda_streams:
@@ -134,13 +149,14 @@ def plan_from_dict(raw: dict) -> Plan:
     def tup(x: object) -> tuple | None:
         return None if x is None else tuple(x)  # type: ignore[arg-type]
 
-    workers = tuple(WorkerSpec(w["name"], tuple(w["components"]), w["kind"], tup(w["cores"]), tup(w["groups"]))
+    workers = tuple(WorkerSpec(w["name"], tuple(w["components"]), w["kind"], tup(w["cores"]), tup(w["groups"]),
+                               tup(w.get("turn")))  # type: ignore[arg-type]
                     for w in raw["workers"])
     return Plan(
         name=raw["name"], workers=workers, groups=raw["groups"],
         placement={k: tuple(v) for k, v in raw["placement"].items()}, threads=dict(raw["threads"]),
         gpu_percent=dict(raw["gpu_percent"]), blas_threads=raw["blas_threads"], default_threads=raw["default_threads"],
         pinned_threads=dict(raw["pinned_threads"]), hoist=frozenset(raw["hoist"]), buffers=dict(raw["buffers"]),
-        barrier=raw["barrier"], cuda_streams=raw["cuda_streams"], predicted_s=raw["predicted_s"],
+        barrier=raw["barrier"], lag=dict(raw.get("lag", {})), cuda_streams=raw["cuda_streams"], predicted_s=raw["predicted_s"],
         notes=tuple(raw["notes"]),
     )

@@ -23,6 +23,11 @@ Transformations (all plan rewrites; the workflow never changes):
 * ``replicate_rollout`` — the replicable components (env groups and their policy copy) replicated
   on one process per core, each serving its share of the env groups: the rollout itself runs in
   parallel (data-parallel, as RLinf's env/rollout workers), the learner gathers every group;
+* ``replicate_side`` — the stateless side components (``Component.stateless``: a validator that
+  loads the weights it reads) on one process per core taking turns, iteration ``i`` on replica
+  ``i mod k``, each turn allowed to trail the barrier by ``k - 1`` iterations (``Plan.lag``): side
+  work slower than the chain no longer paces it, and no op runs twice or on a split of its inputs
+  (splitting a rollout's robots into groups pays each step's fixed cost once per group);
 * ``split:<component>`` — a component on its own worker (learner-side work such as per-group
   advantages starts as each group's rollout ends);
 * ``hoist:<op>`` — exempt an op from the iteration barrier so it runs in the previous iteration's
@@ -41,7 +46,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from components.config import SchedulerConfig
 from components.scheduler.executor import GROUP_LOOP, check_schedule, plan_workflow
@@ -148,7 +153,7 @@ def _workers_without(plan: Plan, comps: tuple[str, ...]) -> list[WorkerSpec]:
     for w in plan.workers:
         rest = tuple(c for c in w.components if c not in comps)
         if rest:
-            out.append(WorkerSpec(w.name, rest, w.kind, w.cores, w.groups))
+            out.append(replace(w, components=rest))
     return out
 
 
@@ -168,6 +173,24 @@ def replicate_rollout(workflow: Workflow, plan: Plan, replicas: int) -> Plan | N
                     for r in range(replicas))
     threads = {**plan.threads, **{c: 1 for c in comps}}
     return plan.with_(workers=(*_workers_without(plan, comps), *rollout), groups=groups, threads=threads)
+
+
+def replicate_side(workflow: Workflow, plan: Plan, replicas: int) -> Plan | None:
+    """``plan`` with its stateless side components on ``replicas`` process workers taking turns by
+    iteration, their side ops trailing the barrier by ``replicas - 1``; None if there are none, fewer
+    than 2 replicas, or they are replicated already."""
+    side_ops = [op for op, _ in workflow.ops_with_scope() if op.side]
+    comps = tuple(sorted({op.component for op in side_ops}))
+    if replicas < 2 or not comps or any(len(plan.hosts(c)) > 1 for c in comps):
+        return None
+    if not all(workflow.component(c).stateless and workflow.component(c).process_ok for c in comps):
+        return None
+    if any(op.component in comps for op, _ in workflow.ops_with_scope() if not op.side):
+        return None  # a side component that also runs chain work keeps one home
+    turns = tuple(WorkerSpec(f"side{r}", comps, kind="process", turn=(r, replicas)) for r in range(replicas))
+    return plan.with_(workers=(*_workers_without(plan, comps), *turns),
+                      threads={**plan.threads, **{c: 1 for c in comps}},
+                      lag={**plan.lag, **{op.name: replicas - 1 for op in side_ops}})
 
 
 def rollout_in_process(workflow: Workflow, plan: Plan, rollout: tuple[str, ...], groups: int | None = None) -> Plan | None:
@@ -327,6 +350,8 @@ def candidate_transformations(workflow: Workflow, plan: Plan, replicas: int = 2,
                 return p.with_(workers=(*_workers_without(p, side), WorkerSpec("side", side, kind="process")),
                                threads=threads)
             out.append(Transformation("side_process", side_process))
+    if replicate_side(workflow, plan, replicas) is not None:
+        out.append(Transformation("replicate_side", lambda p: replicate_side(workflow, p, replicas) or p))
     out += _rollout_process_rewrites(workflow, plan, rollout, stages)
     if replicate_rollout(workflow, plan, replicas) is not None:
         out.append(Transformation("replicate_rollout",

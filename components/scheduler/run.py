@@ -22,7 +22,14 @@ from typing import Any
 from components.config import SchedulerConfig
 from components.scheduler.channels import Channel
 from components.scheduler.graph import LegalityError, OpInstance, VersionKey, build_graph, slot_of
-from components.scheduler.placement import check_schedule, instance_devices, plan_workflow, programs, worker_of_instance
+from components.scheduler.placement import (
+    barrier_iteration,
+    check_schedule,
+    instance_devices,
+    plan_workflow,
+    programs,
+    worker_of_instance,
+)
 from components.scheduler.plan import Plan, WorkerSpec
 from components.scheduler.process_worker import ProcessCall, ProcessHost, op_args, wait_all_ready
 from components.scheduler.profiler import ActivitySampler, GpuTelemetry, OpTimer, Span, Timeline, Transfer
@@ -83,10 +90,16 @@ class PlanRun:
         self.channels = inboxes(plan, cfg, self.route, iterations)
         self.done = [threading.Event() for _ in graph.instances]
         self.per_iter_total: dict[int, int] = defaultdict(int)
+        # the ops each iteration barrier waits for: its own, and a lagged op's trailing instances
+        self.barrier_left: dict[int, int] = defaultdict(int)
         for inst in graph.instances:
             self.per_iter_total[inst.iteration] += 1
+            self.barrier_left[barrier_iteration(plan, inst, iterations[-1])] += 1
         self.per_iter_done: dict[int, int] = defaultdict(int)
         self.barrier = {it: threading.Event() for it in iterations}
+        for it in iterations:
+            if self.barrier_left[it] == 0:
+                self.barrier[it].set()
         self.meta = threading.Lock()
         self.progress_lock = threading.Lock()
         self.records: dict[VersionKey, Any] = {}
@@ -414,8 +427,11 @@ class PlanRun:
         with self.meta:
             self.completion.append(uid)
             self.per_iter_done[inst.iteration] += 1
+            gate = barrier_iteration(self.plan, inst, self.iterations[-1])
+            self.barrier_left[gate] -= 1
+            if self.barrier_left[gate] == 0:
+                self.barrier[gate].set()
             if self.per_iter_done[inst.iteration] == self.per_iter_total[inst.iteration]:
-                self.barrier[inst.iteration].set()
                 finished_iteration = True
                 recorded = {k.state: v for k, v in self.records.items() if k.version[:1] == (inst.iteration,)}
         self.done[uid].set()

@@ -319,7 +319,8 @@ class SchedulerRuntime:
         for Rose's interface; the profile is the only basis, so every plan is predicted alike."""
         del measured_from
         wf = plan_workflow(self.workflow_at(plan.groups or 1), plan)
-        graph = build_graph(wf, range(3), plan.buffers)
+        # side work trailing the barrier settles into its pace only after its lag: replay past it
+        graph = build_graph(wf, range(3 + 2 * max(plan.lag.values(), default=0)), plan.buffers)
         prof = self.profile()
 
         def duration(inst: Any, threads: int) -> float:

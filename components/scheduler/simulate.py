@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from components.scheduler.costmodel import IpcCost
-from components.scheduler.executor import instance_devices, programs, worker_of_instance
+from components.scheduler.executor import barrier_iteration, instance_devices, programs, worker_of_instance
 from components.scheduler.graph import Graph, OpInstance
 from components.scheduler.plan import Plan
 
@@ -65,10 +65,14 @@ def simulate(graph: Graph, plan: Plan, duration: Callable[[OpInstance, int], flo
     pos = {w: 0 for w in progs}
     threads = {c: plan.threads.get(c, plan.default_threads or 1) for c in (x.name for x in graph.workflow.components)}
     done = [False] * len(graph)
+    last = graph.iterations[-1]
     per_iter_left: dict[int, int] = {}
+    barrier_left: dict[int, int] = {}  # the ops each barrier waits for (lagged ops: a later one)
     for inst in graph.instances:
         per_iter_left[inst.iteration] = per_iter_left.get(inst.iteration, 0) + 1
-    barrier_done: dict[int, float] = {}
+        gate = barrier_iteration(plan, inst, last)
+        barrier_left[gate] = barrier_left.get(gate, 0) + 1
+    barrier_done: dict[int, float] = {it: 0.0 for it in per_iter_left if it not in barrier_left}
     locks: dict[str, int | None] = {}
     running: dict[str, tuple[int, float, float, float]] = {}  # worker -> (uid, remaining work, demand, start)
     spans: list[SimSpan] = []
@@ -138,8 +142,11 @@ def simulate(graph: Graph, plan: Plan, duration: Callable[[OpInstance, int], flo
                     locks[d] = None
             per_iter_left[inst.iteration] -= 1
             if per_iter_left[inst.iteration] == 0:
-                barrier_done[inst.iteration] = now
                 iter_end[inst.iteration] = now
+            gate = barrier_iteration(plan, inst, last)
+            barrier_left[gate] -= 1
+            if barrier_left[gate] == 0:
+                barrier_done[gate] = now
     if not all(done):
         raise RuntimeError(f"simulated plan {plan.name!r} stalled (an illegal plan should have been refused)")
     ends = [iter_end[i] for i in sorted(iter_end)]

@@ -203,8 +203,8 @@ def synthetic_workflow(spec: SyntheticSpec, groups: int = 2, with_side: bool = T
         Component("sim", _sim),
         Component("policy", _policy, exclusive=True, memory_mb=10.0),
         Component("learner", _learner, exclusive=True, memory_mb=30.0),
-        Component("evaluator", _policy),
-        Component("retriever", _retriever),
+        Component("evaluator", _policy, stateless=True),  # op_eval builds its model from the weights it reads
+        Component("retriever", _retriever, stateless=True),
     )
     states = (
         StateSpec("obs"), StateSpec("act"), StateSpec("rew"), StateSpec("adv"), StateSpec("params"), StateSpec("digest"), StateSpec("evalm"), StateSpec("ctx"),

@@ -58,6 +58,9 @@ class Component:
     the component is onloaded. ``replicable``: the component keeps only per-env-group state (each
     group-indexed op touches its own group's part) and its group-independent ops are pure, so a plan
     may host one replica per set of env groups on several workers (data-parallel rollout).
+    ``stateless``: every op's outputs depend only on its inputs (the component rebuilds what it needs
+    from what it reads, e.g. a validator that loads the weights it is given), so a plan may run its
+    ops of different iterations on different replicas (``WorkerSpec.turn``).
     """
 
     name: str
@@ -69,6 +72,7 @@ class Component:
     offload: SwitchHook | None = None
     process_ok: bool = True
     replicable: bool = False
+    stateless: bool = False
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from components.training.workflow import TrainSpec, ValidationSpec, train_workfl
 
 Log = Callable[[str], None]
 IterationFn = Callable[[int, dict[str, Any]], None]  # (iteration, recorded states), from a worker thread
-PLAN_CACHE_VERSION = 3  # 2: auto decides on the train task's time (start-up + its iterations); 3: coarse processes measured too
+PLAN_CACHE_VERSION = 4  # 2: auto decides on the train task's time (start-up + its iterations); 3: coarse processes measured too; 4: Rose may replicate stateless side work by turns
 
 
 @dataclass(frozen=True)

@@ -293,7 +293,7 @@ def train_workflow(spec: TrainSpec, groups: int = 1) -> Workflow:
                writes=("params@iteration+1", "stats@iteration"), quota_invariant=False),
     ]
     if spec.validation is not None:
-        comps.append(Component("validator", _validator))
+        comps.append(Component("validator", _validator, stateless=True))  # loads the weights it reads
         states.append(StateSpec("valm"))
         body.append(OpSpec("validate", "validator", op_validate, reads=("params@iteration",),
                            writes=("valm@iteration",), side=True))
