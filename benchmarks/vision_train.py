@@ -396,6 +396,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tiny", action="store_true", help="16x16 cameras, batch 16: code path only")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--steps", type=int, help="optimizer steps per iteration (train.steps_per_iteration)")
+    ap.add_argument("--iterations", type=int, help="measured iterations per run (plus one warm-up)")
     ap.add_argument("--camera", type=int, help="camera width = height, pixels")
     ap.add_argument("--name", default=NAME)
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -404,8 +405,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def study_size(args: argparse.Namespace) -> Size:
     size = SIZES["tiny" if args.tiny else "quick" if args.quick else "full"]
-    update = {k: v for k, v in (("rounds", args.rounds), ("steps_per_iteration", args.steps), ("camera", args.camera))
-              if v is not None}
+    update = {k: v for k, v in (("rounds", args.rounds), ("steps_per_iteration", args.steps), ("camera", args.camera),
+                                ("iterations", args.iterations)) if v is not None}
     return Size(**{**size.__dict__, **update})
 
 
