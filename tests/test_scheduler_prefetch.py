@@ -114,6 +114,8 @@ def test_rose_prefetches_a_costly_chain_in_one_step():
     # validate already beside learn (side_worker, kept first): 472 ms; the chain beside both brings the
     # iteration near its work bound on 2 cores, (7 + 90 + 375 + 400) / 2 = 436 ms
     assert d.predicted_after_s < d.predicted_before_s * 0.96 and d.predicted_after_s < 0.436 * 1.05
+    last_kept = [d for d in result.decisions if d.kept][-1]
+    assert result.plan.predicted_s == last_kept.predicted_after_s  # the plan shows its own replay
 
 
 def test_rose_prefetches_in_a_process_when_threads_share_the_interpreter():

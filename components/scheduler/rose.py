@@ -463,7 +463,7 @@ class RoseOptimizer:
                     measured_before_s=before, measured_after_s=after, kept=kept,
                     reason="measured gain confirmed" if kept else "measured gain too small: rolled back"))
                 if kept:
-                    current, accepted = proposal, True
+                    current, accepted = proposal.with_(predicted_s=pred), True  # describe() shows its replay
                     tried.discard(t.name)
                     tl = self.timeline(current)  # windows of the new plan guide the next round
                     last_it = max((s.iteration for s in tl.spans), default=0)
