@@ -39,7 +39,11 @@ class MixtureHead(nn.Module):
         if components < 1 or min_std <= 0:
             raise ValueError(f"policy.mixtures={components} must be >= 1 and policy.mixture_min_std={min_std} > 0")
         self.core, self.act_dim, self.components, self.min_std = core, act_dim, components, min_std
-        self.history = int(getattr(core, "history", 1))
+
+    @property
+    def history(self) -> int:
+        """The core's observation frames per decision (read through, never a copy)."""
+        return int(getattr(self.core, "history", 1))
 
     @property
     def aux_loss(self) -> Tensor:
